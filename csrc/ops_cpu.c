@@ -1,0 +1,202 @@
+/* ops_cpu.c — CPU operators: RMSNorm, RoPE, batched matmul over typed weight rows, SwiGLU and
+ * masked attention over the slot-addressed KV cache. The SIMD lives in the row kernels
+ * (quant.c / simd_avx2.c); here is the loop structure and the threading. */
+#include "ops_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "quant.h"
+
+void sd_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps) {
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * (size_t)n;
+        float *ot = out + (size_t)t * (size_t)n;
+        float ss = sd_dot_f32(xt, xt, n);
+        float scale = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int i = 0; i < n; i++) {
+            ot[i] = xt[i] * scale * w[i];
+        }
+    }
+}
+
+void sd_rope(float *x, const float *cs, int T, int n_heads, int head_dim, int neox) {
+    int half = head_dim / 2;
+    for (int t = 0; t < T; t++) {
+        const float *c = cs + (size_t)t * (size_t)head_dim;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
+            for (int i = 0; i < half; i++) {
+                float co = c[2 * i], si = c[2 * i + 1];
+                int a = neox ? i : 2 * i;
+                int b = neox ? i + half : 2 * i + 1;
+                float x0 = v[a], x1 = v[b];
+                v[a] = x0 * co - x1 * si;
+                v[b] = x0 * si + x1 * co;
+            }
+        }
+    }
+}
+
+void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* ---- matmul --------------------------------------------------------------------------------- */
+
+#define SD_MAX_JOBS 4
+
+typedef struct {
+    const sd_matmul_job *jobs;
+    int n_jobs;
+    int T;
+    int64_t chunk;                 /* rows per task (multiple of 4) */
+    int64_t task_start[SD_MAX_JOBS + 1]; /* first task of each job */
+    float *rowbuf;
+    size_t rowbuf_stride;
+} matmul_ctx;
+
+static inline void store(float *y, float v, const float *bias, int64_t r, int acc) {
+    v += bias != NULL ? bias[r] : 0.0f;
+    *y = acc ? *y + v : v;
+}
+
+static void matmul_rows(const matmul_ctx *c, const sd_matmul_job *j, int64_t r0, int64_t r1,
+                        float *buf) {
+    const sd_mat *w = j->w;
+    const sd_type_traits *tr = sd_type_get(w->type);
+    const int64_t n = w->cols, R = w->rows;
+    const int T = c->T;
+    const unsigned char *base = (const unsigned char *)w->data;
+    if (T == 1) {
+        /* decode: one fused dequantize-and-dot per row, weights read once */
+        for (int64_t r = r0; r < r1; r++) {
+            float v = tr->dot(base + (size_t)r * w->row_bytes, j->x, n);
+            store(&j->y[r], v, j->bias, r, j->accumulate);
+        }
+        return;
+    }
+    /* batch: convert 4 rows to f32 once, then each activation row feeds 4 dot products */
+    for (int64_t r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const float *rows;
+        if (w->type == SD_TYPE_F32) {
+            rows = (const float *)(base + (size_t)r * w->row_bytes);
+        } else {
+            for (int q = 0; q < nr; q++) {
+                tr->to_float(buf + (size_t)q * (size_t)n, base + (size_t)(r + q) * w->row_bytes,
+                             n);
+            }
+            rows = buf;
+        }
+        for (int t = 0; t < T; t++) {
+            const float *xt = j->x + (size_t)t * (size_t)n;
+            float *yt = j->y + (size_t)t * (size_t)R;
+            if (nr == 4) {
+                float y4[4];
+                sd_dot4_f32(y4, xt, rows, n, n);
+                for (int q = 0; q < 4; q++) {
+                    store(&yt[r + q], y4[q], j->bias, r + q, j->accumulate);
+                }
+            } else {
+                for (int q = 0; q < nr; q++) {
+                    float v = sd_dot_f32(rows + (size_t)q * (size_t)n, xt, n);
+                    store(&yt[r + q], v, j->bias, r + q, j->accumulate);
+                }
+            }
+        }
+    }
+}
+
+static void matmul_task(void *ctx, int task, int thread) {
+    const matmul_ctx *c = (const matmul_ctx *)ctx;
+    int ji = 0;
+    while (ji + 1 < c->n_jobs && task >= c->task_start[ji + 1]) {
+        ji++;
+    }
+    const sd_matmul_job *j = &c->jobs[ji];
+    int64_t r0 = (task - c->task_start[ji]) * c->chunk;
+    int64_t r1 = r0 + c->chunk < j->w->rows ? r0 + c->chunk : j->w->rows;
+    matmul_rows(c, j, r0, r1, c->rowbuf + (size_t)thread * c->rowbuf_stride);
+}
+
+void sd_matmul(sd_threadpool *pool, float *rowbuf, size_t rowbuf_stride, int T,
+               const sd_matmul_job *jobs, int n_jobs) {
+    matmul_ctx c;
+    memset(&c, 0, sizeof(c));
+    c.jobs = jobs;
+    c.n_jobs = n_jobs;
+    c.T = T;
+    c.rowbuf = rowbuf;
+    c.rowbuf_stride = rowbuf_stride;
+    int64_t total = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        total += jobs[i].w->rows;
+    }
+    /* about 8 tasks per thread keeps the threads busy to the end without much overhead */
+    int nt = sd_threadpool_size(pool);
+    int64_t chunk = total / ((int64_t)nt * 8);
+    chunk = chunk < 4 ? 4 : (chunk + 3) / 4 * 4;
+    c.chunk = chunk;
+    int64_t tasks = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        c.task_start[i] = tasks;
+        tasks += (jobs[i].w->rows + chunk - 1) / chunk;
+    }
+    c.task_start[n_jobs] = tasks;
+    sd_threadpool_run(pool, matmul_task, &c, (int)tasks);
+}
+
+/* ---- attention -------------------------------------------------------------------------------- */
+
+typedef struct {
+    float *out;
+    const float *q, *k, *v;
+    const uint8_t *mask;
+    int T, n_attn, n_heads, n_kv_heads, head_dim;
+    float *scores;
+} attn_ctx;
+
+static void attn_task(void *ctx, int task, int thread) {
+    const attn_ctx *c = (const attn_ctx *)ctx;
+    const int t = task / c->n_heads, h = task % c->n_heads;
+    const int Dh = c->head_dim;
+    const int kvh = h / (c->n_heads / c->n_kv_heads);
+    const size_t kvd = (size_t)c->n_kv_heads * (size_t)Dh;
+    const float *q = c->q + ((size_t)t * (size_t)c->n_heads + (size_t)h) * (size_t)Dh;
+    const uint8_t *m = c->mask + (size_t)t * (size_t)c->n_attn;
+    float *sc = c->scores + (size_t)thread * (size_t)c->n_attn;
+    float *o = c->out + ((size_t)t * (size_t)c->n_heads + (size_t)h) * (size_t)Dh;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    float mx = -INFINITY;
+    for (int s = 0; s < c->n_attn; s++) {
+        if (m[s]) {
+            sc[s] = sd_dot_f32(q, c->k + (size_t)s * kvd + (size_t)kvh * (size_t)Dh, Dh) * scale;
+            mx = sc[s] > mx ? sc[s] : mx;
+        }
+    }
+    float sum = 0.0f;
+    for (int s = 0; s < c->n_attn; s++) {
+        if (m[s]) {
+            sc[s] = expf(sc[s] - mx);
+            sum += sc[s];
+        }
+    }
+    memset(o, 0, (size_t)Dh * sizeof(float));
+    const float inv = 1.0f / sum;
+    for (int s = 0; s < c->n_attn; s++) {
+        if (m[s]) {
+            sd_axpy_f32(o, sc[s] * inv, c->v + (size_t)s * kvd + (size_t)kvh * (size_t)Dh, Dh);
+        }
+    }
+}
+
+void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k,
+                  const float *v, const uint8_t *mask, int T, int n_attn, int n_heads,
+                  int n_kv_heads, int head_dim, float *scores) {
+    attn_ctx c = {out, q, k, v, mask, T, n_attn, n_heads, n_kv_heads, head_dim, scores};
+    sd_threadpool_run(pool, attn_task, &c, T * n_heads);
+}

@@ -1,0 +1,43 @@
+/* ops_cpu.h — the CPU operators of the forward pass. Output argument first; shapes in comments;
+ * parallel ops take the pool and split their work into tasks. */
+#ifndef SD_OPS_CPU_H
+#define SD_OPS_CPU_H
+
+#include <stdint.h>
+
+#include "model.h"
+#include "threadpool.h"
+
+/* out (T, n) = x (T, n) / sqrt(mean(x^2) + eps) * w (n); out may alias x. */
+void sd_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps);
+
+/* Rotate pairs of every head of x (T, n_heads*Dh) in place by angles whose cos/sin are in
+ * cs (T, Dh) as (cos, sin) pairs for frequency i at cs[t*Dh + 2i]. neox: pairs (i, i + Dh/2);
+ * else adjacent pairs (2i, 2i + 1). */
+void sd_rope(float *x, const float *cs, int T, int n_heads, int head_dim, int neox);
+
+/* One matrix product of a batch: y (T, W.rows) (=, or += when accumulate) x (T, W.cols) W^T. */
+typedef struct {
+    float *y;
+    const float *x;
+    const sd_mat *w;
+    const float *bias; /* (W.rows) or NULL */
+    int accumulate;
+} sd_matmul_job;
+
+/* Run n_jobs products over the same batch of T rows in one parallel dispatch. `rowbuf` holds
+ * (n_threads, 4 * max cols) floats for weight rows converted to f32. */
+void sd_matmul(sd_threadpool *pool, float *rowbuf, size_t rowbuf_stride, int T,
+               const sd_matmul_job *jobs, int n_jobs);
+
+/* out (T, F) = silu(gate) * up, elementwise; out may alias gate. */
+void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);
+
+/* Attention of T queries q (T, H*Dh) over cache slots [0, n_attn) of one layer:
+ * k, v (n_slots_total, Hkv*Dh); mask (T, n_attn) nonzero = attend. out (T, H*Dh).
+ * scores: (n_threads, n_attn) scratch. */
+void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k,
+                  const float *v, const uint8_t *mask, int T, int n_attn, int n_heads,
+                  int n_kv_heads, int head_dim, float *scores);
+
+#endif /* SD_OPS_CPU_H */

@@ -1,0 +1,548 @@
+/* py_module.c — the Python boundary, and the only file that includes Python.h and NumPy.
+ * Converts arguments with explicit dtypes, releases the GIL around every C call that computes,
+ * and maps sd_status to Python exceptions carrying the core's message. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <stdint.h>
+
+#include "specdec.h"
+
+/* ---- errors ------------------------------------------------------------------------------------ */
+
+static PyObject *raise_status(sd_status st) {
+    if (PyErr_Occurred()) {
+        return NULL; /* never overwrite an exception already set */
+    }
+    PyObject *type;
+    switch (st) {
+    case SD_ERR_INVALID_ARG:
+    case SD_ERR_FORMAT:
+    case SD_ERR_UNSUPPORTED: type = PyExc_ValueError; break;
+    case SD_ERR_IO: type = PyExc_OSError; break;
+    case SD_ERR_NOMEM: type = PyExc_MemoryError; break;
+    default: type = PyExc_RuntimeError; break;
+    }
+    const char *msg = sd_last_error();
+    PyErr_SetString(type, msg[0] != '\0' ? msg : sd_status_name(st));
+    return NULL;
+}
+
+/* ---- objects ----------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    sd_model *model;
+    int busy; /* set while a call runs without the GIL: a second thread gets an error, not a race */
+} ModelObject;
+
+typedef struct {
+    PyObject_HEAD
+    sd_kv_cache *kv;
+    PyObject *owner; /* the ModelObject this cache was made for */
+} CacheObject;
+
+static PyTypeObject ModelType;
+static PyTypeObject CacheType;
+
+static int model_enter(ModelObject *self) {
+    if (self->model == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "model is not loaded");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this model is already running a call in another thread; use one "
+                        "model per thread");
+        return -1;
+    }
+    self->busy = 1;
+    return 0;
+}
+
+static void model_leave(ModelObject *self) { self->busy = 0; }
+
+/* A 1-D int32 copy of a token sequence; ids outside int32 are reported as out of range. */
+static int32_t *tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
+    PyArrayObject *a =
+        (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+    if (a == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s must be a 1-D sequence of integer token ids", what);
+        }
+        return NULL;
+    }
+    *n = PyArray_DIM(a, 0);
+    const int64_t *src = (const int64_t *)PyArray_DATA(a);
+    int32_t *dst = PyMem_Malloc((size_t)(*n > 0 ? *n : 1) * sizeof(int32_t));
+    if (dst == NULL) {
+        Py_DECREF(a);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        if (src[i] < INT32_MIN || src[i] > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s: token id %lld at index %zd is out of range", what,
+                         (long long)src[i], i);
+            PyMem_Free(dst);
+            Py_DECREF(a);
+            return NULL;
+        }
+        dst[i] = (int32_t)src[i];
+    }
+    Py_DECREF(a);
+    return dst;
+}
+
+/* ---- module functions -------------------------------------------------------------------------- */
+
+static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
+    (void)mod;
+    static char *kwlist[] = {"path", "threads", NULL};
+    PyObject *path_obj = NULL;
+    int threads = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|i:load", kwlist, PyUnicode_FSConverter,
+                                     &path_obj, &threads)) {
+        return NULL;
+    }
+    sd_model_params p = sd_model_default_params();
+    p.n_threads = threads;
+    sd_model *m = NULL;
+    sd_status st;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    Py_BEGIN_ALLOW_THREADS
+    st = sd_model_load(&m, path, &p);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (st != SD_OK) {
+        return raise_status(st);
+    }
+    ModelObject *self = PyObject_New(ModelObject, &ModelType);
+    if (self == NULL) {
+        sd_model_free(m);
+        return NULL;
+    }
+    self->model = m;
+    self->busy = 0;
+    return (PyObject *)self;
+}
+
+static PyObject *core_simd_name(PyObject *mod, PyObject *unused) {
+    (void)mod;
+    (void)unused;
+    return PyUnicode_FromString(sd_simd_name());
+}
+
+static PyObject *core_built_with_cuda(PyObject *mod, PyObject *unused) {
+    (void)mod;
+    (void)unused;
+    return PyBool_FromLong(sd_built_with_cuda());
+}
+
+/* ---- Model ------------------------------------------------------------------------------------- */
+
+static void model_dealloc(ModelObject *self) {
+    sd_model_free(self->model);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *model_config(ModelObject *self, void *closure) {
+    (void)closure;
+    const sd_config *c = sd_model_config(self->model);
+    return Py_BuildValue(
+        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:d,s:d,s:O,s:O,s:O,s:s}", "arch", c->arch_name,
+        "vocab_size", c->vocab_size, "hidden_size", c->hidden_size, "n_layers", c->n_layers,
+        "n_heads", c->n_heads, "n_kv_heads", c->n_kv_heads, "head_dim", c->head_dim, "ffn_size",
+        c->ffn_size, "context_length", c->context_length, "rope_theta", (double)c->rope_theta,
+        "rms_eps", (double)c->rms_eps, "tied_embeddings", c->tied_embeddings ? Py_True : Py_False,
+        "rope_neox", c->rope_neox ? Py_True : Py_False, "qkv_bias",
+        c->has_qkv_bias ? Py_True : Py_False, "weight_type", sd_type_name(c->weight_type));
+}
+
+static PyObject *model_get_threads(ModelObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(sd_model_threads(self->model));
+}
+
+static int model_set_threads(ModelObject *self, PyObject *value, void *closure) {
+    (void)closure;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete threads");
+        return -1;
+    }
+    long n = PyLong_AsLong(value);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (n < 1 || n > 1024) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, 1024], got %ld", n);
+        return -1;
+    }
+    if (model_enter(self) < 0) {
+        return -1;
+    }
+    sd_status st = sd_model_set_threads(self->model, (int)n);
+    model_leave(self);
+    if (st != SD_OK) {
+        raise_status(st);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *model_weight_bytes(ModelObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(sd_model_weight_bytes(self->model));
+}
+
+/* forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> (n_logits, V) */
+static PyObject *model_forward(ModelObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"cache", "tokens", "positions", "slots", "mask", "n_logits", NULL};
+    PyObject *cache_obj = NULL, *tok_obj = NULL, *pos_obj = Py_None, *slot_obj = Py_None;
+    PyObject *mask_obj = Py_None;
+    int n_logits = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|OOOi:forward", kwlist, &CacheType,
+                                     &cache_obj, &tok_obj, &pos_obj, &slot_obj, &mask_obj,
+                                     &n_logits)) {
+        return NULL;
+    }
+    CacheObject *cache = (CacheObject *)cache_obj;
+    if (cache->owner != (PyObject *)self) {
+        PyErr_SetString(PyExc_ValueError, "cache was created by a different model");
+        return NULL;
+    }
+    int32_t *tokens = NULL, *pos = NULL, *slots = NULL;
+    PyArrayObject *mask = NULL, *out = NULL;
+    Py_ssize_t T = 0, n = 0;
+    const sd_config *c = sd_model_config(self->model);
+    tokens = tokens_from(tok_obj, "tokens", &T);
+    if (tokens == NULL) {
+        goto fail;
+    }
+    if (T < 1) {
+        PyErr_SetString(PyExc_ValueError, "tokens must hold at least one token");
+        goto fail;
+    }
+    if (pos_obj != Py_None) {
+        if ((pos = tokens_from(pos_obj, "positions", &n)) == NULL) {
+            goto fail;
+        }
+        if (n != T) {
+            PyErr_Format(PyExc_ValueError, "positions has %zd entries, tokens has %zd", n, T);
+            goto fail;
+        }
+    }
+    if (slot_obj != Py_None) {
+        if ((slots = tokens_from(slot_obj, "slots", &n)) == NULL) {
+            goto fail;
+        }
+        if (n != T) {
+            PyErr_Format(PyExc_ValueError, "slots has %zd entries, tokens has %zd", n, T);
+            goto fail;
+        }
+    }
+    if (mask_obj != Py_None) {
+        mask = (PyArrayObject *)PyArray_FROMANY(mask_obj, NPY_UINT8, 2, 2, NPY_ARRAY_IN_ARRAY);
+        if (mask == NULL) {
+            goto fail;
+        }
+        if (PyArray_DIM(mask, 0) != T || PyArray_DIM(mask, 1) > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "mask must have shape (%zd, n_slots), got (%zd, %zd)",
+                         T, (Py_ssize_t)PyArray_DIM(mask, 0), (Py_ssize_t)PyArray_DIM(mask, 1));
+            goto fail;
+        }
+    }
+    if (n_logits < 0) {
+        n_logits = (int)T;
+    }
+    if (n_logits > T) {
+        PyErr_Format(PyExc_ValueError, "n_logits %d exceeds the %zd tokens", n_logits, T);
+        goto fail;
+    }
+    npy_intp dims[2] = {n_logits, c->vocab_size};
+    out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out == NULL || model_enter(self) < 0) {
+        goto fail;
+    }
+    sd_batch b = {0};
+    b.n_tokens = (int)T;
+    b.tokens = tokens;
+    b.pos = pos;
+    b.slots = slots;
+    b.mask = mask != NULL ? (const uint8_t *)PyArray_DATA(mask) : NULL;
+    b.n_mask_cols = mask != NULL ? (int)PyArray_DIM(mask, 1) : 0;
+    b.n_logits = n_logits;
+    sd_status st;
+    float *dst = (float *)PyArray_DATA(out);
+    Py_BEGIN_ALLOW_THREADS
+    st = sd_forward(self->model, cache->kv, &b, dst);
+    Py_END_ALLOW_THREADS
+    model_leave(self);
+    if (st != SD_OK) {
+        raise_status(st);
+        goto fail;
+    }
+    PyMem_Free(tokens);
+    PyMem_Free(pos);
+    PyMem_Free(slots);
+    Py_XDECREF(mask);
+    return (PyObject *)out;
+fail:
+    PyMem_Free(tokens);
+    PyMem_Free(pos);
+    PyMem_Free(slots);
+    Py_XDECREF(mask);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyObject *model_new_cache(ModelObject *self, PyObject *args) {
+    int n_slots = 0;
+    if (!PyArg_ParseTuple(args, "i:new_cache", &n_slots)) {
+        return NULL;
+    }
+    sd_kv_cache *kv = NULL;
+    sd_status st = sd_kv_cache_create(&kv, self->model, n_slots);
+    if (st != SD_OK) {
+        return raise_status(st);
+    }
+    CacheObject *c = PyObject_New(CacheObject, &CacheType);
+    if (c == NULL) {
+        sd_kv_cache_free(kv);
+        return NULL;
+    }
+    c->kv = kv;
+    Py_INCREF(self);
+    c->owner = (PyObject *)self;
+    return (PyObject *)c;
+}
+
+/* generate(prompt, max_new_tokens, temperature, seed, stop_ids) -> list[int] */
+static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"prompt", "max_new_tokens", "temperature", "seed", "stop_ids", NULL};
+    PyObject *prompt_obj = NULL, *stop_obj = Py_None;
+    int max_new = 16;
+    float temperature = 0.0f;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKO:generate", kwlist, &prompt_obj,
+                                     &max_new, &temperature, &seed, &stop_obj)) {
+        return NULL;
+    }
+    int32_t *prompt = NULL, *stops = NULL, *out = NULL;
+    Py_ssize_t n_prompt = 0, n_stops = 0;
+    PyObject *result = NULL;
+    if ((prompt = tokens_from(prompt_obj, "prompt", &n_prompt)) == NULL) {
+        goto done;
+    }
+    if (stop_obj != Py_None && (stops = tokens_from(stop_obj, "stop_ids", &n_stops)) == NULL) {
+        goto done;
+    }
+    if (n_prompt > INT32_MAX || n_stops > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "sequence too long");
+        goto done;
+    }
+    out = PyMem_Malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (model_enter(self) < 0) {
+        goto done;
+    }
+    sd_generate_params p = sd_generate_default_params();
+    p.max_new_tokens = max_new;
+    p.temperature = temperature;
+    p.seed = (uint64_t)seed;
+    p.stop_ids = stops;
+    p.n_stop_ids = (int)n_stops;
+    int n_out = 0;
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = sd_generate(out, &n_out, self->model, prompt, (int)n_prompt, &p);
+    Py_END_ALLOW_THREADS
+    model_leave(self);
+    if (st != SD_OK) {
+        raise_status(st);
+        goto done;
+    }
+    result = PyList_New(n_out);
+    for (int i = 0; result != NULL && i < n_out; i++) {
+        PyObject *v = PyLong_FromLong(out[i]);
+        if (v == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, v);
+    }
+done:
+    PyMem_Free(prompt);
+    PyMem_Free(stops);
+    PyMem_Free(out);
+    return result;
+}
+
+static PyMethodDef model_methods[] = {
+    {"forward", (PyCFunction)(void (*)(void))model_forward, METH_VARARGS | METH_KEYWORDS,
+     "forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> ndarray"},
+    {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS,
+     "new_cache(n_slots) -> KVCache"},
+    {"generate", (PyCFunction)(void (*)(void))model_generate, METH_VARARGS | METH_KEYWORDS,
+     "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None) -> list"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef model_getset[] = {
+    {"config", (getter)model_config, NULL, "hyper-parameters as a dict", NULL},
+    {"threads", (getter)model_get_threads, (setter)model_set_threads, "worker threads", NULL},
+    {"weight_bytes", (getter)model_weight_bytes, NULL, "bytes of weights one forward reads",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ModelType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "specdec._core.Model",
+    .tp_basicsize = sizeof(ModelObject),
+    .tp_dealloc = (destructor)model_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A loaded model (C core). Create with specdec._core.load().",
+    .tp_methods = model_methods,
+    .tp_getset = model_getset,
+};
+
+/* ---- KVCache ----------------------------------------------------------------------------------- */
+
+static void cache_dealloc(CacheObject *self) {
+    sd_kv_cache_free(self->kv);
+    Py_XDECREF(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *cache_length(CacheObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(sd_kv_cache_length(self->kv));
+}
+
+static PyObject *cache_capacity(CacheObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(sd_kv_cache_capacity(self->kv));
+}
+
+static PyObject *cache_rollback(CacheObject *self, PyObject *args) {
+    int n = 0;
+    if (!PyArg_ParseTuple(args, "i:rollback", &n)) {
+        return NULL;
+    }
+    if (((ModelObject *)self->owner)->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "the cache's model is running a call");
+        return NULL;
+    }
+    sd_status st = sd_kv_cache_set_length(self->kv, n);
+    if (st != SD_OK) {
+        return raise_status(st);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *cache_copy_slot(CacheObject *self, PyObject *args) {
+    int dst = 0, src = 0;
+    if (!PyArg_ParseTuple(args, "ii:copy_slot", &dst, &src)) {
+        return NULL;
+    }
+    if (((ModelObject *)self->owner)->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "the cache's model is running a call");
+        return NULL;
+    }
+    sd_status st = sd_kv_cache_copy_slot(self->kv, dst, src);
+    if (st != SD_OK) {
+        return raise_status(st);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cache_methods[] = {
+    {"rollback", (PyCFunction)cache_rollback, METH_VARARGS,
+     "rollback(n): keep slots [0, n) and forget the rest (0 <= n <= length)."},
+    {"copy_slot", (PyCFunction)cache_copy_slot, METH_VARARGS,
+     "copy_slot(dst, src): copy one slot's keys, values and position onto another."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef cache_getset[] = {
+    {"length", (getter)cache_length, NULL, "number of live slots", NULL},
+    {"capacity", (getter)cache_capacity, NULL, "number of slots", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "specdec.KVCache",
+    .tp_basicsize = sizeof(CacheObject),
+    .tp_dealloc = (destructor)cache_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Slot-addressed key/value cache of one model. Create with Model.new_cache().",
+    .tp_methods = cache_methods,
+    .tp_getset = cache_getset,
+};
+
+/* ---- module ------------------------------------------------------------------------------------ */
+
+static PyObject *core_cuda_probe(PyObject *mod, PyObject *unused) {
+    (void)mod;
+    (void)unused;
+#ifdef SD_WITH_CUDA
+    int cublas = 0;
+    int n = sd_cuda_probe(&cublas);
+    return Py_BuildValue("{s:i,s:i}", "devices", n, "cublas_version", cublas);
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
+static PyMethodDef core_methods[] = {
+    {"cuda_probe", core_cuda_probe, METH_NOARGS,
+     "CUDA builds: {'devices': n, 'cublas_version': v}; CPU-only builds: None"},
+    {"load", (PyCFunction)(void (*)(void))core_load, METH_VARARGS | METH_KEYWORDS,
+     "load(path, threads=0) -> Model"},
+    {"simd_name", core_simd_name, METH_NOARGS, "SIMD level of the CPU kernels"},
+    {"built_with_cuda", core_built_with_cuda, METH_NOARGS,
+     "whether the CUDA sources were compiled into this build"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int core_exec(PyObject *m) {
+    import_array1(-1);
+    if (PyType_Ready(&ModelType) < 0 || PyType_Ready(&CacheType) < 0) {
+        return -1;
+    }
+    Py_INCREF(&ModelType);
+    if (PyModule_AddObject(m, "Model", (PyObject *)&ModelType) < 0) {
+        Py_DECREF(&ModelType);
+        return -1;
+    }
+    Py_INCREF(&CacheType);
+    if (PyModule_AddObject(m, "KVCache", (PyObject *)&CacheType) < 0) {
+        Py_DECREF(&CacheType);
+        return -1;
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, (void *)core_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "specdec._core",
+    .m_doc = "specdec's C core: model loading, forward passes and decoding.",
+    .m_size = 0,
+    .m_methods = core_methods,
+    .m_slots = core_slots,
+};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&core_module); }

@@ -1,0 +1,21 @@
+/* simd.h — x86-64 AVX2/FMA/F16C versions of the row kernels, compiled with a per-function
+ * target attribute so the rest of the core builds for any x86-64 (or other) CPU. quant.c picks
+ * them at run time when the CPU has all three extensions. */
+#ifndef SD_SIMD_H
+#define SD_SIMD_H
+
+#include <stdint.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SD_HAVE_X86_SIMD 1
+int sd_cpu_has_avx2_fma_f16c(void);
+float sd_dot_f32_avx2(const float *a, const float *b, int64_t n);
+float sd_dot_f16_avx2(const void *w, const float *x, int64_t n);
+float sd_dot_bf16_avx2(const void *w, const float *x, int64_t n);
+void sd_f16_to_f32_avx2(float *dst, const void *src, int64_t n);
+void sd_bf16_to_f32_avx2(float *dst, const void *src, int64_t n);
+void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
+void sd_dot4_f32_avx2(float y[4], const float *w, const float *x, int64_t ldx, int64_t n);
+#endif
+
+#endif /* SD_SIMD_H */

@@ -1,0 +1,185 @@
+/* specdec.h — the public C API of specdec's core.
+ *
+ * specdec loads a decoder-only transformer (GGUF file or Hugging Face safetensors directory),
+ * runs exact forward passes over a slot-addressed KV cache and decodes from it. This header is
+ * the manual: every call says what it does, who owns what, and what its status means.
+ *
+ * Conventions
+ *   - Every fallible call returns sd_status. On failure a message naming the problem is
+ *     recorded for the calling thread; read it with sd_last_error(). Nothing here prints,
+ *     exits or aborts.
+ *   - Objects are opaque handles made by sd_X_load/create and released by the matching
+ *     sd_X_free (which accepts NULL).
+ *   - Output arguments come first; array shapes are given in comments, row-major.
+ *   - A model is not safe for concurrent calls from several threads; distinct models are.
+ */
+#ifndef SPECDEC_H
+#define SPECDEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status ------------------------------------------------------------------------------ */
+
+typedef enum {
+    SD_OK = 0,
+    SD_ERR_INVALID_ARG = 1, /* an argument is out of its domain (token id, length, mask...)   */
+    SD_ERR_FORMAT = 2,      /* a file is malformed or inconsistent (truncated, bad magic...)   */
+    SD_ERR_UNSUPPORTED = 3, /* valid input we do not handle (architecture, tensor type...)     */
+    SD_ERR_IO = 4,          /* the operating system refused (open, stat, mmap, read)           */
+    SD_ERR_NOMEM = 5,       /* an allocation failed                                            */
+    SD_ERR_INTERNAL = 6,    /* a broken invariant inside specdec: a bug, please report it      */
+    SD_ERR_CUDA = 7         /* the CUDA runtime or cuBLAS reported an error                    */
+} sd_status;
+
+/* Message of the last failure on this thread ("" if none). Valid until the next failing call. */
+const char *sd_last_error(void);
+/* Short constant name of a status, e.g. "SD_ERR_FORMAT". */
+const char *sd_status_name(sd_status st);
+/* Forget the recorded message of this thread. */
+void sd_clear_error(void);
+
+/* ---- tensor element types (values are ggml's type ids, as stored in GGUF) ------------------ */
+
+typedef enum {
+    SD_TYPE_F32 = 0,
+    SD_TYPE_F16 = 1,
+    SD_TYPE_Q4_0 = 2,
+    SD_TYPE_Q4_1 = 3,
+    SD_TYPE_Q5_0 = 6,
+    SD_TYPE_Q5_1 = 7,
+    SD_TYPE_Q8_0 = 8,
+    SD_TYPE_Q4_K = 12,
+    SD_TYPE_Q5_K = 13,
+    SD_TYPE_Q6_K = 14,
+    SD_TYPE_BF16 = 30
+} sd_type;
+
+/* Human-readable name of a ggml type id ("F16", "Q4_K", ... or "type#N" when unknown). */
+const char *sd_type_name(int type);
+
+/* ---- model --------------------------------------------------------------------------------- */
+
+typedef enum { SD_ARCH_LLAMA = 0, SD_ARCH_QWEN2 = 1 } sd_arch;
+
+/* Hyper-parameters, read from the file. */
+typedef struct {
+    sd_arch arch;
+    char arch_name[32];   /* "llama", "qwen2" */
+    int vocab_size;       /* V */
+    int hidden_size;      /* D */
+    int n_layers;         /* L */
+    int n_heads;          /* H: query heads */
+    int n_kv_heads;       /* Hkv: key/value heads, H % Hkv == 0 (grouped-query attention) */
+    int head_dim;         /* Dh: D == H * Dh for the supported architectures */
+    int ffn_size;         /* F: SwiGLU inner width */
+    int context_length;   /* longest sequence the model was trained for */
+    float rope_theta;     /* RoPE base frequency */
+    float rms_eps;        /* RMSNorm epsilon */
+    int tied_embeddings;  /* 1: the output head is the token embedding matrix */
+    int rope_neox;        /* 1: rotate-half pairs (i, i + Dh/2); 0: adjacent pairs (2i, 2i + 1) */
+    int has_qkv_bias;     /* 1: q/k/v projections carry biases (qwen2) */
+    int weight_type;      /* sd_type of the attention/MLP matrices (the first layer's wq) */
+} sd_config;
+
+typedef struct sd_model sd_model;
+
+typedef struct {
+    int n_threads; /* worker threads for the forward pass; 0 = the cores this process may use */
+} sd_model_params;
+
+sd_model_params sd_model_default_params(void);
+
+/* Load a model. `path` is a .gguf file (GGUF v2/v3) or a Hugging Face model directory holding
+ * config.json and model.safetensors (or a sharded model.safetensors.index.json). Weights stay
+ * in the read-only file mappings; the model owns them. Every header field and tensor extent is
+ * validated before use, so a corrupt file yields SD_ERR_FORMAT, never a crash. */
+sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params *params);
+void sd_model_free(sd_model *model);
+const sd_config *sd_model_config(const sd_model *model);
+/* Change the number of worker threads (>= 1). */
+sd_status sd_model_set_threads(sd_model *model, int n_threads);
+int sd_model_threads(const sd_model *model);
+/* Bytes of weights one full forward reads (all matrices and norms, output head included). */
+size_t sd_model_weight_bytes(const sd_model *model);
+
+/* ---- KV cache -------------------------------------------------------------------------------- */
+
+/* Keys and values of every layer, addressed by slot: slot s of layer l holds the post-RoPE key
+ * and the value of one token, and the RoPE position it was written at. Slots [0, length) are
+ * live. Rolling back is setting the length; speculative verify writes draft tokens into the
+ * slots after the accepted prefix and the accepted ones are kept by moving the length. */
+typedef struct sd_kv_cache sd_kv_cache;
+
+/* A cache of `n_slots` slots (1 <= n_slots <= context length) for `model`'s shape. */
+sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *model, int n_slots);
+void sd_kv_cache_free(sd_kv_cache *kv);
+int sd_kv_cache_length(const sd_kv_cache *kv);
+int sd_kv_cache_capacity(const sd_kv_cache *kv);
+/* Keep slots [0, n) and forget the rest; 0 <= n <= length. */
+sd_status sd_kv_cache_set_length(sd_kv_cache *kv, int n);
+/* Copy slot `src` onto slot `dst` (all layers, K, V and position): compacts an accepted tree
+ * path into consecutive slots. Both must be < capacity. */
+sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src);
+
+/* ---- forward --------------------------------------------------------------------------------- */
+
+/* One forward pass over T tokens. The tokens' keys/values are written into the given slots and
+ * every token attends to the cache slots its mask row allows (its own slot included). */
+typedef struct {
+    int n_tokens;          /* T >= 1 */
+    const int32_t *tokens; /* (T) token ids, 0 <= id < V */
+    const int32_t *pos;    /* (T) RoPE positions; NULL = length + t */
+    const int32_t *slots;  /* (T) slots to write, distinct, < capacity; NULL = length + t */
+    /* (T, n_mask_cols): nonzero = query t may attend slot s. Slots >= n_mask_cols are not
+     * attended. NULL = causal by position: slot s is attended iff s < new length and the
+     * position stored in s is <= pos[t]. */
+    const uint8_t *mask;
+    int n_mask_cols;       /* 1 <= n_mask_cols <= new length, when mask != NULL */
+    int n_logits;          /* logits are produced for the last n_logits tokens, 0 <= . <= T */
+} sd_batch;
+
+/* Run `batch` through `model`, updating `kv` (its length becomes max(length, max slot + 1)).
+ * `logits` is (n_logits, V) or NULL when n_logits == 0. Positions past the context length,
+ * token ids out of range and ill-formed masks are rejected with SD_ERR_INVALID_ARG before any
+ * state changes. */
+sd_status sd_forward(sd_model *model, sd_kv_cache *kv, const sd_batch *batch, float *logits);
+
+/* ---- decoding -------------------------------------------------------------------------------- */
+
+typedef struct {
+    int max_new_tokens;    /* >= 0 */
+    float temperature;     /* 0 = greedy (argmax, lowest id on ties); > 0 = sample softmax(l/T) */
+    uint64_t seed;         /* sampling: the draw for output position i is a pure function of
+                            * (seed, i), so a seed reproduces a run whatever the thread count */
+    const int32_t *stop_ids; /* (n_stop_ids) tokens that end generation (emitted, then stop) */
+    int n_stop_ids;
+} sd_generate_params;
+
+sd_generate_params sd_generate_default_params(void);
+
+/* Autoregressive decoding: prefill `prompt` (n_prompt >= 1 tokens) into a fresh cache, then
+ * emit up to max_new_tokens tokens into `out` ((max_new_tokens)); *n_out receives the count.
+ * n_prompt + max_new_tokens must not exceed the context length. */
+sd_status sd_generate(int32_t *out, int *n_out, sd_model *model, const int32_t *prompt,
+                      int n_prompt, const sd_generate_params *params);
+
+/* ---- build information ----------------------------------------------------------------------- */
+
+/* SIMD level the kernels use on this machine: "avx2+fma+f16c" or "scalar". */
+const char *sd_simd_name(void);
+/* 1 when this build was compiled with the CUDA backend sources, else 0. */
+int sd_built_with_cuda(void);
+/* Only in CUDA builds: the number of CUDA devices visible (0 without a driver or GPU; never
+ * fails) and, in *cublas_version, the linked cuBLAS version as major * 1000 + minor. */
+int sd_cuda_probe(int *cublas_version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPECDEC_H */

@@ -1,0 +1,144 @@
+"""Models: loading, configuration, logits and raw forward passes over a KV cache."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+from ._core import KVCache
+
+PathLike = Union[str, "os.PathLike[str]"]
+TokenIds = Union[Sequence[int], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters read from the model file."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    context_length: int
+    rope_theta: float
+    rms_eps: float
+    tied_embeddings: bool
+    rope_neox: bool
+    qkv_bias: bool
+    weight_type: str
+
+
+class Model:
+    """A loaded model. Create with :func:`specdec.load`.
+
+    The weights stay memory-mapped from the file. A model runs one call at a time; use one
+    model per thread (calls release the GIL while the C core computes).
+    """
+
+    def __init__(self, core: "_core.Model", path: str, device: str):
+        self._core = core
+        self.path = path
+        self.device = device
+        self.config = ModelConfig(**core.config)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"specdec.Model({self.path!r}, arch={c.arch}, layers={c.n_layers}, "
+                f"hidden={c.hidden_size}, vocab={c.vocab_size}, weights={c.weight_type}, "
+                f"device={self.device!r}, threads={self.threads})")
+
+    @property
+    def threads(self) -> int:
+        """Worker threads of the forward pass (settable, >= 1)."""
+        return self._core.threads
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        self._core.threads = n
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward pass reads (output head included)."""
+        return self._core.weight_bytes
+
+    def logits(self, tokens: TokenIds) -> np.ndarray:
+        """Logits of a fresh forward over ``tokens`` at positions 0..T-1.
+
+        Returns a float32 array of shape ``(len(tokens), vocab_size)``; row t scores the
+        token that follows ``tokens[:t+1]``.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("tokens must hold at least one token")
+        if n > self.config.context_length:
+            raise ValueError(f"sequence of {n} tokens exceeds the context length "
+                             f"{self.config.context_length}")
+        cache = self._core.new_cache(n)
+        return self._core.forward(cache, tokens)
+
+    def new_cache(self, n_slots: Optional[int] = None) -> KVCache:
+        """A KV cache of ``n_slots`` slots (default: the context length) for this model."""
+        if n_slots is None:
+            n_slots = self.config.context_length
+        return self._core.new_cache(int(n_slots))
+
+    def forward(self, cache: KVCache, tokens: TokenIds, positions: Optional[TokenIds] = None,
+                slots: Optional[TokenIds] = None, mask: Optional[np.ndarray] = None,
+                n_logits: Optional[int] = None) -> np.ndarray:
+        """One forward pass over T tokens against ``cache``.
+
+        Args:
+            cache: from :meth:`new_cache`; updated in place (its length becomes
+                ``max(length, max(slots) + 1)``).
+            tokens: T token ids.
+            positions: RoPE positions (default ``cache.length + arange(T)``).
+            slots: cache slots to write the tokens' keys/values to (default
+                ``cache.length + arange(T)``); distinct, below ``cache.capacity``.
+            mask: optional ``(T, n_cols)`` bool array: True where query t may attend cache
+                slot s (its own slot included); slots ``>= n_cols`` are not attended. None means
+                causal by position over the live slots.
+            n_logits: return logits for the last ``n_logits`` tokens only (default: all).
+
+        Returns:
+            float32 array ``(n_logits, vocab_size)``.
+        """
+        if n_logits is None:
+            n_logits = -1
+        elif not 0 <= int(n_logits):
+            raise ValueError(f"n_logits must be >= 0, got {n_logits}")
+        return self._core.forward(cache, tokens, positions, slots, mask, int(n_logits))
+
+
+def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None) -> Model:
+    """Load a model from a ``.gguf`` file or a Hugging Face model directory.
+
+    Args:
+        path: a GGUF v2/v3 file, or a directory with ``config.json`` and ``model.safetensors``
+            (or a sharded ``model.safetensors.index.json``).
+        device: ``"cpu"``. (The CUDA backend is not available yet.)
+        threads: worker threads (default: the cores this process may use).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the file is malformed, truncated, of an unsupported architecture or type.
+    """
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise FileNotFoundError(f"no such model file or directory: '{p}'")
+    if device != "cpu":
+        if device in ("cuda", "gpu") or str(device).startswith("cuda:"):
+            raise NotImplementedError(
+                f"device={device!r}: the CUDA backend is not implemented yet; use device='cpu'")
+        raise ValueError(f"unknown device {device!r} (expected 'cpu')")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    core = _core.load(p, threads or 0)
+    return Model(core, p, device)

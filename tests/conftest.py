@@ -1,0 +1,74 @@
+"""Fixtures: tiny random models written once per session (GGUF files and Hugging Face
+directories, see tinymodels.py), and cached float64 reference logits (reference.py).
+
+specdec itself is imported by the test modules that use it, not here, so the helper self-tests
+(test_tinymodels.py) run without the extension.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import reference  # noqa: E402
+import tinymodels  # noqa: E402
+from tinymodels import CONFIGS, FORMATS  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """tiny(name, fmt) -> tinymodels.TinyModel, written on first use and reused for the session.
+
+    name: a key of tinymodels.CONFIGS; fmt: a key of tinymodels.FORMATS.
+    Tests must not modify the files (copy them first, as test_errors does).
+    """
+    root = tmp_path_factory.mktemp("tiny")
+    cache: dict = {}
+
+    def get(name: str, fmt: str) -> tinymodels.TinyModel:
+        assert name in CONFIGS, name
+        assert fmt in FORMATS, fmt
+        key = (name, fmt)
+        if key not in cache:
+            cache[key] = tinymodels.write_model(root, name, fmt)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def ref_logits():
+    """ref_logits(model, tokens, positions=None) -> float64 (T, V) reference logits over the
+    values `model` stores (model.ref_weights), memoized."""
+    cache: dict = {}
+
+    def get(model: tinymodels.TinyModel, tokens, positions=None) -> np.ndarray:
+        key = (model.name, "F32" if not model.half else model.fmt, tuple(int(t) for t in tokens),
+               None if positions is None else tuple(int(p) for p in positions))
+        if key not in cache:
+            cache[key] = reference.forward(model.ref_weights, model.cfg, tokens, positions)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def llama_gguf(tiny):
+    """The plain GQA llama model as a GGUF F32 file."""
+    return tiny("llama_gqa2", "gguf-f32-v3")
+
+
+@pytest.fixture(scope="session")
+def llama_hf(tiny):
+    """The same weights as llama_gguf as an HF F32 directory."""
+    return tiny("llama_gqa2", "hf-f32")
+
+
+@pytest.fixture(scope="session")
+def qwen_hf(tiny):
+    return tiny("qwen2", "hf-f32")
