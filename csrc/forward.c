@@ -19,16 +19,16 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
         return sd_set_error(SD_ERR_INVALID_ARG, "a forward needs at least one token");
     }
     if (b->n_logits < 0 || b->n_logits > T) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "n_logits %d is out of range [0, %d]",
-                            b->n_logits, T);
+        return sd_set_error(SD_ERR_INVALID_ARG, "n_logits %d is out of range [0, %d]", b->n_logits,
+                            T);
     }
     int len = kv->length;
     for (int t = 0; t < T; t++) {
         int32_t tok = b->tokens[t];
         if (tok < 0 || tok >= c->vocab_size) {
             return sd_set_error(SD_ERR_INVALID_ARG,
-                                "token id %d at index %d is out of range [0, %d) (vocab size)",
-                                tok, t, c->vocab_size);
+                                "token id %d at index %d is out of range [0, %d) (vocab size)", tok,
+                                t, c->vocab_size);
         }
         int32_t p = b->pos != NULL ? b->pos[t] : kv->length + t;
         if (p < 0 || p >= c->context_length) {
@@ -81,8 +81,8 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
 }
 
 /* The effective mask (T, n_attn): the caller's, or causal by stored position over live slots. */
-static void build_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batch *b,
-                       const int32_t *pos, int old_len, int n_attn) {
+static void build_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batch *b, const int32_t *pos,
+                       int old_len, int n_attn) {
     const int T = b->n_tokens;
     if (b->mask != NULL) {
         memcpy(mask, b->mask, (size_t)T * (size_t)n_attn);

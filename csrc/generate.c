@@ -26,8 +26,8 @@ static int is_stop(const sd_generate_params *p, int32_t tok) {
     return 0;
 }
 
-sd_status sd_generate(int32_t *out, int *n_out, sd_model *m, const int32_t *prompt,
-                      int n_prompt, const sd_generate_params *p) {
+sd_status sd_generate(int32_t *out, int *n_out, sd_model *m, const int32_t *prompt, int n_prompt,
+                      const sd_generate_params *p) {
     *n_out = 0;
     const sd_config *c = &m->cfg;
     if (n_prompt < 1 || prompt == NULL) {

@@ -43,15 +43,21 @@ static sd_status skip(cursor *c, size_t n) {
     return SD_OK;
 }
 
-static sd_status rd_u32(cursor *c, uint32_t *v) { return rd(c, v, 4); }
-static sd_status rd_u64(cursor *c, uint64_t *v) { return rd(c, v, 8); }
+static sd_status rd_u32(cursor *c, uint32_t *v) {
+    return rd(c, v, 4);
+}
+static sd_status rd_u64(cursor *c, uint64_t *v) {
+    return rd(c, v, 8);
+}
 
 /* A string: returns a view (not NUL-terminated). */
 static sd_status rd_str(cursor *c, const char **s, uint64_t *len) {
     SD_TRY(rd_u64(c, len));
     if (*len > GGUF_MAX_STRING) {
-        return sd_set_error(SD_ERR_FORMAT, "string length %llu at offset %zu is implausible "
-                            "(corrupt file?)", (unsigned long long)*len, c->off - 8);
+        return sd_set_error(SD_ERR_FORMAT,
+                            "string length %llu at offset %zu is implausible "
+                            "(corrupt file?)",
+                            (unsigned long long)*len, c->off - 8);
     }
     if (*len > c->size - c->off) {
         return truncated(c, (size_t)*len);
@@ -72,10 +78,17 @@ static char *dup_n(const char *s, size_t n) {
 
 static size_t scalar_size(uint32_t type) {
     switch (type) {
-    case SD_GGUF_U8: case SD_GGUF_I8: case SD_GGUF_BOOL: return 1;
-    case SD_GGUF_U16: case SD_GGUF_I16: return 2;
-    case SD_GGUF_U32: case SD_GGUF_I32: case SD_GGUF_F32: return 4;
-    case SD_GGUF_U64: case SD_GGUF_I64: case SD_GGUF_F64: return 8;
+    case SD_GGUF_U8:
+    case SD_GGUF_I8:
+    case SD_GGUF_BOOL: return 1;
+    case SD_GGUF_U16:
+    case SD_GGUF_I16: return 2;
+    case SD_GGUF_U32:
+    case SD_GGUF_I32:
+    case SD_GGUF_F32: return 4;
+    case SD_GGUF_U64:
+    case SD_GGUF_I64:
+    case SD_GGUF_F64: return 8;
     default: return 0;
     }
 }
@@ -109,8 +122,8 @@ static sd_status skip_value(cursor *c, uint32_t type, int depth) {
             return SD_OK;
         }
         if (et != SD_GGUF_STRING && et != SD_GGUF_ARRAY) {
-            return sd_set_error(SD_ERR_FORMAT, "unknown array element type %u at offset %zu",
-                                et, c->off - 12);
+            return sd_set_error(SD_ERR_FORMAT, "unknown array element type %u at offset %zu", et,
+                                c->off - 12);
         }
         /* every element takes at least 8 bytes: reject absurd counts before looping */
         if (n > (c->size - c->off) / 8) {
@@ -158,8 +171,8 @@ static sd_status read_header(sd_gguf *g) {
     }
     SD_TRY(rd_u32(&c, &g->version));
     if (g->version != 2 && g->version != 3) {
-        return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "unsupported GGUF version %u (supported: 2 and 3)", g->version);
+        return sd_set_error(SD_ERR_UNSUPPORTED, "unsupported GGUF version %u (supported: 2 and 3)",
+                            g->version);
     }
     uint64_t n_tensors = 0, n_kv = 0;
     SD_TRY(rd_u64(&c, &n_tensors));
@@ -169,8 +182,7 @@ static sd_status read_header(sd_gguf *g) {
         return sd_set_error(SD_ERR_FORMAT,
                             "implausible counts (%llu tensors, %llu metadata entries) for a "
                             "file of %zu bytes: file is truncated or corrupt",
-                            (unsigned long long)n_tensors, (unsigned long long)n_kv,
-                            g->map.size);
+                            (unsigned long long)n_tensors, (unsigned long long)n_kv, g->map.size);
     }
     g->kv = calloc((size_t)n_kv + 1, sizeof(sd_gguf_kv));
     g->tensors = calloc((size_t)n_tensors + 1, sizeof(sd_tensor_info));
@@ -246,8 +258,8 @@ static sd_status read_header(sd_gguf *g) {
         SD_TRY(rd_u64(&c, &offset));
         const sd_type_traits *tr = sd_type_get((int)type);
         if (tr == NULL) {
-            return sd_set_error(SD_ERR_UNSUPPORTED, "tensor '%s' has unknown type id %u",
-                                t->name, type);
+            return sd_set_error(SD_ERR_UNSUPPORTED, "tensor '%s' has unknown type id %u", t->name,
+                                type);
         }
         if (dims[0] % (uint64_t)tr->block_size != 0) {
             return sd_set_error(SD_ERR_FORMAT,
@@ -329,10 +341,30 @@ int sd_gguf_get_int(const sd_gguf *g, const char *key, int64_t *out) {
     switch (kv->type) {
     case SD_GGUF_U8: *out = *(const uint8_t *)v; return 1;
     case SD_GGUF_I8: *out = *(const int8_t *)v; return 1;
-    case SD_GGUF_U16: { uint16_t x; memcpy(&x, v, 2); *out = x; return 1; }
-    case SD_GGUF_I16: { int16_t x; memcpy(&x, v, 2); *out = x; return 1; }
-    case SD_GGUF_U32: { uint32_t x; memcpy(&x, v, 4); *out = x; return 1; }
-    case SD_GGUF_I32: { int32_t x; memcpy(&x, v, 4); *out = x; return 1; }
+    case SD_GGUF_U16: {
+        uint16_t x;
+        memcpy(&x, v, 2);
+        *out = x;
+        return 1;
+    }
+    case SD_GGUF_I16: {
+        int16_t x;
+        memcpy(&x, v, 2);
+        *out = x;
+        return 1;
+    }
+    case SD_GGUF_U32: {
+        uint32_t x;
+        memcpy(&x, v, 4);
+        *out = x;
+        return 1;
+    }
+    case SD_GGUF_I32: {
+        int32_t x;
+        memcpy(&x, v, 4);
+        *out = x;
+        return 1;
+    }
     case SD_GGUF_U64: {
         uint64_t x;
         memcpy(&x, v, 8);
@@ -342,7 +374,12 @@ int sd_gguf_get_int(const sd_gguf *g, const char *key, int64_t *out) {
         *out = (int64_t)x;
         return 1;
     }
-    case SD_GGUF_I64: { int64_t x; memcpy(&x, v, 8); *out = x; return 1; }
+    case SD_GGUF_I64: {
+        int64_t x;
+        memcpy(&x, v, 8);
+        *out = x;
+        return 1;
+    }
     case SD_GGUF_BOOL: *out = *v != 0; return 1;
     default: return 0;
     }

@@ -48,11 +48,11 @@ typedef struct {
     sd_mapping map;
     uint32_t version;
     uint64_t n_kv;
-    sd_gguf_kv *kv;            /* (n_kv) */
+    sd_gguf_kv *kv; /* (n_kv) */
     uint64_t n_tensors;
-    sd_tensor_info *tensors;   /* (n_tensors) */
+    sd_tensor_info *tensors; /* (n_tensors) */
     size_t alignment;
-    size_t data_offset;        /* file offset of the data section */
+    size_t data_offset; /* file offset of the data section */
 } sd_gguf;
 
 /* Map and validate `path`. Errors name the file and the problem. */

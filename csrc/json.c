@@ -20,8 +20,7 @@ static sd_status parse_value(parser *p, sd_json *out, int depth);
 /* ---- errors ---------------------------------------------------------------------------------- */
 
 /* Describe byte `c` for a message: 'x' when printable ASCII, 0xNN otherwise. */
-static const char *describe_byte(unsigned char c, char buf[8])
-{
+static const char *describe_byte(unsigned char c, char buf[8]) {
     static const char hex[] = "0123456789ABCDEF";
     if (c > 0x20 && c < 0x7f && c != '\'') {
         buf[0] = '\'';
@@ -39,8 +38,7 @@ static const char *describe_byte(unsigned char c, char buf[8])
 }
 
 /* The byte at p->pos is not allowed here (or the input ended); `expected` says what was. */
-static sd_status err_unexpected(const parser *p, const char *expected)
-{
+static sd_status err_unexpected(const parser *p, const char *expected) {
     char buf[8];
     if (p->pos >= p->len) {
         return sd_set_error(SD_ERR_FORMAT,
@@ -51,15 +49,13 @@ static sd_status err_unexpected(const parser *p, const char *expected)
                         describe_byte(p->text[p->pos], buf), p->pos, expected);
 }
 
-static sd_status err_nomem(void)
-{
+static sd_status err_nomem(void) {
     return sd_set_error(SD_ERR_NOMEM, "json: out of memory");
 }
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
-static void skip_ws(parser *p)
-{
+static void skip_ws(parser *p) {
     while (p->pos < p->len) {
         unsigned char c = p->text[p->pos];
         if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
@@ -69,15 +65,13 @@ static void skip_ws(parser *p)
     }
 }
 
-static int is_digit(unsigned char c)
-{
+static int is_digit(unsigned char c) {
     return c >= '0' && c <= '9';
 }
 
 /* Return `buf` (holding `n` elements of `elem` bytes, capacity *cap) with room for one more,
  * possibly moved; NULL when out of memory, in which case `buf` is unchanged and still owned. */
-static void *grow(void *buf, size_t *cap, size_t n, size_t elem)
-{
+static void *grow(void *buf, size_t *cap, size_t n, size_t elem) {
     size_t new_cap;
     void *nb;
     if (n < *cap) {
@@ -95,8 +89,7 @@ static void *grow(void *buf, size_t *cap, size_t n, size_t elem)
 }
 
 /* Give back the unused tail of a finished buffer (a failed shrink keeps the old block). */
-static void *shrink(void *buf, size_t n, size_t cap, size_t elem)
-{
+static void *shrink(void *buf, size_t n, size_t cap, size_t elem) {
     void *nb;
     if (n == 0 || n == cap) {
         return buf;
@@ -106,13 +99,10 @@ static void *shrink(void *buf, size_t n, size_t cap, size_t elem)
 }
 
 /* Free everything `v` owns (not `v` itself). Recursion depth is bounded by the parser. */
-static void free_contents(sd_json *v)
-{
+static void free_contents(sd_json *v) {
     size_t i;
     switch (v->type) {
-    case SD_JSON_STRING:
-        free(v->string);
-        break;
+    case SD_JSON_STRING: free(v->string); break;
     case SD_JSON_ARRAY:
     case SD_JSON_OBJECT:
         for (i = 0; i < v->n; i++) {
@@ -124,16 +114,14 @@ static void free_contents(sd_json *v)
         free(v->items);
         free(v->keys);
         break;
-    default:
-        break;
+    default: break;
     }
     memset(v, 0, sizeof(*v));
 }
 
 /* ---- literals -------------------------------------------------------------------------------- */
 
-static sd_status parse_literal(parser *p, const char *word)
-{
+static sd_status parse_literal(parser *p, const char *word) {
     size_t i;
     for (i = 0; word[i] != '\0'; i++) {
         if (p->pos >= p->len || p->text[p->pos] != (unsigned char)word[i]) {
@@ -146,8 +134,7 @@ static sd_status parse_literal(parser *p, const char *word)
 
 /* ---- numbers --------------------------------------------------------------------------------- */
 
-static sd_status parse_number(parser *p, sd_json *out)
-{
+static sd_status parse_number(parser *p, sd_json *out) {
     const size_t start = p->pos;
     int negative = 0, integral = 1, fits = 1;
     uint64_t mag = 0;
@@ -258,8 +245,7 @@ static sd_status parse_number(parser *p, sd_json *out)
 
 /* ---- strings --------------------------------------------------------------------------------- */
 
-static int hex_value(unsigned char c)
-{
+static int hex_value(unsigned char c) {
     if (c >= '0' && c <= '9') {
         return c - '0';
     }
@@ -274,8 +260,7 @@ static int hex_value(unsigned char c)
 
 /* Read the 4 hex digits of a \u escape whose backslash is at `at` (the span is known to hold the
  * bytes up to `end`, the closing quote). */
-static sd_status read_u_escape(const parser *p, size_t at, size_t end, unsigned *cp)
-{
+static sd_status read_u_escape(const parser *p, size_t at, size_t end, unsigned *cp) {
     size_t k;
     unsigned v = 0;
     if (end - at < 6) {
@@ -292,8 +277,7 @@ static sd_status read_u_escape(const parser *p, size_t at, size_t end, unsigned 
     return SD_OK;
 }
 
-static size_t put_utf8(char *dst, unsigned cp)
-{
+static size_t put_utf8(char *dst, unsigned cp) {
     if (cp < 0x80) {
         dst[0] = (char)cp;
         return 1;
@@ -319,8 +303,7 @@ static size_t put_utf8(char *dst, unsigned cp)
 /* Length of the well-formed UTF-8 sequence starting at text[i] (lead byte >= 0x80) that ends
  * before `end`, or 0 if it is ill-formed (Unicode table 3-7: no overlongs, no surrogates,
  * nothing above U+10FFFF). */
-static size_t utf8_seq_len(const unsigned char *t, size_t i, size_t end)
-{
+static size_t utf8_seq_len(const unsigned char *t, size_t i, size_t end) {
     unsigned char c = t[i];
     unsigned char lo = 0x80, hi = 0xBF;
     size_t need, k;
@@ -358,8 +341,7 @@ static size_t utf8_seq_len(const unsigned char *t, size_t i, size_t end)
 }
 
 /* Parse a string whose opening quote is at p->pos into a fresh NUL-terminated buffer. */
-static sd_status parse_string(parser *p, char **out, size_t *out_len)
-{
+static sd_status parse_string(parser *p, char **out, size_t *out_len) {
     const size_t start = p->pos;
     size_t end, i, o = 0;
     char *s;
@@ -378,8 +360,8 @@ static sd_status parse_string(parser *p, char **out, size_t *out_len)
         }
         if (c < 0x20) {
             return sd_set_error(SD_ERR_FORMAT,
-                                "json: control character 0x%02X in string at byte %zu",
-                                (unsigned)c, end);
+                                "json: control character 0x%02X in string at byte %zu", (unsigned)c,
+                                end);
         }
         end += c == '\\' ? 2 : 1;
     }
@@ -395,7 +377,7 @@ static sd_status parse_string(parser *p, char **out, size_t *out_len)
         unsigned char c = p->text[i];
         if (c == '\\') {
             unsigned char e = p->text[i + 1]; /* i + 1 < end: pass 1 skipped over it */
-            unsigned cp;
+            unsigned cp = 0;
             switch (e) {
             case '"':
             case '\\':
@@ -423,8 +405,7 @@ static sd_status parse_string(parser *p, char **out, size_t *out_len)
                 s[o++] = '\t';
                 i += 2;
                 continue;
-            case 'u':
-                break;
+            case 'u': break;
             default:
                 free(s);
                 return sd_set_error(SD_ERR_FORMAT, "json: invalid escape '\\%c' at byte %zu",
@@ -436,7 +417,7 @@ static sd_status parse_string(parser *p, char **out, size_t *out_len)
                 return st;
             }
             if (cp >= 0xD800 && cp <= 0xDBFF) {
-                unsigned lo;
+                unsigned lo = 0;
                 if (end - i < 8 || p->text[i + 6] != '\\' || p->text[i + 7] != 'u') {
                     free(s);
                     return sd_set_error(SD_ERR_FORMAT, "json: lone surrogate \\u%04X at byte %zu",
@@ -488,8 +469,7 @@ static sd_status parse_string(parser *p, char **out, size_t *out_len)
 
 /* ---- arrays and objects ---------------------------------------------------------------------- */
 
-static sd_status check_depth(const parser *p, int depth)
-{
+static sd_status check_depth(const parser *p, int depth) {
     if (depth >= SD_JSON_MAX_DEPTH) {
         return sd_set_error(SD_ERR_FORMAT, "json: nesting deeper than %d at byte %zu",
                             SD_JSON_MAX_DEPTH, p->pos);
@@ -498,8 +478,7 @@ static sd_status check_depth(const parser *p, int depth)
 }
 
 /* `depth` counts the arrays/objects enclosing this one. */
-static sd_status parse_array(parser *p, sd_json *out, int depth)
-{
+static sd_status parse_array(parser *p, sd_json *out, int depth) {
     sd_json *items = NULL;
     size_t n = 0, cap = 0, i;
     sd_status st;
@@ -548,8 +527,7 @@ fail:
     return st;
 }
 
-static sd_status parse_object(parser *p, sd_json *out, int depth)
-{
+static sd_status parse_object(parser *p, sd_json *out, int depth) {
     sd_json *items = NULL;
     char **keys = NULL;
     size_t n = 0, cap_items = 0, cap_keys = 0, i;
@@ -632,21 +610,16 @@ fail:
 
 /* Parse one value at p->pos (no leading whitespace) into *out, which is zeroed. On failure *out
  * owns nothing. */
-static sd_status parse_value(parser *p, sd_json *out, int depth)
-{
+static sd_status parse_value(parser *p, sd_json *out, int depth) {
     unsigned char c;
     if (p->pos >= p->len) {
         return err_unexpected(p, "value");
     }
     c = p->text[p->pos];
     switch (c) {
-    case '{':
-        return parse_object(p, out, depth);
-    case '[':
-        return parse_array(p, out, depth);
-    case '"':
-        out->type = SD_JSON_STRING;
-        return parse_string(p, &out->string, &out->string_len);
+    case '{': return parse_object(p, out, depth);
+    case '[': return parse_array(p, out, depth);
+    case '"': out->type = SD_JSON_STRING; return parse_string(p, &out->string, &out->string_len);
     case 't':
         out->type = SD_JSON_BOOL;
         out->boolean = 1;
@@ -655,9 +628,7 @@ static sd_status parse_value(parser *p, sd_json *out, int depth)
         out->type = SD_JSON_BOOL;
         out->boolean = 0;
         return parse_literal(p, "false");
-    case 'n':
-        out->type = SD_JSON_NULL;
-        return parse_literal(p, "null");
+    case 'n': out->type = SD_JSON_NULL; return parse_literal(p, "null");
     default:
         if (c == '-' || is_digit(c)) {
             return parse_number(p, out);
@@ -668,8 +639,7 @@ static sd_status parse_value(parser *p, sd_json *out, int depth)
 
 /* ---- public API ------------------------------------------------------------------------------ */
 
-sd_status sd_json_parse(sd_json **out, const char *text, size_t len)
-{
+sd_status sd_json_parse(sd_json **out, const char *text, size_t len) {
     parser p;
     sd_json *root;
     sd_status st;
@@ -706,8 +676,7 @@ sd_status sd_json_parse(sd_json **out, const char *text, size_t len)
     return SD_OK;
 }
 
-void sd_json_free(sd_json *v)
-{
+void sd_json_free(sd_json *v) {
     if (v == NULL) {
         return;
     }
@@ -715,8 +684,7 @@ void sd_json_free(sd_json *v)
     free(v);
 }
 
-const sd_json *sd_json_get(const sd_json *obj, const char *key)
-{
+const sd_json *sd_json_get(const sd_json *obj, const char *key) {
     size_t i;
     if (obj == NULL || key == NULL || obj->type != SD_JSON_OBJECT) {
         return NULL;
@@ -729,8 +697,7 @@ const sd_json *sd_json_get(const sd_json *obj, const char *key)
     return NULL;
 }
 
-int sd_json_get_int(const sd_json *obj, const char *key, int64_t *out)
-{
+int sd_json_get_int(const sd_json *obj, const char *key, int64_t *out) {
     const sd_json *v = sd_json_get(obj, key);
     double d;
     if (v == NULL || v->type != SD_JSON_NUMBER) {
@@ -752,8 +719,7 @@ int sd_json_get_int(const sd_json *obj, const char *key, int64_t *out)
     return 1;
 }
 
-int sd_json_get_double(const sd_json *obj, const char *key, double *out)
-{
+int sd_json_get_double(const sd_json *obj, const char *key, double *out) {
     const sd_json *v = sd_json_get(obj, key);
     if (v == NULL || v->type != SD_JSON_NUMBER) {
         return 0;
@@ -762,8 +728,7 @@ int sd_json_get_double(const sd_json *obj, const char *key, double *out)
     return 1;
 }
 
-int sd_json_get_bool(const sd_json *obj, const char *key, int *out)
-{
+int sd_json_get_bool(const sd_json *obj, const char *key, int *out) {
     const sd_json *v = sd_json_get(obj, key);
     if (v == NULL || v->type != SD_JSON_BOOL) {
         return 0;
@@ -772,8 +737,7 @@ int sd_json_get_bool(const sd_json *obj, const char *key, int *out)
     return 1;
 }
 
-const char *sd_json_get_string(const sd_json *obj, const char *key)
-{
+const char *sd_json_get_string(const sd_json *obj, const char *key) {
     const sd_json *v = sd_json_get(obj, key);
     if (v == NULL || v->type != SD_JSON_STRING) {
         return NULL;

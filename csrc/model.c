@@ -15,35 +15,54 @@
 /* ---- tensor roles and their names in each format ------------------------------------------- */
 
 typedef enum {
-    R_TOK_EMBD, R_OUT_NORM, R_OUTPUT,
-    R_ATTN_NORM, R_WQ, R_WK, R_WV, R_WO, R_BQ, R_BK, R_BV,
-    R_FFN_NORM, R_GATE, R_UP, R_DOWN,
+    R_TOK_EMBD,
+    R_OUT_NORM,
+    R_OUTPUT,
+    R_ATTN_NORM,
+    R_WQ,
+    R_WK,
+    R_WV,
+    R_WO,
+    R_BQ,
+    R_BK,
+    R_BV,
+    R_FFN_NORM,
+    R_GATE,
+    R_UP,
+    R_DOWN,
     R_COUNT
 } role;
 
 static const char *const g_gguf_names[R_COUNT] = {
-    "token_embd.weight", "output_norm.weight", "output.weight",
-    "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight", "blk.%d.attn_k.weight",
-    "blk.%d.attn_v.weight", "blk.%d.attn_output.weight", "blk.%d.attn_q.bias",
-    "blk.%d.attn_k.bias", "blk.%d.attn_v.bias",
-    "blk.%d.ffn_norm.weight", "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight",
-    "blk.%d.ffn_down.weight",
+    "token_embd.weight",       "output_norm.weight",        "output.weight",
+    "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight",      "blk.%d.attn_k.weight",
+    "blk.%d.attn_v.weight",    "blk.%d.attn_output.weight", "blk.%d.attn_q.bias",
+    "blk.%d.attn_k.bias",      "blk.%d.attn_v.bias",        "blk.%d.ffn_norm.weight",
+    "blk.%d.ffn_gate.weight",  "blk.%d.ffn_up.weight",      "blk.%d.ffn_down.weight",
 };
 
 static const char *const g_hf_names[R_COUNT] = {
-    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-    "model.layers.%d.input_layernorm.weight", "model.layers.%d.self_attn.q_proj.weight",
-    "model.layers.%d.self_attn.k_proj.weight", "model.layers.%d.self_attn.v_proj.weight",
-    "model.layers.%d.self_attn.o_proj.weight", "model.layers.%d.self_attn.q_proj.bias",
-    "model.layers.%d.self_attn.k_proj.bias", "model.layers.%d.self_attn.v_proj.bias",
-    "model.layers.%d.post_attention_layernorm.weight", "model.layers.%d.mlp.gate_proj.weight",
-    "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight",
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+    "model.layers.%d.input_layernorm.weight",
+    "model.layers.%d.self_attn.q_proj.weight",
+    "model.layers.%d.self_attn.k_proj.weight",
+    "model.layers.%d.self_attn.v_proj.weight",
+    "model.layers.%d.self_attn.o_proj.weight",
+    "model.layers.%d.self_attn.q_proj.bias",
+    "model.layers.%d.self_attn.k_proj.bias",
+    "model.layers.%d.self_attn.v_proj.bias",
+    "model.layers.%d.post_attention_layernorm.weight",
+    "model.layers.%d.mlp.gate_proj.weight",
+    "model.layers.%d.mlp.up_proj.weight",
+    "model.layers.%d.mlp.down_proj.weight",
 };
 
 typedef struct {
     sd_model *m;
     const char *const *names;
-    size_t vec_used;  /* floats of m->vectors handed out */
+    size_t vec_used; /* floats of m->vectors handed out */
     size_t vec_cap;
 } builder;
 
@@ -69,8 +88,8 @@ static void shape_str(char *buf, size_t n, const sd_tensor_info *t) {
 }
 
 /* Look up a matrix (rows, cols). `required` = 0 lets a missing tensor leave out->data NULL. */
-static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t rows,
-                         int64_t cols, int required) {
+static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t rows, int64_t cols,
+                         int required) {
     char name[128];
     role_name(name, sizeof(name), b, r, layer);
     memset(out, 0, sizeof(*out));
@@ -84,8 +103,8 @@ static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t row
     if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols) {
         char got[96];
         shape_str(got, sizeof(got), t);
-        return sd_set_error(SD_ERR_FORMAT, "tensor '%s' has shape %s, expected [%lld, %lld]",
-                            name, got, (long long)rows, (long long)cols);
+        return sd_set_error(SD_ERR_FORMAT, "tensor '%s' has shape %s, expected [%lld, %lld]", name,
+                            got, (long long)rows, (long long)cols);
     }
     const sd_type_traits *tr = t->type >= 0 ? sd_type_get(t->type) : NULL;
     if (tr == NULL || tr->dot == NULL || tr->to_float == NULL) {
@@ -120,8 +139,8 @@ static sd_status get_vec(const float **out, builder *b, role r, int layer, int64
     if (t->n_dims != 1 || t->shape[0] != n) {
         char got[96];
         shape_str(got, sizeof(got), t);
-        return sd_set_error(SD_ERR_FORMAT, "tensor '%s' has shape %s, expected [%lld]", name,
-                            got, (long long)n);
+        return sd_set_error(SD_ERR_FORMAT, "tensor '%s' has shape %s, expected [%lld]", name, got,
+                            (long long)n);
     }
     const sd_type_traits *tr = t->type >= 0 ? sd_type_get(t->type) : NULL;
     if (tr == NULL || tr->to_float == NULL) {
@@ -204,8 +223,8 @@ static sd_status config_from_gguf(sd_config *c, const sd_gguf *g) {
         const char *suffix;
         int *dst;
     } req[] = {
-        {"embedding_length", &c->hidden_size}, {"block_count", &c->n_layers},
-        {"feed_forward_length", &c->ffn_size}, {"attention.head_count", &c->n_heads},
+        {"embedding_length", &c->hidden_size},  {"block_count", &c->n_layers},
+        {"feed_forward_length", &c->ffn_size},  {"attention.head_count", &c->n_heads},
         {"context_length", &c->context_length},
     };
     for (size_t i = 0; i < sizeof(req) / sizeof(req[0]); i++) {
@@ -222,8 +241,7 @@ static sd_status config_from_gguf(sd_config *c, const sd_gguf *g) {
     }
     int64_t v = 0;
     c->n_kv_heads = gguf_int(g, c, "attention.head_count_kv", &v) ? (int)v : c->n_heads;
-    c->head_dim = gguf_int(g, c, "attention.key_length", &v) ? (int)v
-                                                              : c->hidden_size / c->n_heads;
+    c->head_dim = gguf_int(g, c, "attention.key_length", &v) ? (int)v : c->hidden_size / c->n_heads;
     if (gguf_int(g, c, "rope.dimension_count", &v) && v != c->head_dim) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "partial rotary embeddings (rope.dimension_count %lld of head "
@@ -280,8 +298,10 @@ static sd_status config_from_hf(sd_config *c, const sd_json *cfg, const char *pa
                                 const sd_st_set *st) {
     const char *mt = sd_json_get_string(cfg, "model_type");
     if (mt == NULL) {
-        return sd_set_error(SD_ERR_FORMAT, "%s: missing \"model_type\" (cannot tell the "
-                            "architecture)", path);
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: missing \"model_type\" (cannot tell the "
+                            "architecture)",
+                            path);
     }
     SD_TRY(set_arch(c, mt, strlen(mt)));
     SD_TRY(json_int(cfg, "hidden_size", &c->hidden_size, 1, path));
@@ -302,15 +322,13 @@ static sd_status config_from_hf(sd_config *c, const sd_json *cfg, const char *pa
     c->rope_theta = sd_json_get_double(cfg, "rope_theta", &f) ? (float)f : 10000.0f;
     const sd_json *rs = sd_json_get(cfg, "rope_scaling");
     if (rs != NULL && rs->type != SD_JSON_NULL) {
-        return sd_set_error(SD_ERR_UNSUPPORTED, "%s: \"rope_scaling\" is not supported yet",
-                            path);
+        return sd_set_error(SD_ERR_UNSUPPORTED, "%s: \"rope_scaling\" is not supported yet", path);
     }
     int flag = 0;
     if ((sd_json_get_bool(cfg, "attention_bias", &flag) && flag && c->arch == SD_ARCH_LLAMA) ||
         (sd_json_get_bool(cfg, "mlp_bias", &flag) && flag)) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "%s: attention_bias/mlp_bias in a llama model are not supported",
-                            path);
+                            "%s: attention_bias/mlp_bias in a llama model are not supported", path);
     }
     /* A sliding window at least as long as the sequence is plain causal attention: cap the
      * context at the window so results stay exact. */
@@ -330,7 +348,8 @@ static sd_status config_from_hf(sd_config *c, const sd_json *cfg, const char *pa
     return check_config(c);
 }
 
-/* ---- build ------------------------------------------------------------------------------------ */
+/* ---- build ------------------------------------------------------------------------------------
+ */
 
 static sd_status build_weights(sd_model *m, const char *const *names) {
     sd_config *c = &m->cfg;
@@ -427,8 +446,10 @@ sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params 
     sd_kernels_init();
     sd_model_params p = params != NULL ? *params : sd_model_default_params();
     if (p.n_threads < 0) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "threads must be >= 1 (or 0 for all cores), "
-                            "got %d", p.n_threads);
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "threads must be >= 1 (or 0 for all cores), "
+                            "got %d",
+                            p.n_threads);
     }
     sd_model *m = calloc(1, sizeof(*m));
     if (m == NULL) {
@@ -485,11 +506,17 @@ void sd_model_free(sd_model *m) {
     free(m);
 }
 
-const sd_config *sd_model_config(const sd_model *m) { return &m->cfg; }
+const sd_config *sd_model_config(const sd_model *m) {
+    return &m->cfg;
+}
 
-size_t sd_model_weight_bytes(const sd_model *m) { return m->weight_bytes; }
+size_t sd_model_weight_bytes(const sd_model *m) {
+    return m->weight_bytes;
+}
 
-int sd_model_threads(const sd_model *m) { return sd_threadpool_size(m->pool); }
+int sd_model_threads(const sd_model *m) {
+    return sd_threadpool_size(m->pool);
+}
 
 sd_status sd_model_set_threads(sd_model *m, int n_threads) {
     if (n_threads < 1) {
@@ -556,7 +583,8 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
     return SD_OK;
 }
 
-/* ---- KV cache ----------------------------------------------------------------------------------- */
+/* ---- KV cache -----------------------------------------------------------------------------------
+ */
 
 sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) {
     *out = NULL;
@@ -580,8 +608,10 @@ sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) 
     kv->pos = calloc((size_t)n_slots, sizeof(int32_t));
     if (kv->k == NULL || kv->v == NULL || kv->pos == NULL) {
         sd_kv_cache_free(kv);
-        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating a KV cache of %d slots "
-                            "(%zu MiB)", n_slots, 2 * n * sizeof(float) >> 20);
+        return sd_set_error(SD_ERR_NOMEM,
+                            "out of memory allocating a KV cache of %d slots "
+                            "(%zu MiB)",
+                            n_slots, 2 * n * sizeof(float) >> 20);
     }
     *out = kv;
     return SD_OK;
@@ -597,9 +627,13 @@ void sd_kv_cache_free(sd_kv_cache *kv) {
     free(kv);
 }
 
-int sd_kv_cache_length(const sd_kv_cache *kv) { return kv->length; }
+int sd_kv_cache_length(const sd_kv_cache *kv) {
+    return kv->length;
+}
 
-int sd_kv_cache_capacity(const sd_kv_cache *kv) { return kv->capacity; }
+int sd_kv_cache_capacity(const sd_kv_cache *kv) {
+    return kv->capacity;
+}
 
 sd_status sd_kv_cache_set_length(sd_kv_cache *kv, int n) {
     if (n < 0 || n > kv->length) {

@@ -15,7 +15,7 @@
  * rows == 1. */
 typedef struct {
     const void *data;
-    int type;      /* sd_type */
+    int type; /* sd_type */
     int64_t rows;
     int64_t cols;
     size_t row_bytes;
@@ -37,49 +37,49 @@ typedef struct {
 } sd_layer;
 
 typedef struct {
-    sd_mat tok_embd;        /* (V, D) */
-    const float *out_norm;  /* (D) */
-    sd_mat output;          /* (V, D); the same view as tok_embd when tied */
-    sd_layer *layers;       /* (L) */
+    sd_mat tok_embd;       /* (V, D) */
+    const float *out_norm; /* (D) */
+    sd_mat output;         /* (V, D); the same view as tok_embd when tied */
+    sd_layer *layers;      /* (L) */
 } sd_weights;
 
 /* Activations of one forward, grown on demand to the largest batch seen. */
 typedef struct {
-    int cap_tokens;    /* T the buffers hold */
-    int cap_attn;      /* attention columns the mask/score buffers hold */
-    float *x;          /* (T, D) residual stream */
-    float *xb;         /* (T, max(D, H*Dh)) normed input / attention output */
-    float *q;          /* (T, H*Dh) */
-    float *k;          /* (T, Hkv*Dh) */
-    float *v;          /* (T, Hkv*Dh) */
-    float *hb;         /* (T, F) gate, then SwiGLU product */
-    float *hb2;        /* (T, F) up */
-    float *rope_cs;    /* (T, Dh) cos/sin pairs per position */
-    uint8_t *mask;     /* (T, cap_attn) effective attention mask */
-    float *scores;     /* (n_threads, cap_attn) */
-    float *rowbuf;     /* (n_threads, max row length) dequantized weight rows */
+    int cap_tokens; /* T the buffers hold */
+    int cap_attn;   /* attention columns the mask/score buffers hold */
+    float *x;       /* (T, D) residual stream */
+    float *xb;      /* (T, max(D, H*Dh)) normed input / attention output */
+    float *q;       /* (T, H*Dh) */
+    float *k;       /* (T, Hkv*Dh) */
+    float *v;       /* (T, Hkv*Dh) */
+    float *hb;      /* (T, F) gate, then SwiGLU product */
+    float *hb2;     /* (T, F) up */
+    float *rope_cs; /* (T, Dh) cos/sin pairs per position */
+    uint8_t *mask;  /* (T, cap_attn) effective attention mask */
+    float *scores;  /* (n_threads, cap_attn) */
+    float *rowbuf;  /* (n_threads, max row length) dequantized weight rows */
 } sd_scratch;
 
 struct sd_model {
     sd_config cfg;
     sd_weights w;
-    sd_gguf *gguf;          /* owner of the mapping when loaded from GGUF */
-    sd_st_set *st;          /* owner of the mappings when loaded from safetensors */
-    float *vectors;         /* f32 copies of norms and biases (small; read every token) */
-    double *rope_freq;      /* (Dh/2) inverse frequencies */
+    sd_gguf *gguf;     /* owner of the mapping when loaded from GGUF */
+    sd_st_set *st;     /* owner of the mappings when loaded from safetensors */
+    float *vectors;    /* f32 copies of norms and biases (small; read every token) */
+    double *rope_freq; /* (Dh/2) inverse frequencies */
     sd_threadpool *pool;
     sd_scratch s;
     size_t weight_bytes;
 };
 
 struct sd_kv_cache {
-    int capacity;      /* slots */
-    int length;        /* live slots [0, length) */
+    int capacity; /* slots */
+    int length;   /* live slots [0, length) */
     int n_layers;
-    int kv_dim;        /* Hkv*Dh */
-    float *k;          /* (L, capacity, kv_dim) post-RoPE keys */
-    float *v;          /* (L, capacity, kv_dim) */
-    int32_t *pos;      /* (capacity) RoPE position of each slot */
+    int kv_dim;   /* Hkv*Dh */
+    float *k;     /* (L, capacity, kv_dim) post-RoPE keys */
+    float *v;     /* (L, capacity, kv_dim) */
+    int32_t *pos; /* (capacity) RoPE position of each slot */
 };
 
 /* Grow scratch buffers for a batch of n_tokens attending n_attn columns. */

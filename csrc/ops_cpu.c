@@ -53,7 +53,7 @@ typedef struct {
     const sd_matmul_job *jobs;
     int n_jobs;
     int T;
-    int64_t chunk;                 /* rows per task (multiple of 4) */
+    int64_t chunk;                       /* rows per task (multiple of 4) */
     int64_t task_start[SD_MAX_JOBS + 1]; /* first task of each job */
     float *rowbuf;
     size_t rowbuf_stride;
@@ -87,8 +87,7 @@ static void matmul_rows(const matmul_ctx *c, const sd_matmul_job *j, int64_t r0,
             rows = (const float *)(base + (size_t)r * w->row_bytes);
         } else {
             for (int q = 0; q < nr; q++) {
-                tr->to_float(buf + (size_t)q * (size_t)n, base + (size_t)(r + q) * w->row_bytes,
-                             n);
+                tr->to_float(buf + (size_t)q * (size_t)n, base + (size_t)(r + q) * w->row_bytes, n);
             }
             rows = buf;
         }
@@ -150,7 +149,8 @@ void sd_matmul(sd_threadpool *pool, float *rowbuf, size_t rowbuf_stride, int T,
     sd_threadpool_run(pool, matmul_task, &c, (int)tasks);
 }
 
-/* ---- attention -------------------------------------------------------------------------------- */
+/* ---- attention --------------------------------------------------------------------------------
+ */
 
 typedef struct {
     float *out;
@@ -194,9 +194,9 @@ static void attn_task(void *ctx, int task, int thread) {
     }
 }
 
-void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k,
-                  const float *v, const uint8_t *mask, int T, int n_attn, int n_heads,
-                  int n_kv_heads, int head_dim, float *scores) {
+void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k, const float *v,
+                  const uint8_t *mask, int T, int n_attn, int n_heads, int n_kv_heads, int head_dim,
+                  float *scores) {
     attn_ctx c = {out, q, k, v, mask, T, n_attn, n_heads, n_kv_heads, head_dim, scores};
     sd_threadpool_run(pool, attn_task, &c, T * n_heads);
 }

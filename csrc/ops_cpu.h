@@ -36,8 +36,8 @@ void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);
 /* Attention of T queries q (T, H*Dh) over cache slots [0, n_attn) of one layer:
  * k, v (n_slots_total, Hkv*Dh); mask (T, n_attn) nonzero = attend. out (T, H*Dh).
  * scores: (n_threads, n_attn) scratch. */
-void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k,
-                  const float *v, const uint8_t *mask, int T, int n_attn, int n_heads,
-                  int n_kv_heads, int head_dim, float *scores);
+void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k, const float *v,
+                  const uint8_t *mask, int T, int n_attn, int n_heads, int n_kv_heads, int head_dim,
+                  float *scores);
 
 #endif /* SD_OPS_CPU_H */

@@ -10,7 +10,8 @@
 
 #include "specdec.h"
 
-/* ---- errors ------------------------------------------------------------------------------------ */
+/* ---- errors ------------------------------------------------------------------------------------
+ */
 
 static PyObject *raise_status(sd_status st) {
     if (PyErr_Occurred()) {
@@ -30,17 +31,16 @@ static PyObject *raise_status(sd_status st) {
     return NULL;
 }
 
-/* ---- objects ----------------------------------------------------------------------------------- */
+/* ---- objects -----------------------------------------------------------------------------------
+ */
 
 typedef struct {
-    PyObject_HEAD
-    sd_model *model;
+    PyObject_HEAD sd_model *model;
     int busy; /* set while a call runs without the GIL: a second thread gets an error, not a race */
 } ModelObject;
 
 typedef struct {
-    PyObject_HEAD
-    sd_kv_cache *kv;
+    PyObject_HEAD sd_kv_cache *kv;
     PyObject *owner; /* the ModelObject this cache was made for */
 } CacheObject;
 
@@ -62,12 +62,13 @@ static int model_enter(ModelObject *self) {
     return 0;
 }
 
-static void model_leave(ModelObject *self) { self->busy = 0; }
+static void model_leave(ModelObject *self) {
+    self->busy = 0;
+}
 
 /* A 1-D int32 copy of a token sequence; ids outside int32 are reported as out of range. */
 static int32_t *tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
-    PyArrayObject *a =
-        (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
     if (a == NULL) {
         if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
             PyErr_Clear();
@@ -97,7 +98,8 @@ static int32_t *tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
     return dst;
 }
 
-/* ---- module functions -------------------------------------------------------------------------- */
+/* ---- module functions --------------------------------------------------------------------------
+ */
 
 static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
@@ -113,10 +115,8 @@ static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
     sd_model *m = NULL;
     sd_status st;
     const char *path = PyBytes_AS_STRING(path_obj);
-    Py_BEGIN_ALLOW_THREADS
-    st = sd_model_load(&m, path, &p);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(path_obj);
+    Py_BEGIN_ALLOW_THREADS st = sd_model_load(&m, path, &p);
+    Py_END_ALLOW_THREADS Py_DECREF(path_obj);
     if (st != SD_OK) {
         return raise_status(st);
     }
@@ -142,7 +142,8 @@ static PyObject *core_built_with_cuda(PyObject *mod, PyObject *unused) {
     return PyBool_FromLong(sd_built_with_cuda());
 }
 
-/* ---- Model ------------------------------------------------------------------------------------- */
+/* ---- Model -------------------------------------------------------------------------------------
+ */
 
 static void model_dealloc(ModelObject *self) {
     sd_model_free(self->model);
@@ -204,9 +205,8 @@ static PyObject *model_forward(ModelObject *self, PyObject *args, PyObject *kwds
     PyObject *cache_obj = NULL, *tok_obj = NULL, *pos_obj = Py_None, *slot_obj = Py_None;
     PyObject *mask_obj = Py_None;
     int n_logits = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|OOOi:forward", kwlist, &CacheType,
-                                     &cache_obj, &tok_obj, &pos_obj, &slot_obj, &mask_obj,
-                                     &n_logits)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|OOOi:forward", kwlist, &CacheType, &cache_obj,
+                                     &tok_obj, &pos_obj, &slot_obj, &mask_obj, &n_logits)) {
         return NULL;
     }
     CacheObject *cache = (CacheObject *)cache_obj;
@@ -250,8 +250,8 @@ static PyObject *model_forward(ModelObject *self, PyObject *args, PyObject *kwds
             goto fail;
         }
         if (PyArray_DIM(mask, 0) != T || PyArray_DIM(mask, 1) > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "mask must have shape (%zd, n_slots), got (%zd, %zd)",
-                         T, (Py_ssize_t)PyArray_DIM(mask, 0), (Py_ssize_t)PyArray_DIM(mask, 1));
+            PyErr_Format(PyExc_ValueError, "mask must have shape (%zd, n_slots), got (%zd, %zd)", T,
+                         (Py_ssize_t)PyArray_DIM(mask, 0), (Py_ssize_t)PyArray_DIM(mask, 1));
             goto fail;
         }
     }
@@ -277,10 +277,8 @@ static PyObject *model_forward(ModelObject *self, PyObject *args, PyObject *kwds
     b.n_logits = n_logits;
     sd_status st;
     float *dst = (float *)PyArray_DATA(out);
-    Py_BEGIN_ALLOW_THREADS
-    st = sd_forward(self->model, cache->kv, &b, dst);
-    Py_END_ALLOW_THREADS
-    model_leave(self);
+    Py_BEGIN_ALLOW_THREADS st = sd_forward(self->model, cache->kv, &b, dst);
+    Py_END_ALLOW_THREADS model_leave(self);
     if (st != SD_OK) {
         raise_status(st);
         goto fail;
@@ -327,8 +325,8 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     int max_new = 16;
     float temperature = 0.0f;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKO:generate", kwlist, &prompt_obj,
-                                     &max_new, &temperature, &seed, &stop_obj)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKO:generate", kwlist, &prompt_obj, &max_new,
+                                     &temperature, &seed, &stop_obj)) {
         return NULL;
     }
     int32_t *prompt = NULL, *stops = NULL, *out = NULL;
@@ -360,10 +358,8 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     p.n_stop_ids = (int)n_stops;
     int n_out = 0;
     sd_status st;
-    Py_BEGIN_ALLOW_THREADS
-    st = sd_generate(out, &n_out, self->model, prompt, (int)n_prompt, &p);
-    Py_END_ALLOW_THREADS
-    model_leave(self);
+    Py_BEGIN_ALLOW_THREADS st = sd_generate(out, &n_out, self->model, prompt, (int)n_prompt, &p);
+    Py_END_ALLOW_THREADS model_leave(self);
     if (st != SD_OK) {
         raise_status(st);
         goto done;
@@ -387,8 +383,7 @@ done:
 static PyMethodDef model_methods[] = {
     {"forward", (PyCFunction)(void (*)(void))model_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> ndarray"},
-    {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS,
-     "new_cache(n_slots) -> KVCache"},
+    {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
     {"generate", (PyCFunction)(void (*)(void))model_generate, METH_VARARGS | METH_KEYWORDS,
      "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None) -> list"},
     {NULL, NULL, 0, NULL},
@@ -397,14 +392,12 @@ static PyMethodDef model_methods[] = {
 static PyGetSetDef model_getset[] = {
     {"config", (getter)model_config, NULL, "hyper-parameters as a dict", NULL},
     {"threads", (getter)model_get_threads, (setter)model_set_threads, "worker threads", NULL},
-    {"weight_bytes", (getter)model_weight_bytes, NULL, "bytes of weights one forward reads",
-     NULL},
+    {"weight_bytes", (getter)model_weight_bytes, NULL, "bytes of weights one forward reads", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject ModelType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "specdec._core.Model",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "specdec._core.Model",
     .tp_basicsize = sizeof(ModelObject),
     .tp_dealloc = (destructor)model_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -413,7 +406,8 @@ static PyTypeObject ModelType = {
     .tp_getset = model_getset,
 };
 
-/* ---- KVCache ----------------------------------------------------------------------------------- */
+/* ---- KVCache -----------------------------------------------------------------------------------
+ */
 
 static void cache_dealloc(CacheObject *self) {
     sd_kv_cache_free(self->kv);
@@ -478,8 +472,7 @@ static PyGetSetDef cache_getset[] = {
 };
 
 static PyTypeObject CacheType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "specdec.KVCache",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "specdec.KVCache",
     .tp_basicsize = sizeof(CacheObject),
     .tp_dealloc = (destructor)cache_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -488,7 +481,8 @@ static PyTypeObject CacheType = {
     .tp_getset = cache_getset,
 };
 
-/* ---- module ------------------------------------------------------------------------------------ */
+/* ---- module ------------------------------------------------------------------------------------
+ */
 
 static PyObject *core_cuda_probe(PyObject *mod, PyObject *unused) {
     (void)mod;
@@ -545,4 +539,6 @@ static struct PyModuleDef core_module = {
     .m_slots = core_slots,
 };
 
-PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&core_module); }
+PyMODINIT_FUNC PyInit__core(void) {
+    return PyModuleDef_Init(&core_module);
+}

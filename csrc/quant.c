@@ -196,7 +196,9 @@ static void kernels_init_once(void) {
 #endif
 }
 
-void sd_kernels_init(void) { pthread_once(&g_kernels_once, kernels_init_once); }
+void sd_kernels_init(void) {
+    pthread_once(&g_kernels_once, kernels_init_once);
+}
 
 const char *sd_simd_name(void) {
     sd_kernels_init();
@@ -229,9 +231,13 @@ const char *sd_type_name(int type) {
     return buf;
 }
 
-float sd_dot_f32(const float *a, const float *b, int64_t n) { return g_dot_f32(a, b, n); }
+float sd_dot_f32(const float *a, const float *b, int64_t n) {
+    return g_dot_f32(a, b, n);
+}
 
-void sd_axpy_f32(float *y, float a, const float *x, int64_t n) { g_axpy_f32(y, a, x, n); }
+void sd_axpy_f32(float *y, float a, const float *x, int64_t n) {
+    g_axpy_f32(y, a, x, n);
+}
 
 void sd_dot4_f32(float y[4], const float *w, const float *x, int64_t ldx, int64_t n) {
     g_dot4_f32(y, w, x, ldx, n);

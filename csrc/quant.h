@@ -16,8 +16,8 @@ typedef float (*sd_dot_fn)(const void *w, const float *x, int64_t n);
 
 typedef struct {
     const char *name;
-    int block_size;   /* elements per block */
-    int type_size;    /* bytes per block */
+    int block_size;          /* elements per block */
+    int type_size;           /* bytes per block */
     sd_to_float_fn to_float; /* NULL: geometry known, arithmetic not implemented */
     sd_dot_fn dot;           /* NULL likewise */
 } sd_type_traits;

@@ -14,7 +14,7 @@
 
 typedef struct {
     const char *name;
-    int type;     /* sd_type, or -1: readable geometry, no arithmetic */
+    int type; /* sd_type, or -1: readable geometry, no arithmetic */
     int elem_size;
 } st_dtype;
 
@@ -175,7 +175,7 @@ static sd_status add_file(sd_st_set *set, const char *path) {
         return sd_set_error(SD_ERR_FORMAT, "%s: safetensors header is not a JSON object", path);
     }
     sd_tensor_info *ts = realloc(set->tensors, (size_t)set->n_tensors * sizeof(*ts) +
-                                                    h->n * sizeof(*ts) + sizeof(*ts));
+                                                   h->n * sizeof(*ts) + sizeof(*ts));
     if (ts == NULL) {
         sd_json_free(h);
         return sd_set_error(SD_ERR_NOMEM, "out of memory opening '%s'", path);

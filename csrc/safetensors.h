@@ -15,9 +15,9 @@
 
 typedef struct {
     int n_files;
-    sd_mapping *maps;         /* (n_files) */
+    sd_mapping *maps; /* (n_files) */
     int n_tensors;
-    sd_tensor_info *tensors;  /* (n_tensors), views into maps */
+    sd_tensor_info *tensors; /* (n_tensors), views into maps */
 } sd_st_set;
 
 /* Open the weights of the model directory `dir`: model.safetensors, or every shard named by

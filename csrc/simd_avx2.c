@@ -122,7 +122,8 @@ SD_AVX2 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     }
     for (; i < n; i++) {
         y[i] += a * x[i];
@@ -130,8 +131,7 @@ SD_AVX2 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
 }
 
 /* One weight row against four activation rows: each weight load feeds four FMAs. */
-SD_AVX2 void sd_dot4_f32_avx2(float y[4], const float *w, const float *x, int64_t ldx,
-                              int64_t n) {
+SD_AVX2 void sd_dot4_f32_avx2(float y[4], const float *w, const float *x, int64_t ldx, int64_t n) {
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();

@@ -69,21 +69,21 @@ typedef enum { SD_ARCH_LLAMA = 0, SD_ARCH_QWEN2 = 1 } sd_arch;
 /* Hyper-parameters, read from the file. */
 typedef struct {
     sd_arch arch;
-    char arch_name[32];   /* "llama", "qwen2" */
-    int vocab_size;       /* V */
-    int hidden_size;      /* D */
-    int n_layers;         /* L */
-    int n_heads;          /* H: query heads */
-    int n_kv_heads;       /* Hkv: key/value heads, H % Hkv == 0 (grouped-query attention) */
-    int head_dim;         /* Dh: D == H * Dh for the supported architectures */
-    int ffn_size;         /* F: SwiGLU inner width */
-    int context_length;   /* longest sequence the model was trained for */
-    float rope_theta;     /* RoPE base frequency */
-    float rms_eps;        /* RMSNorm epsilon */
-    int tied_embeddings;  /* 1: the output head is the token embedding matrix */
-    int rope_neox;        /* 1: rotate-half pairs (i, i + Dh/2); 0: adjacent pairs (2i, 2i + 1) */
-    int has_qkv_bias;     /* 1: q/k/v projections carry biases (qwen2) */
-    int weight_type;      /* sd_type of the attention/MLP matrices (the first layer's wq) */
+    char arch_name[32];  /* "llama", "qwen2" */
+    int vocab_size;      /* V */
+    int hidden_size;     /* D */
+    int n_layers;        /* L */
+    int n_heads;         /* H: query heads */
+    int n_kv_heads;      /* Hkv: key/value heads, H % Hkv == 0 (grouped-query attention) */
+    int head_dim;        /* Dh: D == H * Dh for the supported architectures */
+    int ffn_size;        /* F: SwiGLU inner width */
+    int context_length;  /* longest sequence the model was trained for */
+    float rope_theta;    /* RoPE base frequency */
+    float rms_eps;       /* RMSNorm epsilon */
+    int tied_embeddings; /* 1: the output head is the token embedding matrix */
+    int rope_neox;       /* 1: rotate-half pairs (i, i + Dh/2); 0: adjacent pairs (2i, 2i + 1) */
+    int has_qkv_bias;    /* 1: q/k/v projections carry biases (qwen2) */
+    int weight_type;     /* sd_type of the attention/MLP matrices (the first layer's wq) */
 } sd_config;
 
 typedef struct sd_model sd_model;
@@ -139,8 +139,8 @@ typedef struct {
      * attended. NULL = causal by position: slot s is attended iff s < new length and the
      * position stored in s is <= pos[t]. */
     const uint8_t *mask;
-    int n_mask_cols;       /* 1 <= n_mask_cols <= new length, when mask != NULL */
-    int n_logits;          /* logits are produced for the last n_logits tokens, 0 <= . <= T */
+    int n_mask_cols; /* 1 <= n_mask_cols <= new length, when mask != NULL */
+    int n_logits;    /* logits are produced for the last n_logits tokens, 0 <= . <= T */
 } sd_batch;
 
 /* Run `batch` through `model`, updating `kv` (its length becomes max(length, max slot + 1)).
@@ -152,10 +152,10 @@ sd_status sd_forward(sd_model *model, sd_kv_cache *kv, const sd_batch *batch, fl
 /* ---- decoding -------------------------------------------------------------------------------- */
 
 typedef struct {
-    int max_new_tokens;    /* >= 0 */
-    float temperature;     /* 0 = greedy (argmax, lowest id on ties); > 0 = sample softmax(l/T) */
-    uint64_t seed;         /* sampling: the draw for output position i is a pure function of
-                            * (seed, i), so a seed reproduces a run whatever the thread count */
+    int max_new_tokens;      /* >= 0 */
+    float temperature;       /* 0 = greedy (argmax, lowest id on ties); > 0 = sample softmax(l/T) */
+    uint64_t seed;           /* sampling: the draw for output position i is a pure function of
+                              * (seed, i), so a seed reproduces a run whatever the thread count */
     const int32_t *stop_ids; /* (n_stop_ids) tokens that end generation (emitted, then stop) */
     int n_stop_ids;
 } sd_generate_params;

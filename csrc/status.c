@@ -33,9 +33,13 @@ sd_status sd_error_prefix(sd_status st, const char *fmt, ...) {
     return st;
 }
 
-const char *sd_last_error(void) { return g_errmsg; }
+const char *sd_last_error(void) {
+    return g_errmsg;
+}
 
-void sd_clear_error(void) { g_errmsg[0] = '\0'; }
+void sd_clear_error(void) {
+    g_errmsg[0] = '\0';
+}
 
 const char *sd_status_name(sd_status st) {
     switch (st) {

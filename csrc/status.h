@@ -22,21 +22,21 @@ sd_status sd_error_prefix(sd_status st, const char *fmt, ...)
     ;
 
 /* Evaluate a call returning sd_status; return its status from the enclosing function on failure. */
-#define SD_TRY(expr)                                                                              \
-    do {                                                                                          \
-        sd_status sd_try_st_ = (expr);                                                            \
-        if (sd_try_st_ != SD_OK) {                                                                \
-            return sd_try_st_;                                                                    \
-        }                                                                                         \
+#define SD_TRY(expr)                                                                               \
+    do {                                                                                           \
+        sd_status sd_try_st_ = (expr);                                                             \
+        if (sd_try_st_ != SD_OK) {                                                                 \
+            return sd_try_st_;                                                                     \
+        }                                                                                          \
     } while (0)
 
 /* Evaluate a call; on failure store its status in `st` and jump to `label` (cleanup path). */
-#define SD_TRY_GOTO(st, expr, label)                                                              \
-    do {                                                                                          \
-        (st) = (expr);                                                                            \
-        if ((st) != SD_OK) {                                                                      \
-            goto label;                                                                           \
-        }                                                                                         \
+#define SD_TRY_GOTO(st, expr, label)                                                               \
+    do {                                                                                           \
+        (st) = (expr);                                                                             \
+        if ((st) != SD_OK) {                                                                       \
+            goto label;                                                                            \
+        }                                                                                          \
     } while (0)
 
 #endif /* SD_STATUS_H */

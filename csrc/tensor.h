@@ -9,12 +9,12 @@
 #define SD_MAX_DIMS 4
 
 typedef struct {
-    char *name;                  /* owned, NUL-terminated */
-    int type;                    /* sd_type (ggml id), or -1 for a type specdec cannot read */
-    char type_name[16];          /* as written in the file: "F16", "Q4_K", "I64", ... */
+    char *name;         /* owned, NUL-terminated */
+    int type;           /* sd_type (ggml id), or -1 for a type specdec cannot read */
+    char type_name[16]; /* as written in the file: "F16", "Q4_K", "I64", ... */
     int n_dims;
-    int64_t shape[SD_MAX_DIMS];  /* outermost first (NumPy/PyTorch order); rows = shape[0] */
-    const void *data;            /* view into a file mapping */
+    int64_t shape[SD_MAX_DIMS]; /* outermost first (NumPy/PyTorch order); rows = shape[0] */
+    const void *data;           /* view into a file mapping */
     size_t nbytes;
 } sd_tensor_info;
 

@@ -34,8 +34,8 @@ struct sd_threadpool {
     sd_task_fn fn;
     void *ctx;
     int n_tasks;
-    int next_task;      /* atomic: next piece to claim */
-    int finished;       /* atomic: workers done with the current job (the caller excluded) */
+    int next_task;       /* atomic: next piece to claim */
+    int finished;        /* atomic: workers done with the current job (the caller excluded) */
     unsigned generation; /* atomic */
     int quit;
 };
@@ -64,8 +64,7 @@ static void *worker_main(void *arg) {
         }
         if (gen == seen) {
             pthread_mutex_lock(&p->mutex);
-            while ((gen = __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE)) == seen &&
-                   !p->quit) {
+            while ((gen = __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE)) == seen && !p->quit) {
                 pthread_cond_wait(&p->wake, &p->mutex);
             }
             pthread_mutex_unlock(&p->mutex);
@@ -121,8 +120,7 @@ sd_status sd_threadpool_create(sd_threadpool **out, int n_threads) {
         w->index = i;
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             sd_threadpool_free(p);
-            return sd_set_error(SD_ERR_IO, "could not start worker thread %d of %d", i,
-                                n_threads);
+            return sd_set_error(SD_ERR_IO, "could not start worker thread %d of %d", i, n_threads);
         }
         p->n_threads = i + 1;
     }
@@ -148,7 +146,9 @@ void sd_threadpool_free(sd_threadpool *p) {
     free(p);
 }
 
-int sd_threadpool_size(const sd_threadpool *p) { return p->n_threads; }
+int sd_threadpool_size(const sd_threadpool *p) {
+    return p->n_threads;
+}
 
 void sd_threadpool_run(sd_threadpool *p, sd_task_fn fn, void *ctx, int n_tasks) {
     if (n_tasks <= 0) {
