@@ -118,7 +118,9 @@ static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t row
     out->rows = rows;
     out->cols = cols;
     out->row_bytes = sd_row_bytes(t->type, cols);
-    b->m->weight_bytes += (size_t)rows * out->row_bytes;
+    if (r != R_TOK_EMBD) { /* a forward reads T rows of the embedding, not the table */
+        b->m->weight_bytes += (size_t)rows * out->row_bytes;
+    }
     return SD_OK;
 }
 

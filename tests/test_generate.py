@@ -8,6 +8,7 @@ import pytest
 
 import reference
 import specdec
+import tinymodels as tm
 from tinymodels import random_tokens
 
 # (config, format): tied and untied, GGUF and HF, llama and qwen2
@@ -64,6 +65,22 @@ def test_greedy_default_is_greedy_and_longer_prompt(tiny):
     prompt = random_tokens(t.cfg.vocab, 20, seed=40)
     g = specdec.generate(m, prompt)
     assert g.tokens == ref_chain(t, prompt, 16)
+
+
+def test_greedy_ties_pick_lowest_id(tmp_path):
+    """temperature 0 breaks exact ties toward the lowest token id: with the output head's rows
+    duplicated in pairs (row 2k+1 = row 2k), logits come in equal pairs and every greedy token
+    must be even."""
+    cfg = tm.CONFIGS["llama_gqa2"]
+    w = tm.make_weights(cfg, 77)
+    head = w["lm_head.weight"]
+    head[1::2] = head[0::2]
+    files = tm.write_hf(tmp_path / "ties", cfg, w)
+    m = specdec.load(str(files.dir))
+    prompt = [3, 1, 4, 1, 5]
+    g = specdec.generate(m, prompt, max_new_tokens=N_NEW)
+    assert all(x % 2 == 0 for x in g.tokens), g.tokens
+    assert g.tokens == reference.greedy(w, cfg, prompt, N_NEW)
 
 
 def test_generation_type(llama_gguf):

@@ -74,6 +74,21 @@ def test_gguf_and_hf_agree(tiny, name):
         assert rel_err(other, base) <= 1e-5, f"{name}: {fmt} vs hf-f32: {rel_err(other, base):.3g}"
 
 
+@pytest.mark.parametrize("alignment,key", [(32, True), (16, True), (128, True)],
+                         ids=["explicit-32", "16", "128"])
+def test_gguf_alignment_variants(tmp_path, ref_logits, tiny, alignment, key):
+    """general.alignment is honoured whatever its value, also when it states the default 32."""
+    import tinymodels as tm
+
+    t = tiny("llama_odd", "gguf-f32-v3")
+    p = tmp_path / "m.gguf"
+    layout = tm.write_gguf(p, t.cfg, t.weights, alignment=alignment, write_alignment_key=key)
+    assert layout.data_start % alignment == 0
+    tokens = random_tokens(t.cfg.vocab, 20, seed=77)
+    got = specdec.load(str(p)).logits(tokens)
+    assert rel_err(got, ref_logits(t, tokens)) <= F32_TOL
+
+
 def test_logits_prefix_consistency(llama_gguf):
     """Causality: the logits of a prefix are the first rows of the logits of the whole."""
     m = load(llama_gguf)
