@@ -119,7 +119,7 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
     SD_TRY(sd_scratch_reserve(m, T, n_attn));
     sd_scratch *s = &m->s;
     const int D = c->hidden_size, Dh = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
-    const int QD = H * Dh, KVD = Hkv * Dh, F = c->ffn_size;
+    const int KVD = Hkv * Dh, F = c->ffn_size;
     const int old_len = kv->length;
 
     /* positions and slots of this batch (defaults: append at the end) */
@@ -157,9 +157,6 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
                      D);
     }
 
-    size_t maxrow = (size_t)(D > F ? D : F);
-    maxrow = maxrow > (size_t)QD ? maxrow : (size_t)QD;
-    const size_t rb_stride = 4 * maxrow;
     const size_t cache_stride = (size_t)kv->capacity * (size_t)KVD;
 
     for (int l = 0; l < c->n_layers; l++) {
@@ -174,7 +171,7 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
             {s->k, s->xb, &L->wk, L->bk, 0},
             {s->v, s->xb, &L->wv, L->bv, 0},
         };
-        sd_matmul(m->pool, s->rowbuf, rb_stride, T, qkv, 3);
+        sd_matmul(m->pool, T, qkv, 3);
         sd_rope(s->q, s->rope_cs, T, H, Dh, c->rope_neox);
         sd_rope(s->k, s->rope_cs, T, Hkv, Dh, c->rope_neox);
         for (int t = 0; t < T; t++) {
@@ -185,7 +182,7 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
         }
         sd_attention(m->pool, s->xb, s->q, kc, vc, s->mask, T, n_attn, H, Hkv, Dh, s->scores);
         sd_matmul_job o = {s->x, s->xb, &L->wo, NULL, 1};
-        sd_matmul(m->pool, s->rowbuf, rb_stride, T, &o, 1);
+        sd_matmul(m->pool, T, &o, 1);
 
         /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x) */
         sd_rmsnorm(s->xb, s->x, L->ffn_norm, T, D, c->rms_eps);
@@ -193,10 +190,10 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
             {s->hb, s->xb, &L->w_gate, NULL, 0},
             {s->hb2, s->xb, &L->w_up, NULL, 0},
         };
-        sd_matmul(m->pool, s->rowbuf, rb_stride, T, gu, 2);
+        sd_matmul(m->pool, T, gu, 2);
         sd_swiglu(s->hb, s->hb, s->hb2, (int64_t)T * F);
         sd_matmul_job down = {s->x, s->hb, &L->w_down, NULL, 1};
-        sd_matmul(m->pool, s->rowbuf, rb_stride, T, &down, 1);
+        sd_matmul(m->pool, T, &down, 1);
     }
 
     if (b->n_logits > 0) {
@@ -204,7 +201,7 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
         sd_rmsnorm(s->xb, s->x + (size_t)first * (size_t)D, m->w.out_norm, b->n_logits, D,
                    c->rms_eps);
         sd_matmul_job out = {logits, s->xb, &m->w.output, NULL, 0};
-        sd_matmul(m->pool, s->rowbuf, rb_stride, b->n_logits, &out, 1);
+        sd_matmul(m->pool, b->n_logits, &out, 1);
     }
     free(pos);
     return SD_OK;

@@ -107,7 +107,7 @@ static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t row
                             got, (long long)rows, (long long)cols);
     }
     const sd_type_traits *tr = t->type >= 0 ? sd_type_get(t->type) : NULL;
-    if (tr == NULL || tr->dot == NULL || tr->to_float == NULL) {
+    if (tr == NULL || tr->dot == NULL || tr->to_float == NULL || tr->tile == NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "tensor '%s' has type %s, which specdec cannot compute with yet "
                             "(supported: F32, F16, BF16)",
@@ -490,7 +490,6 @@ static void scratch_free(sd_scratch *s) {
     free(s->rope_cs);
     free(s->mask);
     free(s->scores);
-    free(s->rowbuf);
     memset(s, 0, sizeof(*s));
 }
 
@@ -533,9 +532,7 @@ sd_status sd_model_set_threads(sd_model *m, int n_threads) {
     m->pool = pool;
     /* per-thread scratch is sized by the thread count: rebuild on next use */
     free(m->s.scores);
-    free(m->s.rowbuf);
     m->s.scores = NULL;
-    m->s.rowbuf = NULL;
     m->s.cap_tokens = 0;
     m->s.cap_attn = 0;
     return SD_OK;
@@ -560,9 +557,7 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
     size_t QD = (size_t)c->n_heads * (size_t)c->head_dim;
     size_t KVD = (size_t)c->n_kv_heads * (size_t)c->head_dim;
     size_t D = (size_t)c->hidden_size, F = (size_t)c->ffn_size;
-    size_t maxrow = D > F ? D : F;
-    maxrow = maxrow > QD ? maxrow : QD;
-    if (n_tokens > s->cap_tokens || s->rowbuf == NULL) {
+    if (n_tokens > s->cap_tokens || s->x == NULL) {
         size_t xbw = D > QD ? D : QD;
         SD_TRY(grow(&s->x, T * D * sizeof(float)));
         SD_TRY(grow(&s->xb, T * xbw * sizeof(float)));
@@ -572,8 +567,6 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
         SD_TRY(grow(&s->hb, T * F * sizeof(float)));
         SD_TRY(grow(&s->hb2, T * F * sizeof(float)));
         SD_TRY(grow(&s->rope_cs, T * (size_t)c->head_dim * sizeof(float)));
-        /* each thread converts up to 4 weight rows at a time */
-        SD_TRY(grow(&s->rowbuf, (size_t)nt * 4 * maxrow * sizeof(float)));
         s->cap_tokens = n_tokens;
         s->cap_attn = 0; /* mask size depends on T too */
     }

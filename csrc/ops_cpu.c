@@ -55,62 +55,20 @@ typedef struct {
     int T;
     int64_t chunk;                       /* rows per task (multiple of 4) */
     int64_t task_start[SD_MAX_JOBS + 1]; /* first task of each job */
-    float *rowbuf;
-    size_t rowbuf_stride;
 } matmul_ctx;
 
-static inline void store(float *y, float v, const float *bias, int64_t r, int acc) {
-    v += bias != NULL ? bias[r] : 0.0f;
-    *y = acc ? *y + v : v;
-}
-
-static void matmul_rows(const matmul_ctx *c, const sd_matmul_job *j, int64_t r0, int64_t r1,
-                        float *buf) {
+/* Rows [r0, r1) of one job for all T tokens, in the type's tile kernel (fused widening, each
+ * weight row read once for the whole batch). */
+static void matmul_rows(const matmul_ctx *c, const sd_matmul_job *j, int64_t r0, int64_t r1) {
     const sd_mat *w = j->w;
-    const sd_type_traits *tr = sd_type_get(w->type);
-    const int64_t n = w->cols, R = w->rows;
-    const int T = c->T;
-    const unsigned char *base = (const unsigned char *)w->data;
-    if (T == 1) {
-        /* decode: one fused dequantize-and-dot per row, weights read once */
-        for (int64_t r = r0; r < r1; r++) {
-            float v = tr->dot(base + (size_t)r * w->row_bytes, j->x, n);
-            store(&j->y[r], v, j->bias, r, j->accumulate);
-        }
-        return;
-    }
-    /* batch: convert 4 rows to f32 once, then each activation row feeds 4 dot products */
-    for (int64_t r = r0; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? (int)(r1 - r) : 4;
-        const float *rows;
-        if (w->type == SD_TYPE_F32) {
-            rows = (const float *)(base + (size_t)r * w->row_bytes);
-        } else {
-            for (int q = 0; q < nr; q++) {
-                tr->to_float(buf + (size_t)q * (size_t)n, base + (size_t)(r + q) * w->row_bytes, n);
-            }
-            rows = buf;
-        }
-        for (int t = 0; t < T; t++) {
-            const float *xt = j->x + (size_t)t * (size_t)n;
-            float *yt = j->y + (size_t)t * (size_t)R;
-            if (nr == 4) {
-                float y4[4];
-                sd_dot4_f32(y4, xt, rows, n, n);
-                for (int q = 0; q < 4; q++) {
-                    store(&yt[r + q], y4[q], j->bias, r + q, j->accumulate);
-                }
-            } else {
-                for (int q = 0; q < nr; q++) {
-                    float v = sd_dot_f32(rows + (size_t)q * (size_t)n, xt, n);
-                    store(&yt[r + q], v, j->bias, r + q, j->accumulate);
-                }
-            }
-        }
-    }
+    sd_type_get(w->type)->tile(j->y + r0, w->rows,
+                               (const unsigned char *)w->data + (size_t)r0 * w->row_bytes,
+                               w->row_bytes, r1 - r0, j->x, w->cols, c->T, w->cols,
+                               j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
 }
 
 static void matmul_task(void *ctx, int task, int thread) {
+    (void)thread;
     const matmul_ctx *c = (const matmul_ctx *)ctx;
     int ji = 0;
     while (ji + 1 < c->n_jobs && task >= c->task_start[ji + 1]) {
@@ -119,18 +77,15 @@ static void matmul_task(void *ctx, int task, int thread) {
     const sd_matmul_job *j = &c->jobs[ji];
     int64_t r0 = (task - c->task_start[ji]) * c->chunk;
     int64_t r1 = r0 + c->chunk < j->w->rows ? r0 + c->chunk : j->w->rows;
-    matmul_rows(c, j, r0, r1, c->rowbuf + (size_t)thread * c->rowbuf_stride);
+    matmul_rows(c, j, r0, r1);
 }
 
-void sd_matmul(sd_threadpool *pool, float *rowbuf, size_t rowbuf_stride, int T,
-               const sd_matmul_job *jobs, int n_jobs) {
+void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs) {
     matmul_ctx c;
     memset(&c, 0, sizeof(c));
     c.jobs = jobs;
     c.n_jobs = n_jobs;
     c.T = T;
-    c.rowbuf = rowbuf;
-    c.rowbuf_stride = rowbuf_stride;
     int64_t total = 0;
     for (int i = 0; i < n_jobs; i++) {
         total += jobs[i].w->rows;

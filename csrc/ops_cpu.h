@@ -25,10 +25,8 @@ typedef struct {
     int accumulate;
 } sd_matmul_job;
 
-/* Run n_jobs products over the same batch of T rows in one parallel dispatch. `rowbuf` holds
- * (n_threads, 4 * max cols) floats for weight rows converted to f32. */
-void sd_matmul(sd_threadpool *pool, float *rowbuf, size_t rowbuf_stride, int T,
-               const sd_matmul_job *jobs, int n_jobs);
+/* Run n_jobs products over the same batch of T rows in one parallel dispatch. */
+void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs);
 
 /* out (T, F) = silu(gate) * up, elementwise; out may alias gate. */
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);

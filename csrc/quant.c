@@ -148,12 +148,50 @@ static void dot4_f32_scalar(float y[4], const float *w, const float *x, int64_t 
     }
 }
 
+/* The scalar tile: one dot product per (row, token). */
+static inline void tile_generic(sd_dot_fn dot, float *y, int64_t ldy, const void *w,
+                                size_t row_bytes, int64_t nrows, const float *x, int64_t ldx, int T,
+                                int64_t n, const float *bias, int accumulate) {
+    for (int64_t r = 0; r < nrows; r++) {
+        const void *row = (const unsigned char *)w + (size_t)r * row_bytes;
+        for (int t = 0; t < T; t++) {
+            float v = dot(row, x + (size_t)t * (size_t)ldx, n) + (bias != NULL ? bias[r] : 0.0f);
+            float *dst = &y[(size_t)t * (size_t)ldy + (size_t)r];
+            *dst = accumulate ? *dst + v : v;
+        }
+    }
+}
+
+/* One scalar tile and (on x86-64) one AVX2 tile per type, with the tile_fn signature. */
+#define SD_DEFINE_TILES(suffix, scalar_dot, type_id)                                               \
+    static void tile_##suffix(float *y, int64_t ldy, const void *w, size_t row_bytes,              \
+                              int64_t nrows, const float *x, int64_t ldx, int T, int64_t n,        \
+                              const float *bias, int accumulate) {                                 \
+        tile_generic(scalar_dot, y, ldy, w, row_bytes, nrows, x, ldx, T, n, bias, accumulate);     \
+    }                                                                                              \
+    SD_DEFINE_AVX2_TILE(suffix, type_id)
+
+#ifdef SD_HAVE_X86_SIMD
+#define SD_DEFINE_AVX2_TILE(suffix, type_id)                                                       \
+    static void tile_##suffix##_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes,       \
+                                     int64_t nrows, const float *x, int64_t ldx, int T, int64_t n, \
+                                     const float *bias, int accumulate) {                          \
+        sd_matmul_tile_avx2(type_id, y, ldy, w, row_bytes, nrows, x, ldx, T, n, bias, accumulate); \
+    }
+#else
+#define SD_DEFINE_AVX2_TILE(suffix, type_id)
+#endif
+
+SD_DEFINE_TILES(f32, dot_f32_row, SD_TYPE_F32)
+SD_DEFINE_TILES(f16, dot_f16_scalar, SD_TYPE_F16)
+SD_DEFINE_TILES(bf16, dot_bf16_scalar, SD_TYPE_BF16)
+
 /* ---- the table ---------------------------------------------------------------------------- */
 
 /* Indexed by ggml type id. Geometry from ggml's block definitions (ggml-common.h). */
 static sd_type_traits g_types[40] = {
-    [SD_TYPE_F32] = {"F32", 1, 4, f32_to_float, dot_f32_row},
-    [SD_TYPE_F16] = {"F16", 1, 2, f16_to_float_scalar, dot_f16_scalar},
+    [SD_TYPE_F32] = {"F32", 1, 4, f32_to_float, dot_f32_row, tile_f32},
+    [SD_TYPE_F16] = {"F16", 1, 2, f16_to_float_scalar, dot_f16_scalar, tile_f16},
     [SD_TYPE_Q4_0] = {"Q4_0", 32, 18, NULL, NULL},
     [SD_TYPE_Q4_1] = {"Q4_1", 32, 20, NULL, NULL},
     [SD_TYPE_Q5_0] = {"Q5_0", 32, 22, NULL, NULL},
@@ -171,7 +209,7 @@ static sd_type_traits g_types[40] = {
     [26] = {"I32", 1, 4, NULL, NULL},
     [27] = {"I64", 1, 8, NULL, NULL},
     [28] = {"F64", 1, 8, NULL, NULL},
-    [SD_TYPE_BF16] = {"BF16", 1, 2, bf16_to_float_scalar, dot_bf16_scalar},
+    [SD_TYPE_BF16] = {"BF16", 1, 2, bf16_to_float_scalar, dot_bf16_scalar, tile_bf16},
 };
 
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
@@ -188,6 +226,9 @@ static void kernels_init_once(void) {
         g_types[SD_TYPE_F16].dot = sd_dot_f16_avx2;
         g_types[SD_TYPE_BF16].to_float = sd_bf16_to_f32_avx2;
         g_types[SD_TYPE_BF16].dot = sd_dot_bf16_avx2;
+        g_types[SD_TYPE_F32].tile = tile_f32_avx2;
+        g_types[SD_TYPE_F16].tile = tile_f16_avx2;
+        g_types[SD_TYPE_BF16].tile = tile_bf16_avx2;
         g_dot_f32 = sd_dot_f32_avx2;
         g_axpy_f32 = sd_axpy_f32_avx2;
         g_dot4_f32 = sd_dot4_f32_avx2;

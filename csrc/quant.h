@@ -14,12 +14,19 @@ typedef void (*sd_to_float_fn)(float *dst, const void *src, int64_t n);
 /* sum_i w[i] * x[i] over n elements of one row of this type and an f32 vector. */
 typedef float (*sd_dot_fn)(const void *w, const float *x, int64_t n);
 
+/* y[t*ldy + r] (= or +=) dot(row r of w, x_t) (+ bias[r]) for r < nrows, t < T: a tile of a
+ * batched matmul, rows row_bytes apart, activation rows ldx floats apart. */
+typedef void (*sd_tile_fn)(float *y, int64_t ldy, const void *w, size_t row_bytes, int64_t nrows,
+                           const float *x, int64_t ldx, int T, int64_t n, const float *bias,
+                           int accumulate);
+
 typedef struct {
     const char *name;
     int block_size;          /* elements per block */
     int type_size;           /* bytes per block */
     sd_to_float_fn to_float; /* NULL: geometry known, arithmetic not implemented */
     sd_dot_fn dot;           /* NULL likewise */
+    sd_tile_fn tile;         /* NULL likewise */
 } sd_type_traits;
 
 /* Traits of a ggml type id, or NULL when the id is unknown. */

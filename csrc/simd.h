@@ -4,6 +4,7 @@
 #ifndef SD_SIMD_H
 #define SD_SIMD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -16,6 +17,11 @@ void sd_f16_to_f32_avx2(float *dst, const void *src, int64_t n);
 void sd_bf16_to_f32_avx2(float *dst, const void *src, int64_t n);
 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 void sd_dot4_f32_avx2(float y[4], const float *w, const float *x, int64_t ldx, int64_t n);
+/* y[t*ldy + r] (= or +=) dot(row r of w, x_t) (+ bias[r]) for r < nrows, t < T; w rows of
+ * `type` (F32, F16 or BF16), row_bytes apart; x rows ldx floats apart. */
+void sd_matmul_tile_avx2(int type, float *y, int64_t ldy, const void *w, size_t row_bytes,
+                         int64_t nrows, const float *x, int64_t ldx, int T, int64_t n,
+                         const float *bias, int accumulate);
 #endif
 
 #endif /* SD_SIMD_H */

@@ -156,4 +156,114 @@ SD_AVX2 void sd_dot4_f32_avx2(float y[4], const float *w, const float *x, int64_
     y[3] = s3;
 }
 
+/* ---- batched rows x tokens tile (the verify batch) ------------------------------------------
+ * y[t * ldy] (= or +=) dot(w, x_t) + bias for one weight row and TT tokens at once: each
+ * weight vector is loaded and widened once for TT tokens and the accumulators stay in
+ * registers. TT and the type (a ggml id) become compile-time constants when tile_kernel is
+ * inlined into tile_impl's calls. */
+
+SD_AVX2 static inline __m256 load_w8(int type, const void *w, int64_t i) {
+    if (type == 1) { /* F16 */
+        return load_f16x8((const uint16_t *)w + i);
+    }
+    if (type == 30) { /* BF16 */
+        return load_bf16x8((const uint16_t *)w + i);
+    }
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+SD_AVX2 static inline float load_w1(int type, const void *w, int64_t i) {
+    if (type == 1) {
+        return _cvtsh_ss(((const uint16_t *)w)[i]);
+    }
+    if (type == 30) {
+        uint32_t bits = (uint32_t)((const uint16_t *)w)[i] << 16;
+        float f;
+        memcpy(&f, &bits, sizeof(f));
+        return f;
+    }
+    return ((const float *)w)[i];
+}
+
+SD_AVX2 static inline __attribute__((always_inline)) void
+tile_kernel(const int TT, int type, float *y, int64_t ldy, const unsigned char *w, const float *x,
+            int64_t ldx, int64_t n, float bias, int accumulate) {
+    /* Two accumulator sets (even and odd 8-element steps) when few tokens leave the FMA
+     * latency exposed; one set otherwise. */
+    const int S = TT <= 2 ? 2 : 1;
+    __m256 acc[2][4];
+    for (int k = 0; k < S; k++) {
+        for (int t = 0; t < TT; t++) {
+            acc[k][t] = _mm256_setzero_ps();
+        }
+    }
+    int64_t i = 0;
+    for (; i + 8 * S <= n; i += 8 * S) {
+        for (int k = 0; k < S; k++) {
+            __m256 wv = load_w8(type, w, i + 8 * k);
+            for (int t = 0; t < TT; t++) {
+                __m256 xv = _mm256_loadu_ps(x + (size_t)t * (size_t)ldx + i + 8 * k);
+                acc[k][t] = _mm256_fmadd_ps(wv, xv, acc[k][t]);
+            }
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 wv = load_w8(type, w, i);
+        for (int t = 0; t < TT; t++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)t * (size_t)ldx + i);
+            acc[0][t] = _mm256_fmadd_ps(wv, xv, acc[0][t]);
+        }
+    }
+    for (int t = 0; t < TT; t++) {
+        __m256 sum = S == 2 ? _mm256_add_ps(acc[0][t], acc[1][t]) : acc[0][t];
+        float v = hsum256(sum);
+        for (int64_t k = i; k < n; k++) {
+            v += load_w1(type, w, k) * x[(size_t)t * (size_t)ldx + k];
+        }
+        v += bias;
+        float *dst = &y[(size_t)t * (size_t)ldy];
+        *dst = accumulate ? *dst + v : v;
+    }
+}
+
+/* Rows one after the other, so the weights stream through memory in file order (several rows
+ * in flight defeat the hardware prefetcher); each row serves the tokens 4 at a time. Long
+ * batches (prefill) go in blocks of 16 tokens whose activations stay in L1, the rows of this
+ * call coming again from L2 for each block. */
+SD_AVX2 static inline __attribute__((always_inline)) void
+tile_impl(const int type, float *y, int64_t ldy, const void *w, size_t row_bytes, int64_t nrows,
+          const float *x, int64_t ldx, int T, int64_t n, const float *bias, int accumulate) {
+    for (int t0 = 0; t0 < T; t0 += 16) {
+        const int t1 = T - t0 < 16 ? T : t0 + 16;
+        for (int64_t r = 0; r < nrows; r++) {
+            const unsigned char *wr = (const unsigned char *)w + (size_t)r * row_bytes;
+            const float b = bias != NULL ? bias[r] : 0.0f;
+            int t = t0;
+            for (; t + 4 <= t1; t += 4) {
+                tile_kernel(4, type, y + (size_t)t * (size_t)ldy + r, ldy, wr,
+                            x + (size_t)t * (size_t)ldx, ldx, n, b, accumulate);
+            }
+            float *yt = y + (size_t)t * (size_t)ldy + r;
+            const float *xt = x + (size_t)t * (size_t)ldx;
+            switch (t1 - t) {
+            case 3: tile_kernel(3, type, yt, ldy, wr, xt, ldx, n, b, accumulate); break;
+            case 2: tile_kernel(2, type, yt, ldy, wr, xt, ldx, n, b, accumulate); break;
+            case 1: tile_kernel(1, type, yt, ldy, wr, xt, ldx, n, b, accumulate); break;
+            default: break;
+            }
+        }
+    }
+}
+
+/* The weight type becomes a constant too, so the inner loops carry no type test. */
+SD_AVX2 void sd_matmul_tile_avx2(int type, float *y, int64_t ldy, const void *w, size_t row_bytes,
+                                 int64_t nrows, const float *x, int64_t ldx, int T, int64_t n,
+                                 const float *bias, int accumulate) {
+    switch (type) {
+    case 1: tile_impl(1, y, ldy, w, row_bytes, nrows, x, ldx, T, n, bias, accumulate); break;
+    case 30: tile_impl(30, y, ldy, w, row_bytes, nrows, x, ldx, T, n, bias, accumulate); break;
+    default: tile_impl(0, y, ldy, w, row_bytes, nrows, x, ldx, T, n, bias, accumulate); break;
+    }
+}
+
 #endif /* SD_HAVE_X86_SIMD */

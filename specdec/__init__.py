@@ -9,7 +9,14 @@ decode with the loop running in C::
     print(out.tokens)
 """
 
-from ._core import KVCache
+try:
+    from ._core import KVCache
+except ImportError as e:  # pragma: no cover - only in a source tree without a build
+    raise ImportError(
+        "specdec's C extension (specdec._core) is not built. Install the package with "
+        "`pip install .`; if you run from the source tree, run from another directory so that "
+        "the installed package is imported, or build in place with "
+        "`python setup.py build_ext --inplace`.") from e
 from .generate import Generation, generate
 from .model import Model, ModelConfig, load
 

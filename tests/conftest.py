@@ -1,8 +1,8 @@
 """Fixtures: tiny random models written once per session (GGUF files and Hugging Face
 directories, see tinymodels.py), and cached float64 reference logits (reference.py).
 
-specdec itself is imported by the test modules that use it, not here, so the helper self-tests
-(test_tinymodels.py) run without the extension.
+The writers come from specdec.testing; the models' values are checked independently of the
+specdec loaders by tests/test_tinymodels.py.
 """
 
 from __future__ import annotations
