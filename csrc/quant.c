@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "simd.h"
@@ -221,7 +222,10 @@ static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
 
 static void kernels_init_once(void) {
 #ifdef SD_HAVE_X86_SIMD
-    if (sd_cpu_has_avx2_fma_f16c()) {
+    /* SPECDEC_SIMD=scalar keeps the portable kernels: the tests run both paths this way. */
+    const char *force = getenv("SPECDEC_SIMD");
+    int want_simd = force == NULL || strcmp(force, "scalar") != 0;
+    if (want_simd && sd_cpu_has_avx2_fma_f16c()) {
         g_types[SD_TYPE_F16].to_float = sd_f16_to_f32_avx2;
         g_types[SD_TYPE_F16].dot = sd_dot_f16_avx2;
         g_types[SD_TYPE_BF16].to_float = sd_bf16_to_f32_avx2;

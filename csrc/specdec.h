@@ -170,7 +170,9 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_model *model, const int32_t *
 
 /* ---- build information ----------------------------------------------------------------------- */
 
-/* SIMD level the kernels use on this machine: "avx2+fma+f16c" or "scalar". */
+/* SIMD level the kernels use on this machine: "avx2+fma+f16c" or "scalar". The environment
+ * variable SPECDEC_SIMD=scalar, read once at the first model load, forces the portable C
+ * kernels (to compare them with the SIMD ones, or to rule the SIMD kernels out). */
 const char *sd_simd_name(void);
 /* 1 when this build was compiled with the CUDA backend sources, else 0. */
 int sd_built_with_cuda(void);
