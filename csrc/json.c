@@ -4,6 +4,7 @@
 #include "json.h"
 
 #include <locale.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -225,7 +226,7 @@ static sd_status parse_number(parser *p, sd_json *out) {
     }
     /* Overflow gives +-HUGE_VAL (infinity); reject it rather than hand out a non-finite value.
      * Underflow to a subnormal or zero is accepted. */
-    if (d > 1.7976931348623157e308 || d < -1.7976931348623157e308 || d != d) {
+    if (!isfinite(d)) {
         return sd_set_error(SD_ERR_FORMAT, "json: number out of range at byte %zu", start);
     }
 

@@ -189,27 +189,31 @@ SD_DEFINE_TILES(bf16, dot_bf16_scalar, SD_TYPE_BF16)
 
 /* ---- the table ---------------------------------------------------------------------------- */
 
+/* A type whose geometry is known (files using it validate) but whose arithmetic is not. */
+#define GEOM(name_, block_, size_)                                                                 \
+    { .name = name_, .block_size = block_, .type_size = size_ }
+
 /* Indexed by ggml type id. Geometry from ggml's block definitions (ggml-common.h). */
 static sd_type_traits g_types[40] = {
     [SD_TYPE_F32] = {"F32", 1, 4, f32_to_float, dot_f32_row, tile_f32},
     [SD_TYPE_F16] = {"F16", 1, 2, f16_to_float_scalar, dot_f16_scalar, tile_f16},
-    [SD_TYPE_Q4_0] = {"Q4_0", 32, 18, NULL, NULL},
-    [SD_TYPE_Q4_1] = {"Q4_1", 32, 20, NULL, NULL},
-    [SD_TYPE_Q5_0] = {"Q5_0", 32, 22, NULL, NULL},
-    [SD_TYPE_Q5_1] = {"Q5_1", 32, 24, NULL, NULL},
-    [SD_TYPE_Q8_0] = {"Q8_0", 32, 34, NULL, NULL},
-    [9] = {"Q8_1", 32, 36, NULL, NULL},
-    [10] = {"Q2_K", 256, 84, NULL, NULL},
-    [11] = {"Q3_K", 256, 110, NULL, NULL},
-    [SD_TYPE_Q4_K] = {"Q4_K", 256, 144, NULL, NULL},
-    [SD_TYPE_Q5_K] = {"Q5_K", 256, 176, NULL, NULL},
-    [SD_TYPE_Q6_K] = {"Q6_K", 256, 210, NULL, NULL},
-    [15] = {"Q8_K", 256, 292, NULL, NULL},
-    [24] = {"I8", 1, 1, NULL, NULL},
-    [25] = {"I16", 1, 2, NULL, NULL},
-    [26] = {"I32", 1, 4, NULL, NULL},
-    [27] = {"I64", 1, 8, NULL, NULL},
-    [28] = {"F64", 1, 8, NULL, NULL},
+    [SD_TYPE_Q4_0] = GEOM("Q4_0", 32, 18),
+    [SD_TYPE_Q4_1] = GEOM("Q4_1", 32, 20),
+    [SD_TYPE_Q5_0] = GEOM("Q5_0", 32, 22),
+    [SD_TYPE_Q5_1] = GEOM("Q5_1", 32, 24),
+    [SD_TYPE_Q8_0] = GEOM("Q8_0", 32, 34),
+    [9] = GEOM("Q8_1", 32, 36),
+    [10] = GEOM("Q2_K", 256, 84),
+    [11] = GEOM("Q3_K", 256, 110),
+    [SD_TYPE_Q4_K] = GEOM("Q4_K", 256, 144),
+    [SD_TYPE_Q5_K] = GEOM("Q5_K", 256, 176),
+    [SD_TYPE_Q6_K] = GEOM("Q6_K", 256, 210),
+    [15] = GEOM("Q8_K", 256, 292),
+    [24] = GEOM("I8", 1, 1),
+    [25] = GEOM("I16", 1, 2),
+    [26] = GEOM("I32", 1, 4),
+    [27] = GEOM("I64", 1, 8),
+    [28] = GEOM("F64", 1, 8),
     [SD_TYPE_BF16] = {"BF16", 1, 2, bf16_to_float_scalar, dot_bf16_scalar, tile_bf16},
 };
 

@@ -5,15 +5,22 @@
 
 #ifdef SD_HAVE_X86_SIMD
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <string.h>
 
 #define SD_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 int sd_cpu_has_avx2_fma_f16c(void) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+        return 0;
+    }
+    const int f16c = (c >> 29) & 1u;
+    /* avx2 and fma as the compiler runtime sees them (it also checks the OS saves the
+     * AVX registers) */
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 SD_AVX2 static inline float hsum256(__m256 v) {
