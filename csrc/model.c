@@ -1,6 +1,6 @@
 /* model.c — build a model from a GGUF file or a Hugging Face directory: read the
  * hyper-parameters, find every tensor by role, check its shape and type, and keep views into
- * the file mappings. Also the KV cache and the scratch buffers the forward pass reuses. */
+ * the file mappings. Also the scratch buffers the forward pass reuses. */
 #include "model.h"
 
 #include <math.h>
@@ -575,87 +575,5 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
         SD_TRY(grow(&s->scores, (size_t)nt * (size_t)n_attn * sizeof(float)));
         s->cap_attn = n_attn;
     }
-    return SD_OK;
-}
-
-/* ---- KV cache -----------------------------------------------------------------------------------
- */
-
-sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) {
-    *out = NULL;
-    const sd_config *c = &m->cfg;
-    if (n_slots < 1 || n_slots > c->context_length) {
-        return sd_set_error(SD_ERR_INVALID_ARG,
-                            "cache size %d is out of range: must be in [1, %d] (the model's "
-                            "context length)",
-                            n_slots, c->context_length);
-    }
-    sd_kv_cache *kv = calloc(1, sizeof(*kv));
-    if (kv == NULL) {
-        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating a KV cache");
-    }
-    kv->capacity = n_slots;
-    kv->n_layers = c->n_layers;
-    kv->kv_dim = c->n_kv_heads * c->head_dim;
-    size_t n = (size_t)c->n_layers * (size_t)n_slots * (size_t)kv->kv_dim;
-    kv->k = malloc(n * sizeof(float));
-    kv->v = malloc(n * sizeof(float));
-    kv->pos = calloc((size_t)n_slots, sizeof(int32_t));
-    if (kv->k == NULL || kv->v == NULL || kv->pos == NULL) {
-        sd_kv_cache_free(kv);
-        return sd_set_error(SD_ERR_NOMEM,
-                            "out of memory allocating a KV cache of %d slots "
-                            "(%zu MiB)",
-                            n_slots, 2 * n * sizeof(float) >> 20);
-    }
-    *out = kv;
-    return SD_OK;
-}
-
-void sd_kv_cache_free(sd_kv_cache *kv) {
-    if (kv == NULL) {
-        return;
-    }
-    free(kv->k);
-    free(kv->v);
-    free(kv->pos);
-    free(kv);
-}
-
-int sd_kv_cache_length(const sd_kv_cache *kv) {
-    return kv->length;
-}
-
-int sd_kv_cache_capacity(const sd_kv_cache *kv) {
-    return kv->capacity;
-}
-
-sd_status sd_kv_cache_set_length(sd_kv_cache *kv, int n) {
-    if (n < 0 || n > kv->length) {
-        return sd_set_error(SD_ERR_INVALID_ARG,
-                            "cannot roll the cache back to length %d: must be in [0, %d]", n,
-                            kv->length);
-    }
-    kv->length = n;
-    return SD_OK;
-}
-
-sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
-    if (dst < 0 || src < 0 || dst >= kv->capacity || src >= kv->capacity) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "slot copy %d -> %d outside the cache of %d slots",
-                            src, dst, kv->capacity);
-    }
-    if (dst == src) {
-        return SD_OK;
-    }
-    size_t row = (size_t)kv->kv_dim;
-    for (int l = 0; l < kv->n_layers; l++) {
-        size_t base = (size_t)l * (size_t)kv->capacity * row;
-        memcpy(kv->k + base + (size_t)dst * row, kv->k + base + (size_t)src * row,
-               row * sizeof(float));
-        memcpy(kv->v + base + (size_t)dst * row, kv->v + base + (size_t)src * row,
-               row * sizeof(float));
-    }
-    kv->pos[dst] = kv->pos[src];
     return SD_OK;
 }

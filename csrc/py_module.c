@@ -66,36 +66,66 @@ static void model_leave(ModelObject *self) {
     self->busy = 0;
 }
 
-/* A 1-D int32 copy of a token sequence; ids outside int32 are reported as out of range. */
+/* A 1-D int32 copy of a token sequence. Only integers are token ids (floats and bools are a
+ * TypeError, not silently truncated); ids outside int32 are reported as out of range. */
 static int32_t *tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
-    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
-    if (a == NULL) {
+    PyArrayObject *raw = NULL, *a = NULL;
+    int32_t *dst = NULL;
+    raw = (PyArrayObject *)PyArray_FromAny(obj, NULL, 1, 1, NPY_ARRAY_DEFAULT, NULL);
+    if (raw == NULL) {
         if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "%s must be a 1-D sequence of integer token ids", what);
         }
-        return NULL;
+        goto fail;
+    }
+    if (PyArray_SIZE(raw) > 0) {
+        int ok = PyArray_ISINTEGER(raw);
+        if (PyArray_TYPE(raw) == NPY_OBJECT) { /* e.g. Python ints beyond 64 bits */
+            PyObject **items = (PyObject **)PyArray_DATA(raw);
+            ok = 1;
+            for (npy_intp i = 0; i < PyArray_SIZE(raw) && ok; i++) {
+                ok = PyLong_Check(items[i]) && !PyBool_Check(items[i]);
+            }
+        }
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s must be integer token ids, got %s values", what,
+                         PyArray_DESCR(raw)->typeobj->tp_name);
+            goto fail;
+        }
+    }
+    a = (PyArrayObject *)PyArray_FROMANY((PyObject *)raw, NPY_INT64, 1, 1,
+                                         NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s: a token id is out of range (beyond 64 bits)", what);
+        }
+        goto fail;
     }
     *n = PyArray_DIM(a, 0);
     const int64_t *src = (const int64_t *)PyArray_DATA(a);
-    int32_t *dst = PyMem_Malloc((size_t)(*n > 0 ? *n : 1) * sizeof(int32_t));
+    dst = PyMem_Malloc((size_t)(*n > 0 ? *n : 1) * sizeof(int32_t));
     if (dst == NULL) {
-        Py_DECREF(a);
         PyErr_NoMemory();
-        return NULL;
+        goto fail;
     }
     for (Py_ssize_t i = 0; i < *n; i++) {
         if (src[i] < INT32_MIN || src[i] > INT32_MAX) {
             PyErr_Format(PyExc_ValueError, "%s: token id %lld at index %zd is out of range", what,
                          (long long)src[i], i);
-            PyMem_Free(dst);
-            Py_DECREF(a);
-            return NULL;
+            goto fail;
         }
         dst[i] = (int32_t)src[i];
     }
+    Py_DECREF(raw);
     Py_DECREF(a);
     return dst;
+fail:
+    PyMem_Free(dst);
+    Py_XDECREF(raw);
+    Py_XDECREF(a);
+    return NULL;
 }
 
 /* ---- module functions --------------------------------------------------------------------------

@@ -48,10 +48,10 @@ def generate(model: Model, prompt_tokens: TokenIds, max_new_tokens: int = 16,
         seed = int.from_bytes(os.urandom(8), "little")
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-    prompt = [int(t) for t in prompt_tokens]
-    if not prompt:
-        raise ValueError("prompt_tokens must hold at least one token")
     t0 = time.perf_counter()
-    tokens = model._core.generate(prompt, max_new_tokens, float(temperature), seed,
+    # the C boundary validates the ids (integers, in range) before any work
+    tokens = model._core.generate(prompt_tokens, max_new_tokens, float(temperature), seed,
                                   None if stop_tokens is None else list(stop_tokens))
-    return Generation(tokens=tokens, prompt_tokens=prompt, time_s=time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    return Generation(tokens=tokens, prompt_tokens=[int(t) for t in prompt_tokens],
+                      time_s=elapsed)
