@@ -7,7 +7,6 @@
 #include "model.h"
 #include "status.h"
 
-
 sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) {
     *out = NULL;
     const sd_config *c = &m->cfg;

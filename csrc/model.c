@@ -12,7 +12,7 @@
 #include "quant.h"
 #include "status.h"
 
-/* ---- tensor roles and their names in each format ------------------------------------------- */
+/* ---- tensor roles and their names in each format --------------------------------------------- */
 
 typedef enum {
     R_TOK_EMBD,
@@ -350,8 +350,7 @@ static sd_status config_from_hf(sd_config *c, const sd_json *cfg, const char *pa
     return check_config(c);
 }
 
-/* ---- build ------------------------------------------------------------------------------------
- */
+/* ---- build ----------------------------------------------------------------------------------- */
 
 static sd_status build_weights(sd_model *m, const char *const *names) {
     sd_config *c = &m->cfg;

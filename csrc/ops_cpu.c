@@ -45,7 +45,7 @@ void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
     }
 }
 
-/* ---- matmul --------------------------------------------------------------------------------- */
+/* ---- matmul ---------------------------------------------------------------------------------- */
 
 #define SD_MAX_JOBS 4
 
@@ -104,8 +104,7 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
     sd_threadpool_run(pool, matmul_task, &c, (int)tasks);
 }
 
-/* ---- attention --------------------------------------------------------------------------------
- */
+/* ---- attention ------------------------------------------------------------------------------- */
 
 typedef struct {
     float *out;

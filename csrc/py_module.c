@@ -10,8 +10,7 @@
 
 #include "specdec.h"
 
-/* ---- errors ------------------------------------------------------------------------------------
- */
+/* ---- errors ---------------------------------------------------------------------------------- */
 
 static PyObject *raise_status(sd_status st) {
     if (PyErr_Occurred()) {
@@ -31,8 +30,7 @@ static PyObject *raise_status(sd_status st) {
     return NULL;
 }
 
-/* ---- objects -----------------------------------------------------------------------------------
- */
+/* ---- objects --------------------------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD sd_model *model;
@@ -128,8 +126,7 @@ fail:
     return NULL;
 }
 
-/* ---- module functions --------------------------------------------------------------------------
- */
+/* ---- module functions ------------------------------------------------------------------------ */
 
 static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
@@ -172,8 +169,7 @@ static PyObject *core_built_with_cuda(PyObject *mod, PyObject *unused) {
     return PyBool_FromLong(sd_built_with_cuda());
 }
 
-/* ---- Model -------------------------------------------------------------------------------------
- */
+/* ---- Model ----------------------------------------------------------------------------------- */
 
 static void model_dealloc(ModelObject *self) {
     sd_model_free(self->model);
@@ -436,8 +432,7 @@ static PyTypeObject ModelType = {
     .tp_getset = model_getset,
 };
 
-/* ---- KVCache -----------------------------------------------------------------------------------
- */
+/* ---- KVCache --------------------------------------------------------------------------------- */
 
 static void cache_dealloc(CacheObject *self) {
     sd_kv_cache_free(self->kv);
@@ -511,8 +506,7 @@ static PyTypeObject CacheType = {
     .tp_getset = cache_getset,
 };
 
-/* ---- module ------------------------------------------------------------------------------------
- */
+/* ---- module ---------------------------------------------------------------------------------- */
 
 static PyObject *core_cuda_probe(PyObject *mod, PyObject *unused) {
     (void)mod;

@@ -12,7 +12,7 @@
 
 #include "simd.h"
 
-/* ---- scalar conversions ------------------------------------------------------------------- */
+/* ---- scalar conversions ---------------------------------------------------------------------- */
 
 float sd_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -74,7 +74,7 @@ float sd_bf16_to_f32(uint16_t h) {
     return f;
 }
 
-/* ---- scalar row kernels ------------------------------------------------------------------- */
+/* ---- scalar row kernels ---------------------------------------------------------------------- */
 
 static void f32_to_float(float *dst, const void *src, int64_t n) {
     memcpy(dst, src, (size_t)n * sizeof(float));
@@ -143,12 +143,6 @@ static void axpy_f32_scalar(float *y, float a, const float *x, int64_t n) {
     }
 }
 
-static void dot4_f32_scalar(float y[4], const float *w, const float *x, int64_t ldx, int64_t n) {
-    for (int j = 0; j < 4; j++) {
-        y[j] = dot_f32_scalar(w, x + j * ldx, n);
-    }
-}
-
 /* The scalar tile: one dot product per (row, token). */
 static inline void tile_generic(sd_dot_fn dot, float *y, int64_t ldy, const void *w,
                                 size_t row_bytes, int64_t nrows, const float *x, int64_t ldx, int T,
@@ -187,7 +181,7 @@ SD_DEFINE_TILES(f32, dot_f32_row, SD_TYPE_F32)
 SD_DEFINE_TILES(f16, dot_f16_scalar, SD_TYPE_F16)
 SD_DEFINE_TILES(bf16, dot_bf16_scalar, SD_TYPE_BF16)
 
-/* ---- the table ---------------------------------------------------------------------------- */
+/* ---- the table ------------------------------------------------------------------------------- */
 
 /* A type whose geometry is known (files using it validate) but whose arithmetic is not. */
 #define GEOM(name_, block_, size_)                                                                 \
@@ -218,8 +212,6 @@ static sd_type_traits g_types[40] = {
 };
 
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
-static void (*g_dot4_f32)(float[4], const float *, const float *, int64_t,
-                          int64_t) = dot4_f32_scalar;
 static const char *g_simd_name = "scalar";
 
 static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
@@ -231,15 +223,12 @@ static void kernels_init_once(void) {
     int want_simd = force == NULL || strcmp(force, "scalar") != 0;
     if (want_simd && sd_cpu_has_avx2_fma_f16c()) {
         g_types[SD_TYPE_F16].to_float = sd_f16_to_f32_avx2;
-        g_types[SD_TYPE_F16].dot = sd_dot_f16_avx2;
         g_types[SD_TYPE_BF16].to_float = sd_bf16_to_f32_avx2;
-        g_types[SD_TYPE_BF16].dot = sd_dot_bf16_avx2;
         g_types[SD_TYPE_F32].tile = tile_f32_avx2;
         g_types[SD_TYPE_F16].tile = tile_f16_avx2;
         g_types[SD_TYPE_BF16].tile = tile_bf16_avx2;
         g_dot_f32 = sd_dot_f32_avx2;
         g_axpy_f32 = sd_axpy_f32_avx2;
-        g_dot4_f32 = sd_dot4_f32_avx2;
         g_simd_name = "avx2+fma+f16c";
     }
 #endif
@@ -286,8 +275,4 @@ float sd_dot_f32(const float *a, const float *b, int64_t n) {
 
 void sd_axpy_f32(float *y, float a, const float *x, int64_t n) {
     g_axpy_f32(y, a, x, n);
-}
-
-void sd_dot4_f32(float y[4], const float *w, const float *x, int64_t ldx, int64_t n) {
-    g_dot4_f32(y, w, x, ldx, n);
 }

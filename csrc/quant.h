@@ -46,7 +46,5 @@ void sd_kernels_init(void);
 float sd_dot_f32(const float *a, const float *b, int64_t n);
 /* y[i] += a * x[i] */
 void sd_axpy_f32(float *y, float a, const float *x, int64_t n);
-/* y[j] = dot(w, x[j]) for 4 vectors x[0..3] of n floats each (x rows spaced by ldx floats). */
-void sd_dot4_f32(float y[4], const float *w, const float *x, int64_t ldx, int64_t n);
 
 #endif /* SD_QUANT_H */

@@ -11,12 +11,9 @@
 #define SD_HAVE_X86_SIMD 1
 int sd_cpu_has_avx2_fma_f16c(void);
 float sd_dot_f32_avx2(const float *a, const float *b, int64_t n);
-float sd_dot_f16_avx2(const void *w, const float *x, int64_t n);
-float sd_dot_bf16_avx2(const void *w, const float *x, int64_t n);
 void sd_f16_to_f32_avx2(float *dst, const void *src, int64_t n);
 void sd_bf16_to_f32_avx2(float *dst, const void *src, int64_t n);
 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
-void sd_dot4_f32_avx2(float y[4], const float *w, const float *x, int64_t ldx, int64_t n);
 /* y[t*ldy + r] (= or +=) dot(row r of w, x_t) (+ bias[r]) for r < nrows, t < T; w rows of
  * `type` (F32, F16 or BF16), row_bytes apart; x rows ldx floats apart. */
 void sd_matmul_tile_avx2(int type, float *y, int64_t ldy, const void *w, size_t row_bytes,

@@ -61,47 +61,6 @@ SD_AVX2 float sd_dot_f32_avx2(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-SD_AVX2 float sd_dot_f16_avx2(const void *w, const float *x, int64_t n) {
-    const uint16_t *h = (const uint16_t *)w;
-    __m256 acc0 = _mm256_setzero_ps();
-    __m256 acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(load_f16x8(h + i), _mm256_loadu_ps(x + i), acc0);
-        acc1 = _mm256_fmadd_ps(load_f16x8(h + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) {
-        acc0 = _mm256_fmadd_ps(load_f16x8(h + i), _mm256_loadu_ps(x + i), acc0);
-    }
-    float s = hsum256(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) {
-        s += _cvtsh_ss(h[i]) * x[i];
-    }
-    return s;
-}
-
-SD_AVX2 float sd_dot_bf16_avx2(const void *w, const float *x, int64_t n) {
-    const uint16_t *h = (const uint16_t *)w;
-    __m256 acc0 = _mm256_setzero_ps();
-    __m256 acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(load_bf16x8(h + i), _mm256_loadu_ps(x + i), acc0);
-        acc1 = _mm256_fmadd_ps(load_bf16x8(h + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
-    }
-    for (; i + 8 <= n; i += 8) {
-        acc0 = _mm256_fmadd_ps(load_bf16x8(h + i), _mm256_loadu_ps(x + i), acc0);
-    }
-    float s = hsum256(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) {
-        uint32_t bits = (uint32_t)h[i] << 16;
-        float f;
-        memcpy(&f, &bits, sizeof(f));
-        s += f * x[i];
-    }
-    return s;
-}
-
 SD_AVX2 void sd_f16_to_f32_avx2(float *dst, const void *src, int64_t n) {
     const uint16_t *h = (const uint16_t *)src;
     int64_t i = 0;
@@ -135,32 +94,6 @@ SD_AVX2 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) {
         y[i] += a * x[i];
     }
-}
-
-/* One weight row against four activation rows: each weight load feeds four FMAs. */
-SD_AVX2 void sd_dot4_f32_avx2(float y[4], const float *w, const float *x, int64_t ldx, int64_t n) {
-    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 vw = _mm256_loadu_ps(w + i);
-        a0 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(x0 + i), a0);
-        a1 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(x1 + i), a1);
-        a2 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(x2 + i), a2);
-        a3 = _mm256_fmadd_ps(vw, _mm256_loadu_ps(x3 + i), a3);
-    }
-    float s0 = hsum256(a0), s1 = hsum256(a1), s2 = hsum256(a2), s3 = hsum256(a3);
-    for (; i < n; i++) {
-        s0 += w[i] * x0[i];
-        s1 += w[i] * x1[i];
-        s2 += w[i] * x2[i];
-        s3 += w[i] * x3[i];
-    }
-    y[0] = s0;
-    y[1] = s1;
-    y[2] = s2;
-    y[3] = s3;
 }
 
 /* ---- batched rows x tokens tile (the verify batch) ------------------------------------------

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-/* ---- status ------------------------------------------------------------------------------ */
+/* ---- status ---------------------------------------------------------------------------------- */
 
 typedef enum {
     SD_OK = 0,
@@ -43,7 +43,7 @@ const char *sd_status_name(sd_status st);
 /* Forget the recorded message of this thread. */
 void sd_clear_error(void);
 
-/* ---- tensor element types (values are ggml's type ids, as stored in GGUF) ------------------ */
+/* ---- tensor element types (values are ggml's type ids, as stored in GGUF) -------------------- */
 
 typedef enum {
     SD_TYPE_F32 = 0,
@@ -62,7 +62,7 @@ typedef enum {
 /* Human-readable name of a ggml type id ("F16", "Q4_K", ... or "type#N" when unknown). */
 const char *sd_type_name(int type);
 
-/* ---- model --------------------------------------------------------------------------------- */
+/* ---- model ----------------------------------------------------------------------------------- */
 
 typedef enum { SD_ARCH_LLAMA = 0, SD_ARCH_QWEN2 = 1 } sd_arch;
 
