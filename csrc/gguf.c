@@ -201,6 +201,7 @@ static sd_status read_header(sd_gguf *g) {
             return sd_set_error(SD_ERR_NOMEM, "out of memory reading the GGUF header");
         }
         SD_TRY(rd_u32(&c, &kv->type));
+        kv->raw = c.p + c.off;
         kv->count = 1;
         if (kv->type == SD_GGUF_ARRAY) {
             size_t start = c.off;

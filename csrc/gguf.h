@@ -20,25 +20,10 @@
 #include "specdec.h"
 #include "tensor.h"
 
-enum {
-    SD_GGUF_U8 = 0,
-    SD_GGUF_I8 = 1,
-    SD_GGUF_U16 = 2,
-    SD_GGUF_I16 = 3,
-    SD_GGUF_U32 = 4,
-    SD_GGUF_I32 = 5,
-    SD_GGUF_F32 = 6,
-    SD_GGUF_BOOL = 7,
-    SD_GGUF_STRING = 8,
-    SD_GGUF_ARRAY = 9,
-    SD_GGUF_U64 = 10,
-    SD_GGUF_I64 = 11,
-    SD_GGUF_F64 = 12
-};
-
 typedef struct {
     char *key;                  /* owned, NUL-terminated */
     uint32_t type;              /* SD_GGUF_* */
+    const unsigned char *raw;   /* the value as stored (arrays: element type, count, elements) */
     const unsigned char *value; /* raw value bytes in the mapping (for arrays: the elements) */
     uint32_t elem_type;         /* arrays: element type */
     uint64_t count;             /* arrays: element count; scalars: 1 */

@@ -576,3 +576,20 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
     }
     return SD_OK;
 }
+
+int sd_model_metadata_count(const sd_model *m) {
+    return m->gguf != NULL ? (int)m->gguf->n_kv : 0;
+}
+
+sd_status sd_model_metadata_entry(const sd_model *m, int i, const char **key, int *type,
+                                  const unsigned char **value) {
+    if (i < 0 || i >= sd_model_metadata_count(m)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "metadata entry %d out of range [0, %d)", i,
+                            sd_model_metadata_count(m));
+    }
+    const sd_gguf_kv *kv = &m->gguf->kv[i];
+    *key = kv->key;
+    *type = (int)kv->type;
+    *value = kv->raw;
+    return SD_OK;
+}

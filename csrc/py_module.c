@@ -7,6 +7,7 @@
 #include <numpy/arrayobject.h>
 
 #include <stdint.h>
+#include <string.h>
 
 #include "specdec.h"
 
@@ -406,7 +407,124 @@ done:
     return result;
 }
 
+/* One GGUF value at *p (validated by the loader), advancing *p past it. Strings that are not
+ * valid UTF-8 come back as bytes rather than being altered. */
+static PyObject *gguf_value(int type, const unsigned char **p, int depth) {
+    const unsigned char *v = *p;
+    uint64_t n = 0;
+    switch (type) {
+    case SD_GGUF_U8: *p += 1; return PyLong_FromLong(v[0]);
+    case SD_GGUF_I8: *p += 1; return PyLong_FromLong((int8_t)v[0]);
+    case SD_GGUF_BOOL: *p += 1; return PyBool_FromLong(v[0] != 0);
+    case SD_GGUF_U16: {
+        uint16_t x;
+        memcpy(&x, v, 2);
+        *p += 2;
+        return PyLong_FromLong(x);
+    }
+    case SD_GGUF_I16: {
+        int16_t x;
+        memcpy(&x, v, 2);
+        *p += 2;
+        return PyLong_FromLong(x);
+    }
+    case SD_GGUF_U32: {
+        uint32_t x;
+        memcpy(&x, v, 4);
+        *p += 4;
+        return PyLong_FromUnsignedLong(x);
+    }
+    case SD_GGUF_I32: {
+        int32_t x;
+        memcpy(&x, v, 4);
+        *p += 4;
+        return PyLong_FromLong(x);
+    }
+    case SD_GGUF_F32: {
+        float x;
+        memcpy(&x, v, 4);
+        *p += 4;
+        return PyFloat_FromDouble(x);
+    }
+    case SD_GGUF_U64: {
+        uint64_t x;
+        memcpy(&x, v, 8);
+        *p += 8;
+        return PyLong_FromUnsignedLongLong(x);
+    }
+    case SD_GGUF_I64: {
+        int64_t x;
+        memcpy(&x, v, 8);
+        *p += 8;
+        return PyLong_FromLongLong(x);
+    }
+    case SD_GGUF_F64: {
+        double x;
+        memcpy(&x, v, 8);
+        *p += 8;
+        return PyFloat_FromDouble(x);
+    }
+    case SD_GGUF_STRING: {
+        memcpy(&n, v, 8);
+        *p += 8 + n;
+        PyObject *str = PyUnicode_DecodeUTF8((const char *)v + 8, (Py_ssize_t)n, NULL);
+        if (str == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            str = PyBytes_FromStringAndSize((const char *)v + 8, (Py_ssize_t)n);
+        }
+        return str;
+    }
+    case SD_GGUF_ARRAY: {
+        uint32_t et;
+        memcpy(&et, v, 4);
+        memcpy(&n, v + 4, 8);
+        *p += 12;
+        if (depth > 8) {
+            PyErr_SetString(PyExc_ValueError, "GGUF arrays nested too deeply");
+            return NULL;
+        }
+        PyObject *list = PyList_New((Py_ssize_t)n);
+        for (uint64_t i = 0; list != NULL && i < n; i++) {
+            PyObject *item = gguf_value((int)et, p, depth + 1);
+            if (item == NULL) {
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+        }
+        return list;
+    }
+    default: PyErr_Format(PyExc_ValueError, "unknown GGUF value type %d", type); return NULL;
+    }
+}
+
+static PyObject *model_gguf_metadata(ModelObject *self, PyObject *unused) {
+    (void)unused;
+    int n = sd_model_metadata_count(self->model);
+    PyObject *dict = PyDict_New();
+    for (int i = 0; dict != NULL && i < n; i++) {
+        const char *key = NULL;
+        int type = 0;
+        const unsigned char *raw = NULL;
+        sd_status st = sd_model_metadata_entry(self->model, i, &key, &type, &raw);
+        if (st != SD_OK) {
+            Py_CLEAR(dict);
+            return raise_status(st);
+        }
+        PyObject *value = gguf_value(type, &raw, 0);
+        if (value == NULL || PyDict_SetItemString(dict, key, value) < 0) {
+            Py_XDECREF(value);
+            Py_CLEAR(dict);
+            break;
+        }
+        Py_DECREF(value);
+    }
+    return dict;
+}
+
 static PyMethodDef model_methods[] = {
+    {"gguf_metadata", (PyCFunction)model_gguf_metadata, METH_NOARGS,
+     "gguf_metadata() -> dict of the GGUF key/value metadata ({} for HF directories)"},
     {"forward", (PyCFunction)(void (*)(void))model_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> ndarray"},
     {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},

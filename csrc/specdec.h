@@ -107,6 +107,32 @@ int sd_model_threads(const sd_model *model);
 /* Bytes of weights one full forward reads (all matrices and norms, output head included). */
 size_t sd_model_weight_bytes(const sd_model *model);
 
+/* GGUF metadata value types, as stored in the file. */
+typedef enum {
+    SD_GGUF_U8 = 0,
+    SD_GGUF_I8 = 1,
+    SD_GGUF_U16 = 2,
+    SD_GGUF_I16 = 3,
+    SD_GGUF_U32 = 4,
+    SD_GGUF_I32 = 5,
+    SD_GGUF_F32 = 6,
+    SD_GGUF_BOOL = 7,
+    SD_GGUF_STRING = 8, /* u64 length + UTF-8 bytes, no NUL */
+    SD_GGUF_ARRAY = 9,  /* u32 element type + u64 count + elements */
+    SD_GGUF_U64 = 10,
+    SD_GGUF_I64 = 11,
+    SD_GGUF_F64 = 12
+} sd_gguf_type;
+
+/* The key/value metadata of a model loaded from GGUF (none for a Hugging Face directory, whose
+ * config.json and tokenizer files are read directly): the tokenizer, the chat template, ...
+ * Entry i (0 <= i < count) gives its key (NUL-terminated), its sd_gguf_type and a view of its
+ * value bytes exactly as stored, little-endian. Every entry was validated at load time, so a
+ * reader that follows the layout above stays inside the file. Views live as long as the model. */
+int sd_model_metadata_count(const sd_model *model);
+sd_status sd_model_metadata_entry(const sd_model *model, int i, const char **key, int *type,
+                                  const unsigned char **value);
+
 /* ---- KV cache -------------------------------------------------------------------------------- */
 
 /* Keys and values of every layer, addressed by slot: slot s of layer l holds the post-RoPE key
