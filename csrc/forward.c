@@ -171,7 +171,7 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
             {s->k, s->xb, &L->wk, L->bk, 0},
             {s->v, s->xb, &L->wv, L->bv, 0},
         };
-        sd_matmul(m->pool, T, qkv, 3);
+        sd_matmul(m->pool, T, qkv, 3, s->xq);
         sd_rope(s->q, s->rope_cs, T, H, Dh, c->rope_neox);
         sd_rope(s->k, s->rope_cs, T, Hkv, Dh, c->rope_neox);
         for (int t = 0; t < T; t++) {
@@ -182,7 +182,7 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
         }
         sd_attention(m->pool, s->xb, s->q, kc, vc, s->mask, T, n_attn, H, Hkv, Dh, s->scores);
         sd_matmul_job o = {s->x, s->xb, &L->wo, NULL, 1};
-        sd_matmul(m->pool, T, &o, 1);
+        sd_matmul(m->pool, T, &o, 1, s->xq);
 
         /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x) */
         sd_rmsnorm(s->xb, s->x, L->ffn_norm, T, D, c->rms_eps);
@@ -190,10 +190,10 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
             {s->hb, s->xb, &L->w_gate, NULL, 0},
             {s->hb2, s->xb, &L->w_up, NULL, 0},
         };
-        sd_matmul(m->pool, T, gu, 2);
+        sd_matmul(m->pool, T, gu, 2, s->xq);
         sd_swiglu(s->hb, s->hb, s->hb2, (int64_t)T * F);
         sd_matmul_job down = {s->x, s->hb, &L->w_down, NULL, 1};
-        sd_matmul(m->pool, T, &down, 1);
+        sd_matmul(m->pool, T, &down, 1, s->xq);
     }
 
     if (b->n_logits > 0) {
@@ -201,7 +201,7 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
         sd_rmsnorm(s->xb, s->x + (size_t)first * (size_t)D, m->w.out_norm, b->n_logits, D,
                    c->rms_eps);
         sd_matmul_job out = {logits, s->xb, &m->w.output, NULL, 0};
-        sd_matmul(m->pool, b->n_logits, &out, 1);
+        sd_matmul(m->pool, b->n_logits, &out, 1, s->xq);
     }
     free(pos);
     return SD_OK;

@@ -107,10 +107,11 @@ static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t row
                             got, (long long)rows, (long long)cols);
     }
     const sd_type_traits *tr = t->type >= 0 ? sd_type_get(t->type) : NULL;
-    if (tr == NULL || tr->dot == NULL || tr->to_float == NULL || tr->tile == NULL) {
+    if (tr == NULL || tr->to_float == NULL || tr->tile == NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "tensor '%s' has type %s, which specdec cannot compute with yet "
-                            "(supported: F32, F16, BF16)",
+                            "(supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
+                            "Q5_K, Q6_K)",
                             name, t->type_name);
     }
     out->data = t->data;
@@ -489,6 +490,7 @@ static void scratch_free(sd_scratch *s) {
     free(s->rope_cs);
     free(s->mask);
     free(s->scores);
+    free(s->xq);
     memset(s, 0, sizeof(*s));
 }
 
@@ -566,6 +568,7 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
         SD_TRY(grow(&s->hb, T * F * sizeof(float)));
         SD_TRY(grow(&s->hb2, T * F * sizeof(float)));
         SD_TRY(grow(&s->rope_cs, T * (size_t)c->head_dim * sizeof(float)));
+        SD_TRY(grow(&s->xq, T * (xbw > F ? xbw : F) / 32 * sizeof(sd_q8_block)));
         s->cap_tokens = n_tokens;
         s->cap_attn = 0; /* mask size depends on T too */
     }

@@ -53,19 +53,10 @@ typedef struct {
     const sd_matmul_job *jobs;
     int n_jobs;
     int T;
-    int64_t chunk;                       /* rows per task (multiple of 4) */
+    sd_acts acts;                        /* the shared input, float and quantized */
+    int64_t chunk;                       /* rows per task */
     int64_t task_start[SD_MAX_JOBS + 1]; /* first task of each job */
 } matmul_ctx;
-
-/* Rows [r0, r1) of one job for all T tokens, in the type's tile kernel (fused widening, each
- * weight row read once for the whole batch). */
-static void matmul_rows(const matmul_ctx *c, const sd_matmul_job *j, int64_t r0, int64_t r1) {
-    const sd_mat *w = j->w;
-    sd_type_get(w->type)->tile(j->y + r0, w->rows,
-                               (const unsigned char *)w->data + (size_t)r0 * w->row_bytes,
-                               w->row_bytes, r1 - r0, j->x, w->cols, c->T, w->cols,
-                               j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
-}
 
 static void matmul_task(void *ctx, int task, int thread) {
     (void)thread;
@@ -75,20 +66,39 @@ static void matmul_task(void *ctx, int task, int thread) {
         ji++;
     }
     const sd_matmul_job *j = &c->jobs[ji];
+    const sd_mat *w = j->w;
     int64_t r0 = (task - c->task_start[ji]) * c->chunk;
-    int64_t r1 = r0 + c->chunk < j->w->rows ? r0 + c->chunk : j->w->rows;
-    matmul_rows(c, j, r0, r1);
+    int64_t r1 = r0 + c->chunk < w->rows ? r0 + c->chunk : w->rows;
+    /* rows [r0, r1) for all T tokens in the type's tile kernel: each weight row is read once
+     * for the whole batch */
+    sd_type_get(w->type)->tile(j->y + r0, w->rows,
+                               (const unsigned char *)w->data + (size_t)r0 * w->row_bytes,
+                               w->row_bytes, r1 - r0, &c->acts, c->T, w->cols,
+                               j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
 }
 
-void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs) {
+void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs, sd_q8_block *xq) {
     matmul_ctx c;
     memset(&c, 0, sizeof(c));
     c.jobs = jobs;
     c.n_jobs = n_jobs;
     c.T = T;
+    const int64_t n = jobs[0].w->cols;
+    c.acts.x = jobs[0].x;
+    c.acts.ldx = n;
+    int quantized = 0;
     int64_t total = 0;
     for (int i = 0; i < n_jobs; i++) {
         total += jobs[i].w->rows;
+        quantized |= sd_type_get(jobs[i].w->type)->dot_q8 != NULL;
+    }
+    if (quantized) {
+        /* the integer kernels read the activations quantized: once here, for every row */
+        for (int t = 0; t < T; t++) {
+            sd_quantize_q8(xq + (size_t)t * (size_t)(n / 32), jobs[0].x + (size_t)t * (size_t)n, n);
+        }
+        c.acts.xq = xq;
+        c.acts.ldq = n / 32;
     }
     /* about 8 tasks per thread keeps the threads busy to the end without much overhead */
     int nt = sd_threadpool_size(pool);

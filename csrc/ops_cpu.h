@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "quant.h"
 #include "threadpool.h"
 
 /* out (T, n) = x (T, n) / sqrt(mean(x^2) + eps) * w (n); out may alias x. */
@@ -25,8 +26,9 @@ typedef struct {
     int accumulate;
 } sd_matmul_job;
 
-/* Run n_jobs products over the same batch of T rows in one parallel dispatch. */
-void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs);
+/* Run n_jobs (<= 4) products over the same input x (same W.cols) in one parallel dispatch.
+ * xq: scratch of (T, W.cols / 32) blocks for the quantized activations of quantized weights. */
+void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs, sd_q8_block *xq);
 
 /* out (T, F) = silu(gate) * up, elementwise; out may alias gate. */
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);

@@ -638,7 +638,84 @@ static PyObject *core_cuda_probe(PyObject *mod, PyObject *unused) {
 #endif
 }
 
+/* dequantize(type, data: bytes, n) -> float32 (n,) */
+static PyObject *core_dequantize(PyObject *mod, PyObject *args) {
+    (void)mod;
+    int type = 0;
+    long long n = 0;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "iy*L:dequantize", &type, &buf, &n)) {
+        return NULL;
+    }
+    PyArrayObject *out = NULL;
+    if (n <= 0 || n > ((long long)1 << 40)) {
+        PyErr_Format(PyExc_ValueError, "n must be positive, got %lld", n);
+        goto done;
+    }
+    npy_intp dims[1] = {(npy_intp)n};
+    out = (PyArrayObject *)PyArray_SimpleNew(1, dims, NPY_FLOAT32);
+    if (out != NULL) {
+        sd_status st =
+            sd_dequantize((float *)PyArray_DATA(out), type, buf.buf, (size_t)buf.len, (int64_t)n);
+        if (st != SD_OK) {
+            Py_CLEAR(out);
+            raise_status(st);
+        }
+    }
+done:
+    PyBuffer_Release(&buf);
+    return (PyObject *)out;
+}
+
+/* matmul_rows(type, w: bytes, nrows, n, x: float32 (T, n), portable) -> float32 (T, nrows) */
+static PyObject *core_matmul_rows(PyObject *mod, PyObject *args) {
+    (void)mod;
+    int type = 0, portable = 0;
+    long long nrows = 0, n = 0;
+    Py_buffer buf;
+    PyObject *x_obj = NULL;
+    if (!PyArg_ParseTuple(args, "iy*LLOp:matmul_rows", &type, &buf, &nrows, &n, &x_obj,
+                          &portable)) {
+        return NULL;
+    }
+    PyArrayObject *x = NULL, *out = NULL;
+    x = (PyArrayObject *)PyArray_FROMANY(x_obj, NPY_FLOAT32, 2, 2, NPY_ARRAY_IN_ARRAY);
+    if (x == NULL) {
+        goto fail;
+    }
+    if (PyArray_DIM(x, 1) != n || PyArray_DIM(x, 0) < 1 || PyArray_DIM(x, 0) > INT32_MAX ||
+        nrows < 1 || nrows > ((long long)1 << 40)) {
+        PyErr_SetString(PyExc_ValueError, "x must have shape (T, n) with T >= 1; nrows >= 1");
+        goto fail;
+    }
+    npy_intp dims[2] = {PyArray_DIM(x, 0), (npy_intp)nrows};
+    out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out == NULL) {
+        goto fail;
+    }
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_matmul_rows(
+        (float *)PyArray_DATA(out), type, buf.buf, (size_t)buf.len, (int64_t)nrows, (int64_t)n,
+        (const float *)PyArray_DATA(x), (int)PyArray_DIM(x, 0), portable);
+    Py_END_ALLOW_THREADS if (st != SD_OK) {
+        raise_status(st);
+        goto fail;
+    }
+    Py_DECREF(x);
+    PyBuffer_Release(&buf);
+    return (PyObject *)out;
+fail:
+    Py_XDECREF(x);
+    Py_XDECREF(out);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
 static PyMethodDef core_methods[] = {
+    {"dequantize", core_dequantize, METH_VARARGS,
+     "dequantize(type, data, n) -> float32 array: the row kernels' f32 values of n elements"},
+    {"matmul_rows", core_matmul_rows, METH_VARARGS,
+     "matmul_rows(type, w, nrows, n, x, portable) -> float32 (T, nrows) = x . W^T"},
     {"cuda_probe", core_cuda_probe, METH_NOARGS,
      "CUDA builds: {'devices': n, 'cublas_version': v}; CPU-only builds: None"},
     {"load", (PyCFunction)(void (*)(void))core_load, METH_VARARGS | METH_KEYWORDS,

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "quant_blocks.h"
+#include "status.h"
 #include "simd.h"
 
 /* ---- scalar conversions ---------------------------------------------------------------------- */
@@ -143,45 +145,58 @@ static void axpy_f32_scalar(float *y, float a, const float *x, int64_t n) {
     }
 }
 
-/* The scalar tile: one dot product per (row, token). */
-static inline void tile_generic(sd_dot_fn dot, float *y, int64_t ldy, const void *w,
-                                size_t row_bytes, int64_t nrows, const float *x, int64_t ldx, int T,
-                                int64_t n, const float *bias, int accumulate) {
+/* The portable tile of float types: one dot product per (row, token). */
+static inline void tile_float(sd_dot_fn dot, float *y, int64_t ldy, const void *w, size_t row_bytes,
+                              int64_t nrows, const sd_acts *a, int T, int64_t n, const float *bias,
+                              int accumulate) {
     for (int64_t r = 0; r < nrows; r++) {
         const void *row = (const unsigned char *)w + (size_t)r * row_bytes;
         for (int t = 0; t < T; t++) {
-            float v = dot(row, x + (size_t)t * (size_t)ldx, n) + (bias != NULL ? bias[r] : 0.0f);
+            float v = dot(row, a->x + (size_t)t * (size_t)a->ldx, n);
+            v += bias != NULL ? bias[r] : 0.0f;
             float *dst = &y[(size_t)t * (size_t)ldy + (size_t)r];
             *dst = accumulate ? *dst + v : v;
         }
     }
 }
 
-/* One scalar tile and (on x86-64) one AVX2 tile per type, with the tile_fn signature. */
-#define SD_DEFINE_TILES(suffix, scalar_dot, type_id)                                               \
-    static void tile_##suffix(float *y, int64_t ldy, const void *w, size_t row_bytes,              \
-                              int64_t nrows, const float *x, int64_t ldx, int T, int64_t n,        \
-                              const float *bias, int accumulate) {                                 \
-        tile_generic(scalar_dot, y, ldy, w, row_bytes, nrows, x, ldx, T, n, bias, accumulate);     \
-    }                                                                                              \
-    SD_DEFINE_AVX2_TILE(suffix, type_id)
+#define SD_TILE_ARGS                                                                               \
+    float *y, int64_t ldy, const void *w, size_t row_bytes, int64_t nrows, const sd_acts *a,       \
+        int T, int64_t n, const float *bias, int accumulate
+#define SD_TILE_PASS y, ldy, w, row_bytes, nrows, a, T, n, bias, accumulate
+
+/* One portable tile per float type with the sd_tile_fn signature. */
+#define SD_FLOAT_TILE(suffix, dot)                                                                 \
+    static void tile_##suffix(SD_TILE_ARGS) {                                                      \
+        tile_float(dot, SD_TILE_PASS);                                                             \
+    }
+SD_FLOAT_TILE(f32, dot_f32_row)
+SD_FLOAT_TILE(f16, dot_f16_scalar)
+SD_FLOAT_TILE(bf16, dot_bf16_scalar)
 
 #ifdef SD_HAVE_X86_SIMD
-#define SD_DEFINE_AVX2_TILE(suffix, type_id)                                                       \
-    static void tile_##suffix##_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes,       \
-                                     int64_t nrows, const float *x, int64_t ldx, int T, int64_t n, \
-                                     const float *bias, int accumulate) {                          \
-        sd_matmul_tile_avx2(type_id, y, ldy, w, row_bytes, nrows, x, ldx, T, n, bias, accumulate); \
-    }
-#else
-#define SD_DEFINE_AVX2_TILE(suffix, type_id)
+static void tile_float_avx2(SD_TILE_ARGS, int type) {
+    sd_matmul_tile_avx2(type, y, ldy, w, row_bytes, nrows, a->x, a->ldx, T, n, bias, accumulate);
+}
+static void tile_f32_avx2(SD_TILE_ARGS) {
+    tile_float_avx2(SD_TILE_PASS, SD_TYPE_F32);
+}
+static void tile_f16_avx2(SD_TILE_ARGS) {
+    tile_float_avx2(SD_TILE_PASS, SD_TYPE_F16);
+}
+static void tile_bf16_avx2(SD_TILE_ARGS) {
+    tile_float_avx2(SD_TILE_PASS, SD_TYPE_BF16);
+}
 #endif
 
-SD_DEFINE_TILES(f32, dot_f32_row, SD_TYPE_F32)
-SD_DEFINE_TILES(f16, dot_f16_scalar, SD_TYPE_F16)
-SD_DEFINE_TILES(bf16, dot_bf16_scalar, SD_TYPE_BF16)
-
 /* ---- the table ------------------------------------------------------------------------------- */
+
+/* A quantized type: geometry, and its portable kernels (quant_blocks.c). */
+#define QUANT(name_, block_, size_, sfx)                                                           \
+    {                                                                                              \
+        .name = name_, .block_size = block_, .type_size = size_, .to_float = sd_to_float_##sfx,    \
+        .tile = sd_tile_##sfx, .dot_q8 = sd_dot_q8_##sfx                                           \
+    }
 
 /* A type whose geometry is known (files using it validate) but whose arithmetic is not. */
 #define GEOM(name_, block_, size_)                                                                 \
@@ -189,26 +204,26 @@ SD_DEFINE_TILES(bf16, dot_bf16_scalar, SD_TYPE_BF16)
 
 /* Indexed by ggml type id. Geometry from ggml's block definitions (ggml-common.h). */
 static sd_type_traits g_types[40] = {
-    [SD_TYPE_F32] = {"F32", 1, 4, f32_to_float, dot_f32_row, tile_f32},
-    [SD_TYPE_F16] = {"F16", 1, 2, f16_to_float_scalar, dot_f16_scalar, tile_f16},
-    [SD_TYPE_Q4_0] = GEOM("Q4_0", 32, 18),
-    [SD_TYPE_Q4_1] = GEOM("Q4_1", 32, 20),
-    [SD_TYPE_Q5_0] = GEOM("Q5_0", 32, 22),
-    [SD_TYPE_Q5_1] = GEOM("Q5_1", 32, 24),
-    [SD_TYPE_Q8_0] = GEOM("Q8_0", 32, 34),
+    [SD_TYPE_F32] = {"F32", 1, 4, f32_to_float, tile_f32, dot_f32_row, NULL},
+    [SD_TYPE_F16] = {"F16", 1, 2, f16_to_float_scalar, tile_f16, dot_f16_scalar, NULL},
+    [SD_TYPE_BF16] = {"BF16", 1, 2, bf16_to_float_scalar, tile_bf16, dot_bf16_scalar, NULL},
+    [SD_TYPE_Q4_0] = QUANT("Q4_0", 32, 18, q4_0),
+    [SD_TYPE_Q4_1] = QUANT("Q4_1", 32, 20, q4_1),
+    [SD_TYPE_Q5_0] = QUANT("Q5_0", 32, 22, q5_0),
+    [SD_TYPE_Q5_1] = QUANT("Q5_1", 32, 24, q5_1),
+    [SD_TYPE_Q8_0] = QUANT("Q8_0", 32, 34, q8_0),
+    [SD_TYPE_Q4_K] = QUANT("Q4_K", 256, 144, q4_K),
+    [SD_TYPE_Q5_K] = QUANT("Q5_K", 256, 176, q5_K),
+    [SD_TYPE_Q6_K] = QUANT("Q6_K", 256, 210, q6_K),
     [9] = GEOM("Q8_1", 32, 36),
     [10] = GEOM("Q2_K", 256, 84),
     [11] = GEOM("Q3_K", 256, 110),
-    [SD_TYPE_Q4_K] = GEOM("Q4_K", 256, 144),
-    [SD_TYPE_Q5_K] = GEOM("Q5_K", 256, 176),
-    [SD_TYPE_Q6_K] = GEOM("Q6_K", 256, 210),
     [15] = GEOM("Q8_K", 256, 292),
     [24] = GEOM("I8", 1, 1),
     [25] = GEOM("I16", 1, 2),
     [26] = GEOM("I32", 1, 4),
     [27] = GEOM("I64", 1, 8),
     [28] = GEOM("F64", 1, 8),
-    [SD_TYPE_BF16] = {"BF16", 1, 2, bf16_to_float_scalar, dot_bf16_scalar, tile_bf16},
 };
 
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
@@ -227,6 +242,14 @@ static void kernels_init_once(void) {
         g_types[SD_TYPE_F32].tile = tile_f32_avx2;
         g_types[SD_TYPE_F16].tile = tile_f16_avx2;
         g_types[SD_TYPE_BF16].tile = tile_bf16_avx2;
+        g_types[SD_TYPE_Q4_0].tile = sd_tile_q4_0_avx2;
+        g_types[SD_TYPE_Q4_1].tile = sd_tile_q4_1_avx2;
+        g_types[SD_TYPE_Q5_0].tile = sd_tile_q5_0_avx2;
+        g_types[SD_TYPE_Q5_1].tile = sd_tile_q5_1_avx2;
+        g_types[SD_TYPE_Q8_0].tile = sd_tile_q8_0_avx2;
+        g_types[SD_TYPE_Q4_K].tile = sd_tile_q4_K_avx2;
+        g_types[SD_TYPE_Q5_K].tile = sd_tile_q5_K_avx2;
+        g_types[SD_TYPE_Q6_K].tile = sd_tile_q6_K_avx2;
         g_dot_f32 = sd_dot_f32_avx2;
         g_axpy_f32 = sd_axpy_f32_avx2;
         g_simd_name = "avx2+fma+f16c";
@@ -275,4 +298,88 @@ float sd_dot_f32(const float *a, const float *b, int64_t n) {
 
 void sd_axpy_f32(float *y, float a, const float *x, int64_t n) {
     g_axpy_f32(y, a, x, n);
+}
+
+/* ---- kernel checks ------------------------------------------------------------------------- */
+
+/* The portable tile of each type, whatever the table holds after SIMD selection. */
+static sd_tile_fn portable_tile(int type) {
+    switch (type) {
+    case SD_TYPE_F32: return tile_f32;
+    case SD_TYPE_F16: return tile_f16;
+    case SD_TYPE_BF16: return tile_bf16;
+    case SD_TYPE_Q4_0: return sd_tile_q4_0;
+    case SD_TYPE_Q4_1: return sd_tile_q4_1;
+    case SD_TYPE_Q5_0: return sd_tile_q5_0;
+    case SD_TYPE_Q5_1: return sd_tile_q5_1;
+    case SD_TYPE_Q8_0: return sd_tile_q8_0;
+    case SD_TYPE_Q4_K: return sd_tile_q4_K;
+    case SD_TYPE_Q5_K: return sd_tile_q5_K;
+    case SD_TYPE_Q6_K: return sd_tile_q6_K;
+    default: return NULL;
+    }
+}
+
+static sd_status check_type(int type, int64_t n, const sd_type_traits **out) {
+    sd_kernels_init();
+    const sd_type_traits *tr = sd_type_get(type);
+    if (tr == NULL || tr->tile == NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED, "type %s has no kernels", sd_type_name(type));
+    }
+    if (n <= 0 || n % tr->block_size != 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "row length %lld is not a positive multiple of the %s block size %d",
+                            (long long)n, tr->name, tr->block_size);
+    }
+    *out = tr;
+    return SD_OK;
+}
+
+static sd_status check_size(const sd_type_traits *tr, size_t have, int64_t rows, int64_t n) {
+    size_t need = (size_t)rows * (size_t)(n / tr->block_size) * (size_t)tr->type_size;
+    if (have != need) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "%lld rows of %lld %s elements take %zu bytes, got %zu",
+                            (long long)rows, (long long)n, tr->name, need, have);
+    }
+    return SD_OK;
+}
+
+sd_status sd_dequantize(float *dst, int type, const void *src, size_t src_bytes, int64_t n) {
+    const sd_type_traits *tr = NULL;
+    SD_TRY(check_type(type, n, &tr));
+    SD_TRY(check_size(tr, src_bytes, 1, n));
+    tr->to_float(dst, src, n);
+    return SD_OK;
+}
+
+sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int64_t nrows,
+                         int64_t n, const float *x, int T, int portable) {
+    const sd_type_traits *tr = NULL;
+    SD_TRY(check_type(type, n, &tr));
+    if (nrows < 1 || T < 1) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "need nrows >= 1 and T >= 1");
+    }
+    SD_TRY(check_size(tr, w_bytes, nrows, n));
+    sd_acts a = {x, n, NULL, 0};
+    sd_q8_block *xq = NULL;
+    if (tr->dot_q8 != NULL) {
+        if (n % 32 != 0) {
+            return sd_set_error(SD_ERR_INVALID_ARG, "row length %lld is not a multiple of 32",
+                                (long long)n);
+        }
+        xq = malloc((size_t)T * (size_t)(n / 32) * sizeof(sd_q8_block));
+        if (xq == NULL) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory");
+        }
+        for (int t = 0; t < T; t++) {
+            sd_quantize_q8(xq + (size_t)t * (size_t)(n / 32), x + (size_t)t * (size_t)n, n);
+        }
+        a.xq = xq;
+        a.ldq = n / 32;
+    }
+    sd_tile_fn tile = portable ? portable_tile(type) : tr->tile;
+    tile(y, nrows, w, sd_row_bytes(type, n), nrows, &a, T, n, NULL, 0);
+    free(xq);
+    return SD_OK;
 }

@@ -1,5 +1,6 @@
 /* quant.h — tensor element types: block geometry of every ggml type we can validate, and the
- * row kernels (to-float and dot with an f32 vector) of the types the forward pass computes with.
+ * row kernels (to-float, and tiles of a batched matmul) of the types the forward pass computes
+ * with.
  * One table entry per type; the forward pass never switches on types itself. */
 #ifndef SD_QUANT_H
 #define SD_QUANT_H
@@ -9,24 +10,47 @@
 
 #include "specdec.h"
 
+/* Activations quantized for integer dot products with quantized weights: 32 values per block,
+ * x ~ d * q. The scales are rounded to f16 precision, as llama.cpp's Q8_0/Q8_1 activations are,
+ * so products with a quantized model track llama.cpp's arithmetic. */
+typedef struct {
+    float d; /* scale */
+    float s; /* d * sum(q): multiplies the per-block offsets of Q4_1, Q5_1 and K-quants */
+    int8_t q[32];
+} sd_q8_block;
+
+/* Quantize n floats (n % 32 == 0) into n / 32 blocks. */
+void sd_quantize_q8(sd_q8_block *dst, const float *x, int64_t n);
+
+/* The activations of one batched matmul: T rows of n floats, and the same rows quantized when
+ * the weights are of a quantized type (xq NULL otherwise). */
+typedef struct {
+    const float *x; /* (T, ldx) */
+    int64_t ldx;
+    const sd_q8_block *xq; /* (T, ldq) */
+    int64_t ldq;
+} sd_acts;
+
 /* Convert n elements (n a multiple of the block size) of one row to f32. */
 typedef void (*sd_to_float_fn)(float *dst, const void *src, int64_t n);
-/* sum_i w[i] * x[i] over n elements of one row of this type and an f32 vector. */
+/* sum_i w[i] * x[i] over n elements of one row of a float type and an f32 vector. */
 typedef float (*sd_dot_fn)(const void *w, const float *x, int64_t n);
+/* The same for a quantized row and quantized activations (n / 32 blocks). */
+typedef float (*sd_dot_q8_fn)(const void *w, const sd_q8_block *xq, int64_t n);
 
-/* y[t*ldy + r] (= or +=) dot(row r of w, x_t) (+ bias[r]) for r < nrows, t < T: a tile of a
- * batched matmul, rows row_bytes apart, activation rows ldx floats apart. */
+/* y[t*ldy + r] (= or +=) dot(row r of w, activation row t) (+ bias[r]) for r < nrows, t < T: a
+ * tile of a batched matmul, rows row_bytes apart. Each weight row is read once for all T. */
 typedef void (*sd_tile_fn)(float *y, int64_t ldy, const void *w, size_t row_bytes, int64_t nrows,
-                           const float *x, int64_t ldx, int T, int64_t n, const float *bias,
-                           int accumulate);
+                           const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
 
 typedef struct {
     const char *name;
     int block_size;          /* elements per block */
     int type_size;           /* bytes per block */
     sd_to_float_fn to_float; /* NULL: geometry known, arithmetic not implemented */
-    sd_dot_fn dot;           /* NULL likewise */
     sd_tile_fn tile;         /* NULL likewise */
+    sd_dot_fn dot;           /* float types: the scalar dot the portable tile uses */
+    sd_dot_q8_fn dot_q8;     /* quantized types: likewise, against sd_q8_block activations */
 } sd_type_traits;
 
 /* Traits of a ggml type id, or NULL when the id is unknown. */

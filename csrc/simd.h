@@ -19,6 +19,21 @@ void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 void sd_matmul_tile_avx2(int type, float *y, int64_t ldy, const void *w, size_t row_bytes,
                          int64_t nrows, const float *x, int64_t ldx, int T, int64_t n,
                          const float *bias, int accumulate);
+
+/* Quantized tiles (simd_avx2_q.c), with the sd_tile_fn signature of quant.h. */
+#include "quant.h"
+#define SD_DECLARE_AVX2_QTILE(sfx)                                                                 \
+    void sd_tile_##sfx##_avx2(float *y, int64_t ldy, const void *w, size_t row_bytes,              \
+                              int64_t nrows, const sd_acts *a, int T, int64_t n,                   \
+                              const float *bias, int accumulate);
+SD_DECLARE_AVX2_QTILE(q4_0)
+SD_DECLARE_AVX2_QTILE(q4_1)
+SD_DECLARE_AVX2_QTILE(q5_0)
+SD_DECLARE_AVX2_QTILE(q5_1)
+SD_DECLARE_AVX2_QTILE(q8_0)
+SD_DECLARE_AVX2_QTILE(q4_K)
+SD_DECLARE_AVX2_QTILE(q5_K)
+SD_DECLARE_AVX2_QTILE(q6_K)
 #endif
 
 #endif /* SD_SIMD_H */

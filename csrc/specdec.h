@@ -194,6 +194,22 @@ sd_generate_params sd_generate_default_params(void);
 sd_status sd_generate(int32_t *out, int *n_out, sd_model *model, const int32_t *prompt,
                       int n_prompt, const sd_generate_params *params);
 
+/* ---- kernel checks --------------------------------------------------------------------------- */
+
+/* The row kernels, callable on their own so tests and benchmarks can compare them with
+ * independent references. `type` is a ggml type id of a format specdec computes with. */
+
+/* Convert n elements (a whole number of blocks) of `type` at `src` (src_bytes long) to f32. */
+sd_status sd_dequantize(float *dst, int type, const void *src, size_t src_bytes, int64_t n);
+
+/* y (T, nrows) = x (T, n) . W^T for W = nrows rows of n elements of `type` at `w` (w_bytes
+ * long), with the
+ * kernel the forward pass uses on this CPU (portable = 0) or the portable C one (portable = 1).
+ * Quantized formats multiply with activations quantized to 8 bits in blocks of 32, as the
+ * forward pass does. */
+sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int64_t nrows,
+                         int64_t n, const float *x, int T, int portable);
+
 /* ---- build information ----------------------------------------------------------------------- */
 
 /* SIMD level the kernels use on this machine: "avx2+fma+f16c" or "scalar". The environment

@@ -1,6 +1,11 @@
-/* threadpool.c — a small fork-join pool: workers spin briefly on a generation counter (a decode
- * step issues hundreds of short ops, so waking through a condition variable each time would
- * cost more than the ops) and then sleep on a condition variable when idle. */
+/* threadpool.c — a small fork-join pool for the forward pass.
+ *
+ * A decode step issues hundreds of short parallel ops, so workers spin briefly on the job word
+ * before sleeping on a condition variable. Pieces are claimed with a compare-and-swap on one
+ * 64-bit word holding (generation << 32 | next piece): a worker can only claim pieces of the
+ * job it saw published, and the caller waits for the pieces to be *done*, not for every worker
+ * to check in, so a worker the OS has descheduled (a busy or shared machine) costs at most the
+ * pieces it already claimed. */
 #include "threadpool.h"
 
 #include <pthread.h>
@@ -17,7 +22,8 @@
 #define SD_CPU_RELAX() ((void)0)
 #endif
 
-#define SD_SPIN_ITERS 20000
+#define SD_SPIN_IDLE 20000 /* pauses a worker spins on an idle pool before sleeping */
+#define SD_SPIN_WAIT 2000  /* pauses the caller spins on unfinished pieces before yielding */
 
 typedef struct {
     sd_threadpool *pool;
@@ -30,55 +36,66 @@ struct sd_threadpool {
     sd_worker *workers; /* (n_threads - 1) */
     pthread_mutex_t mutex;
     pthread_cond_t wake;
-    /* job, published by bumping `generation` */
+    int sleeping; /* workers waiting on `wake` (under mutex) */
+    int quit;     /* atomic */
+    /* the job; written before `work` publishes a new generation */
     sd_task_fn fn;
     void *ctx;
     int n_tasks;
-    int next_task;       /* atomic: next piece to claim */
-    int finished;        /* atomic: workers done with the current job (the caller excluded) */
-    unsigned generation; /* atomic */
-    int quit;
+    uint64_t work; /* atomic: generation << 32 | next piece to claim */
+    int done;      /* atomic: pieces finished in this generation */
 };
 
-static void run_tasks(sd_threadpool *p, int thread) {
+/* Claim and run pieces of generation `gen` until none is left or the job changed. */
+static void run_pieces(sd_threadpool *p, uint64_t gen, int thread) {
     for (;;) {
-        int t = __atomic_fetch_add(&p->next_task, 1, __ATOMIC_RELAXED);
-        if (t >= p->n_tasks) {
-            break;
+        uint64_t w = __atomic_load_n(&p->work, __ATOMIC_ACQUIRE);
+        if ((w >> 32) != gen) {
+            return;
         }
-        p->fn(p->ctx, t, thread);
+        /* valid as long as the generation is: the caller rewrites the job only after every
+         * piece of this one is done, and the piece we are about to claim is not */
+        sd_task_fn fn = p->fn;
+        void *ctx = p->ctx;
+        int n = p->n_tasks;
+        int t = (int)(w & 0xffffffffu);
+        if (t >= n) {
+            return;
+        }
+        if (__atomic_compare_exchange_n(&p->work, &w, w + 1, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            fn(ctx, t, thread);
+            __atomic_fetch_add(&p->done, 1, __ATOMIC_RELEASE);
+        }
     }
 }
 
 static void *worker_main(void *arg) {
-    sd_worker *w = (sd_worker *)arg;
-    sd_threadpool *p = w->pool;
-    unsigned seen = 0;
+    sd_worker *me = (sd_worker *)arg;
+    sd_threadpool *p = me->pool;
+    uint64_t seen = __atomic_load_n(&p->work, __ATOMIC_ACQUIRE) >> 32;
     for (;;) {
-        unsigned gen = __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE);
-        int spins = 0;
-        while (gen == seen && spins < SD_SPIN_ITERS) {
+        uint64_t gen = __atomic_load_n(&p->work, __ATOMIC_ACQUIRE) >> 32;
+        for (int spins = 0; gen == seen && spins < SD_SPIN_IDLE; spins++) {
             SD_CPU_RELAX();
-            spins++;
-            gen = __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE);
+            gen = __atomic_load_n(&p->work, __ATOMIC_ACQUIRE) >> 32;
         }
         if (gen == seen) {
             pthread_mutex_lock(&p->mutex);
-            while ((gen = __atomic_load_n(&p->generation, __ATOMIC_ACQUIRE)) == seen && !p->quit) {
+            p->sleeping++;
+            while ((gen = __atomic_load_n(&p->work, __ATOMIC_ACQUIRE) >> 32) == seen &&
+                   !__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) {
                 pthread_cond_wait(&p->wake, &p->mutex);
             }
+            p->sleeping--;
             pthread_mutex_unlock(&p->mutex);
         }
         if (__atomic_load_n(&p->quit, __ATOMIC_ACQUIRE)) {
-            break;
+            return NULL;
         }
         seen = gen;
-        run_tasks(p, w->index);
-        /* The caller waits for every worker, so no worker can still be claiming pieces of
-         * this job when the next one is published. */
-        __atomic_fetch_add(&p->finished, 1, __ATOMIC_RELEASE);
+        run_pieces(p, gen, me->index);
     }
-    return NULL;
 }
 
 int sd_available_cpus(void) {
@@ -134,7 +151,6 @@ void sd_threadpool_free(sd_threadpool *p) {
     }
     pthread_mutex_lock(&p->mutex);
     __atomic_store_n(&p->quit, 1, __ATOMIC_RELEASE);
-    __atomic_fetch_add(&p->generation, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mutex);
     for (int i = 1; i < p->n_threads; i++) {
@@ -160,18 +176,24 @@ void sd_threadpool_run(sd_threadpool *p, sd_task_fn fn, void *ctx, int n_tasks) 
         }
         return;
     }
+    uint64_t gen = (__atomic_load_n(&p->work, __ATOMIC_RELAXED) >> 32) + 1;
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
-    __atomic_store_n(&p->next_task, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&p->finished, 0, __ATOMIC_RELAXED);
-    /* Publish the job; the lock pairs with sleepers' check-then-wait. */
+    __atomic_store_n(&p->done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->work, gen << 32, __ATOMIC_RELEASE);
+    /* wake sleepers; the mutex pairs with their check-then-wait */
     pthread_mutex_lock(&p->mutex);
-    __atomic_fetch_add(&p->generation, 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&p->wake);
+    if (p->sleeping > 0) {
+        pthread_cond_broadcast(&p->wake);
+    }
     pthread_mutex_unlock(&p->mutex);
-    run_tasks(p, 0);
-    while (__atomic_load_n(&p->finished, __ATOMIC_ACQUIRE) < p->n_threads - 1) {
-        SD_CPU_RELAX();
+    run_pieces(p, gen, 0);
+    for (int spins = 0; __atomic_load_n(&p->done, __ATOMIC_ACQUIRE) < n_tasks; spins++) {
+        if (spins < SD_SPIN_WAIT) {
+            SD_CPU_RELAX();
+        } else {
+            sched_yield(); /* a descheduled worker holds a piece: let it run */
+        }
     }
 }

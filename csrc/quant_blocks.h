@@ -1,0 +1,40 @@
+/* quant_blocks.h — ggml's quantized block formats: portable dequantization, dot products with
+ * quantized activations and matmul tiles (the twins of the AVX2 kernels in simd_avx2_q.c), and
+ * the quantization of activations. Layouts as in ggml-common.h; every f16 field is read with
+ * memcpy (blocks are not aligned). */
+#ifndef SD_QUANT_BLOCKS_H
+#define SD_QUANT_BLOCKS_H
+
+#include "quant.h"
+
+/* One 32-element sub-block decoded: value[j] = (j < 16 ? d_lo : d_hi) * q[j] + m.
+ * d_lo == d_hi except for Q6_K, whose scales cover 16 elements. */
+typedef struct {
+    int8_t q[32];
+    float d_lo, d_hi;
+    float m;
+} sd_sub32;
+
+/* Decode sub-block `sub` (0 <= sub < block_size / 32) of the block at `blk`. */
+typedef void (*sd_decode_fn)(sd_sub32 *out, const uint8_t *blk, int sub);
+
+#define SD_DECLARE_QUANT(sfx)                                                                      \
+    void sd_decode_##sfx(sd_sub32 *out, const uint8_t *blk, int sub);                              \
+    void sd_to_float_##sfx(float *dst, const void *src, int64_t n);                                \
+    float sd_dot_q8_##sfx(const void *w, const sd_q8_block *xq, int64_t n);                        \
+    void sd_tile_##sfx(float *y, int64_t ldy, const void *w, size_t row_bytes, int64_t nrows,      \
+                       const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
+
+SD_DECLARE_QUANT(q4_0)
+SD_DECLARE_QUANT(q4_1)
+SD_DECLARE_QUANT(q5_0)
+SD_DECLARE_QUANT(q5_1)
+SD_DECLARE_QUANT(q8_0)
+SD_DECLARE_QUANT(q4_K)
+SD_DECLARE_QUANT(q5_K)
+SD_DECLARE_QUANT(q6_K)
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's 12 packed bytes. */
+void sd_k4_scale_min(int j, const uint8_t *scales, uint8_t *sc, uint8_t *m);
+
+#endif /* SD_QUANT_BLOCKS_H */

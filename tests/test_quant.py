@@ -1,0 +1,115 @@
+"""The quantized row kernels against an independent NumPy description of the formats
+(tests/quantref.py): dequantization is exact, and a matmul differs from the float64 product of
+the dequantized weights by no more than the activation quantization can explain.
+
+The bound, per output: the activations are quantized in blocks of 32 as x ~ d * q with
+q = round(x / d_true), d_true = max|x| / 127 and d the f16 rounding of d_true, so each element
+is off by at most d_true / 2 (rounding) + 127 * 2^-11 * d_true (the f16 scale), i.e. 0.563 d_true;
+it is multiplied by |d_w q_w| <= |w| + |offset|. Formats with a per-block offset m add m * s
+with s the f16 rounding of d_true * sum(q): off from m * sum(x) by |m| (16 d_true + 2^-11 *
+32 * 127 d_true). Float summation adds at most 1e-5 of sum |w x|."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import quantref
+from specdec import _core
+
+TYPES = sorted(quantref.FORMATS)
+
+
+def make_row_data(type_id, nrows, n, seed):
+    rng = np.random.default_rng(seed)
+    qk = quantref.FORMATS[type_id][1]
+    blocks = quantref.random_blocks(type_id, nrows * n // qk, rng)
+    return blocks, rng
+
+
+@pytest.mark.parametrize("type_id", TYPES, ids=[quantref.FORMATS[t][0] for t in TYPES])
+def test_dequantize_exact(type_id):
+    blocks, _ = make_row_data(type_id, 1, 1024, seed=type_id)
+    got = _core.dequantize(type_id, blocks.tobytes(), 1024)
+    ref = quantref.dequantize(type_id, blocks)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-7)
+
+
+def activation_bound(type_id, blocks, w, x):
+    """Per (t, r) bound on |kernel - float64 product| (see the module docstring)."""
+    T, n = x.shape
+    nrows = w.shape[0]
+    xb = x.reshape(T, n // 32, 32).astype(np.float64)
+    d_true = np.abs(xb).max(axis=2) / 127.0                          # (T, nb32)
+    off = quantref.block_offsets(type_id, blocks).reshape(nrows, n // 32).astype(np.float64)
+    wabs = np.abs(w.astype(np.float64)).reshape(nrows, n // 32, 32)
+    per_elem = (wabs + off[:, :, None]).sum(axis=2)                  # (nrows, nb32)
+    b = 0.563 * d_true @ per_elem.T                                  # (T, nrows)
+    b += (d_true * (16 + 32 * 127 / 2048)) @ off.T
+    b += 1e-5 * np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    return b + 1e-6
+
+
+@pytest.mark.parametrize("T", [1, 3, 4, 9])
+@pytest.mark.parametrize("type_id", TYPES, ids=[quantref.FORMATS[t][0] for t in TYPES])
+def test_matmul_within_activation_quantization(type_id, T):
+    nrows, n = 7, 512
+    blocks, rng = make_row_data(type_id, nrows, n, seed=100 + type_id + T)
+    w = quantref.dequantize(type_id, blocks).reshape(nrows, n)
+    x = rng.standard_normal((T, n)).astype(np.float32)
+    x[:, 5] *= 20.0  # an outlier, as real activations have
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    bound = activation_bound(type_id, blocks, w, x)
+    for portable in (False, True):
+        got = _core.matmul_rows(type_id, blocks.tobytes(), nrows, n, x, portable)
+        err = np.abs(got - ref)
+        assert np.all(err <= bound), (portable, float((err / bound).max()))
+        # the bound is a worst case; typical errors are far below it
+        assert float(np.median(err / bound)) < 0.2
+    simd = _core.matmul_rows(type_id, blocks.tobytes(), nrows, n, x, False)
+    port = _core.matmul_rows(type_id, blocks.tobytes(), nrows, n, x, True)
+    np.testing.assert_allclose(simd, port, rtol=1e-5, atol=1e-5 * float(np.abs(port).max()))
+
+
+def test_bound_catches_a_wrong_layout():
+    """The matmul check has power: a kernel reading Q4_1 nibbles in the wrong order (elements
+    0-15 from the high nibbles) is far outside the bound."""
+    type_id = quantref.BY_NAME["Q4_1"]
+    nrows, n = 5, 256
+    blocks, rng = make_row_data(type_id, nrows, n, seed=7)
+    x = rng.standard_normal((2, n)).astype(np.float32)
+    w = quantref.dequantize(type_id, blocks).reshape(nrows, n)
+    swapped = blocks.copy()
+    swapped[:, 4:20] = (blocks[:, 4:20] >> 4) | ((blocks[:, 4:20] & 15) << 4)
+    got = _core.matmul_rows(type_id, swapped.tobytes(), nrows, n, x, False)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.any(np.abs(got - ref) > activation_bound(type_id, blocks, w, x))
+
+
+@pytest.mark.parametrize("type_id", [0, 1, 30], ids=["F32", "F16", "BF16"])
+def test_float_types_matmul(type_id):
+    rng = np.random.default_rng(type_id)
+    nrows, n, T = 6, 80, 5
+    w = rng.standard_normal((nrows, n)).astype(np.float32)
+    if type_id == 1:
+        data, wv = w.astype(np.float16).tobytes(), w.astype(np.float16).astype(np.float64)
+    elif type_id == 30:
+        bits = (w.view(np.uint32) + 0x7FFF + ((w.view(np.uint32) >> 16) & 1)) >> 16
+        data = bits.astype(np.uint16).tobytes()
+        wv = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    else:
+        data, wv = w.tobytes(), w.astype(np.float64)
+    x = rng.standard_normal((T, n)).astype(np.float32)
+    ref = x.astype(np.float64) @ wv.T
+    for portable in (False, True):
+        got = _core.matmul_rows(type_id, data, nrows, n, x, portable)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_argument_errors():
+    with pytest.raises(ValueError, match="bytes"):
+        _core.dequantize(3, b"\0" * 19, 32)
+    with pytest.raises(ValueError, match="multiple"):
+        _core.dequantize(3, b"\0" * 20, 31)
+    with pytest.raises(ValueError, match="no kernels"):
+        _core.dequantize(10, b"\0" * 84, 256)
