@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, hub
 from ._core import KVCache
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -121,18 +121,25 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None) -> 
     """Load a model from a ``.gguf`` file or a Hugging Face model directory.
 
     Args:
-        path: a GGUF v2/v3 file, or a directory with ``config.json`` and ``model.safetensors``
-            (or a sharded ``model.safetensors.index.json``).
+        path: a GGUF v2/v3 file, a directory with ``config.json`` and ``model.safetensors``
+            (or a sharded ``model.safetensors.index.json``), or a model alias such as
+            ``"smollm2-135m-instruct"`` (fetched once into a cache; see :mod:`specdec.hub`).
         device: ``"cpu"``. (The CUDA backend is not available yet.)
         threads: worker threads (default: the cores this process may use).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: ``path`` does not exist and is no alias.
+        OSError: an alias's model could not be downloaded.
         ValueError: the file is malformed, truncated, of an unsupported architecture or type.
     """
     p = os.fspath(path)
     if not os.path.exists(p):
-        raise FileNotFoundError(f"no such model file or directory: '{p}'")
+        if hub.is_alias(p):
+            p = hub.resolve(p)
+        else:
+            raise FileNotFoundError(
+                f"no such model file or directory: '{p}' (known model aliases: "
+                f"{', '.join(hub.known_aliases())})")
     if device != "cpu":
         if device in ("cuda", "gpu") or str(device).startswith("cuda:"):
             raise NotImplementedError(
