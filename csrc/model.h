@@ -46,20 +46,20 @@ typedef struct {
 
 /* Activations of one forward, grown on demand to the largest batch seen. */
 typedef struct {
-    int cap_tokens;  /* T the buffers hold */
-    int cap_attn;    /* attention columns the mask/score buffers hold */
-    float *x;        /* (T, D) residual stream */
-    float *xb;       /* (T, max(D, H*Dh)) normed input / attention output */
-    float *q;        /* (T, H*Dh) */
-    float *k;        /* (T, Hkv*Dh) */
-    float *v;        /* (T, Hkv*Dh) */
-    float *hb;       /* (T, F) gate, then SwiGLU product */
-    float *hb2;      /* (T, F) up */
-    float *rope_cs;  /* (T, Dh) cos/sin pairs per position */
-    uint8_t *mask;   /* (T, cap_attn) effective attention mask */
-    float *scores;   /* (n_threads, cap_attn) */
-    sd_q8_block *xq; /* (T, max(D, H*Dh, F) / 32) quantized activations */
-    float *rowbuf;   /* (n_threads, max row length) dequantized weight rows */
+    int cap_tokens;    /* T the buffers hold */
+    int cap_attn;      /* attention columns the mask/score buffers hold */
+    float *x;          /* (T, D) residual stream */
+    float *xb;         /* (T, max(D, H*Dh)) normed input / attention output */
+    float *q;          /* (T, H*Dh) */
+    float *k;          /* (T, Hkv*Dh) */
+    float *v;          /* (T, Hkv*Dh) */
+    float *hb;         /* (T, F) gate, then SwiGLU product */
+    float *hb2;        /* (T, F) up */
+    float *rope_cs;    /* (T, Dh) cos/sin pairs per position */
+    uint8_t *mask;     /* (T, cap_attn) effective attention mask */
+    float *scores;     /* (n_threads, cap_attn) */
+    unsigned char *xq; /* T rows of SD_Q8_ROW_BYTES(max(D, H*Dh, F)): quantized activations */
+    float *rowbuf;     /* (n_threads, max row length) dequantized weight rows */
 } sd_scratch;
 
 struct sd_model {

@@ -77,7 +77,8 @@ static void matmul_task(void *ctx, int task, int thread) {
                                j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
 }
 
-void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs, sd_q8_block *xq) {
+void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs,
+               unsigned char *xq) {
     matmul_ctx c;
     memset(&c, 0, sizeof(c));
     c.jobs = jobs;
@@ -95,10 +96,10 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
     if (quantized) {
         /* the integer kernels read the activations quantized: once here, for every row */
         for (int t = 0; t < T; t++) {
-            sd_quantize_q8(xq + (size_t)t * (size_t)(n / 32), jobs[0].x + (size_t)t * (size_t)n, n);
+            sd_quantize_q8(xq + (size_t)t * SD_Q8_ROW_BYTES(n), jobs[0].x + (size_t)t * (size_t)n,
+                           n);
         }
         c.acts.xq = xq;
-        c.acts.ldq = n / 32;
     }
     /* about 8 tasks per thread keeps the threads busy to the end without much overhead */
     int nt = sd_threadpool_size(pool);

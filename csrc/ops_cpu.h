@@ -27,8 +27,9 @@ typedef struct {
 } sd_matmul_job;
 
 /* Run n_jobs (<= 4) products over the same input x (same W.cols) in one parallel dispatch.
- * xq: scratch of (T, W.cols / 32) blocks for the quantized activations of quantized weights. */
-void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs, sd_q8_block *xq);
+ * xq: scratch of T * SD_Q8_ROW_BYTES(W.cols) bytes for the quantized activations. */
+void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs,
+               unsigned char *xq);
 
 /* out (T, F) = silu(gate) * up, elementwise; out may alias gate. */
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);

@@ -361,22 +361,21 @@ sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int6
         return sd_set_error(SD_ERR_INVALID_ARG, "need nrows >= 1 and T >= 1");
     }
     SD_TRY(check_size(tr, w_bytes, nrows, n));
-    sd_acts a = {x, n, NULL, 0};
-    sd_q8_block *xq = NULL;
+    sd_acts a = {x, n, NULL};
+    unsigned char *xq = NULL;
     if (tr->dot_q8 != NULL) {
         if (n % 32 != 0) {
             return sd_set_error(SD_ERR_INVALID_ARG, "row length %lld is not a multiple of 32",
                                 (long long)n);
         }
-        xq = malloc((size_t)T * (size_t)(n / 32) * sizeof(sd_q8_block));
+        xq = malloc((size_t)T * SD_Q8_ROW_BYTES(n));
         if (xq == NULL) {
             return sd_set_error(SD_ERR_NOMEM, "out of memory");
         }
         for (int t = 0; t < T; t++) {
-            sd_quantize_q8(xq + (size_t)t * (size_t)(n / 32), x + (size_t)t * (size_t)n, n);
+            sd_quantize_q8(xq + (size_t)t * SD_Q8_ROW_BYTES(n), x + (size_t)t * (size_t)n, n);
         }
         a.xq = xq;
-        a.ldq = n / 32;
     }
     sd_tile_fn tile = portable ? portable_tile(type) : tr->tile;
     tile(y, nrows, w, sd_row_bytes(type, n), nrows, &a, T, n, NULL, 0);

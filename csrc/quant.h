@@ -10,25 +10,38 @@
 
 #include "specdec.h"
 
-/* Activations quantized for integer dot products with quantized weights: 32 values per block,
- * x ~ d * q. The scales are rounded to f16 precision, as llama.cpp's Q8_0/Q8_1 activations are,
- * so products with a quantized model track llama.cpp's arithmetic. */
-typedef struct {
-    float d; /* scale */
-    float s; /* d * sum(q): multiplies the per-block offsets of Q4_1, Q5_1 and K-quants */
-    int8_t q[32];
-} sd_q8_block;
+/* Activations quantized for the integer kernels of quantized weights, one row per token: n
+ * int8 quants, then n/32 f32 scales d, then n/32 f32 values d * sum(q) (which multiply the
+ * per-block offsets of Q4_1, Q5_1 and K-quants); x[i] ~ d[i/32] * q[i]. Scales and sums are
+ * rounded to f16 precision as llama.cpp's Q8_0/Q8_1 activations are, so products with a
+ * quantized model track llama.cpp's arithmetic. Keeping q, d and s in separate arrays lets a
+ * kernel load the scales of eight blocks with one instruction. */
+#define SD_Q8_ROW_BYTES(n) ((size_t)(n) + 2 * sizeof(float) * (size_t)((n) / 32))
 
-/* Quantize n floats (n % 32 == 0) into n / 32 blocks. */
-void sd_quantize_q8(sd_q8_block *dst, const float *x, int64_t n);
+typedef struct {
+    const int8_t *q; /* (n) */
+    const float *d;  /* (n / 32) */
+    const float *s;  /* (n / 32) */
+} sd_q8_row;
+
+static inline sd_q8_row sd_q8_row_at(const unsigned char *rows, int64_t n, int64_t t) {
+    const unsigned char *r = rows + (size_t)t * SD_Q8_ROW_BYTES(n);
+    sd_q8_row v;
+    v.q = (const int8_t *)r;
+    v.d = (const float *)(r + n);
+    v.s = v.d + n / 32;
+    return v;
+}
+
+/* Quantize n floats (n % 32 == 0) into one row of SD_Q8_ROW_BYTES(n) bytes at `dst`. */
+void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n);
 
 /* The activations of one batched matmul: T rows of n floats, and the same rows quantized when
  * the weights are of a quantized type (xq NULL otherwise). */
 typedef struct {
     const float *x; /* (T, ldx) */
     int64_t ldx;
-    const sd_q8_block *xq; /* (T, ldq) */
-    int64_t ldq;
+    const unsigned char *xq; /* T rows of SD_Q8_ROW_BYTES(n) */
 } sd_acts;
 
 /* Convert n elements (n a multiple of the block size) of one row to f32. */
@@ -36,7 +49,7 @@ typedef void (*sd_to_float_fn)(float *dst, const void *src, int64_t n);
 /* sum_i w[i] * x[i] over n elements of one row of a float type and an f32 vector. */
 typedef float (*sd_dot_fn)(const void *w, const float *x, int64_t n);
 /* The same for a quantized row and quantized activations (n / 32 blocks). */
-typedef float (*sd_dot_q8_fn)(const void *w, const sd_q8_block *xq, int64_t n);
+typedef float (*sd_dot_q8_fn)(const void *w, sd_q8_row x, int64_t n);
 
 /* y[t*ldy + r] (= or +=) dot(row r of w, activation row t) (+ bias[r]) for r < nrows, t < T: a
  * tile of a batched matmul, rows row_bytes apart. Each weight row is read once for all T. */
@@ -50,7 +63,7 @@ typedef struct {
     sd_to_float_fn to_float; /* NULL: geometry known, arithmetic not implemented */
     sd_tile_fn tile;         /* NULL likewise */
     sd_dot_fn dot;           /* float types: the scalar dot the portable tile uses */
-    sd_dot_q8_fn dot_q8;     /* quantized types: likewise, against sd_q8_block activations */
+    sd_dot_q8_fn dot_q8;     /* quantized types: likewise, against quantized activations */
 } sd_type_traits;
 
 /* Traits of a ggml type id, or NULL when the id is unknown. */

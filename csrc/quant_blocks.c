@@ -21,7 +21,10 @@ static float round_f16(float x) {
     return sd_f16_to_f32(sd_f32_to_f16(x));
 }
 
-void sd_quantize_q8(sd_q8_block *dst, const float *x, int64_t n) {
+void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n) {
+    int8_t *q = (int8_t *)dst;
+    float *d = (float *)(dst + n);
+    float *s = d + n / 32;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
@@ -29,16 +32,16 @@ void sd_quantize_q8(sd_q8_block *dst, const float *x, int64_t n) {
             float a = fabsf(xb[j]);
             amax = a > amax ? a : amax;
         }
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float db = amax / 127.0f;
+        const float id = db != 0.0f ? 1.0f / db : 0.0f;
         int sum = 0;
         for (int j = 0; j < 32; j++) {
-            int q = (int)nearbyintf(xb[j] * id); /* ties to even, as llama.cpp's AVX2 path */
-            dst[b].q[j] = (int8_t)q;
-            sum += q;
+            int v = (int)nearbyintf(xb[j] * id); /* ties to even, as llama.cpp's AVX2 path */
+            q[32 * b + j] = (int8_t)v;
+            sum += v;
         }
-        dst[b].d = round_f16(d);
-        dst[b].s = round_f16(d * (float)sum);
+        d[b] = round_f16(db);
+        s[b] = round_f16(db * (float)sum);
     }
 }
 
@@ -183,19 +186,21 @@ static inline void to_float_generic(sd_decode_fn decode, int block_size, int typ
 }
 
 static inline float dot_q8_generic(sd_decode_fn decode, int block_size, int type_size,
-                                   const void *w, const sd_q8_block *xq, int64_t n) {
+                                   const void *w, sd_q8_row x, int64_t n) {
     const uint8_t *blk = (const uint8_t *)w;
     sd_sub32 s;
     float acc = 0.0f;
+    int64_t xb = 0;
     for (int64_t b = 0; b < n / block_size; b++, blk += type_size) {
-        for (int sub = 0; sub < block_size / 32; sub++, xq++) {
+        for (int sub = 0; sub < block_size / 32; sub++, xb++) {
             decode(&s, blk, sub);
+            const int8_t *xq = x.q + 32 * xb;
             int lo = 0, hi = 0;
             for (int j = 0; j < 16; j++) {
-                lo += s.q[j] * xq->q[j];
-                hi += s.q[j + 16] * xq->q[j + 16];
+                lo += s.q[j] * xq[j];
+                hi += s.q[j + 16] * xq[j + 16];
             }
-            acc += xq->d * (s.d_lo * (float)lo + s.d_hi * (float)hi) + s.m * xq->s;
+            acc += x.d[xb] * (s.d_lo * (float)lo + s.d_hi * (float)hi) + s.m * x.s[xb];
         }
     }
     return acc;
@@ -205,15 +210,15 @@ static inline float dot_q8_generic(sd_decode_fn decode, int block_size, int type
     void sd_to_float_##sfx(float *dst, const void *src, int64_t n) {                               \
         to_float_generic(sd_decode_##sfx, block_size, type_size, dst, src, n);                     \
     }                                                                                              \
-    float sd_dot_q8_##sfx(const void *w, const sd_q8_block *xq, int64_t n) {                       \
-        return dot_q8_generic(sd_decode_##sfx, block_size, type_size, w, xq, n);                   \
+    float sd_dot_q8_##sfx(const void *w, sd_q8_row x, int64_t n) {                                 \
+        return dot_q8_generic(sd_decode_##sfx, block_size, type_size, w, x, n);                    \
     }                                                                                              \
     void sd_tile_##sfx(float *y, int64_t ldy, const void *w, size_t row_bytes, int64_t nrows,      \
                        const sd_acts *a, int T, int64_t n, const float *bias, int accumulate) {    \
         for (int64_t r = 0; r < nrows; r++) {                                                      \
             const void *row = (const uint8_t *)w + (size_t)r * row_bytes;                          \
             for (int t = 0; t < T; t++) {                                                          \
-                float v = sd_dot_q8_##sfx(row, a->xq + (size_t)t * (size_t)a->ldq, n);             \
+                float v = sd_dot_q8_##sfx(row, sd_q8_row_at(a->xq, n, t), n);                      \
                 v += bias != NULL ? bias[r] : 0.0f;                                                \
                 float *dst = &y[(size_t)t * (size_t)ldy + (size_t)r];                              \
                 *dst = accumulate ? *dst + v : v;                                                  \

@@ -21,7 +21,7 @@ typedef void (*sd_decode_fn)(sd_sub32 *out, const uint8_t *blk, int sub);
 #define SD_DECLARE_QUANT(sfx)                                                                      \
     void sd_decode_##sfx(sd_sub32 *out, const uint8_t *blk, int sub);                              \
     void sd_to_float_##sfx(float *dst, const void *src, int64_t n);                                \
-    float sd_dot_q8_##sfx(const void *w, const sd_q8_block *xq, int64_t n);                        \
+    float sd_dot_q8_##sfx(const void *w, sd_q8_row x, int64_t n);                                  \
     void sd_tile_##sfx(float *y, int64_t ldy, const void *w, size_t row_bytes, int64_t nrows,      \
                        const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
 

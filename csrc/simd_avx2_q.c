@@ -147,17 +147,19 @@ SD_AVX2 SD_INLINE int has_offset(const int f) {
     return f == F_Q4_1 || f == F_Q5_1 || f == F_Q4_K || f == F_Q5_K;
 }
 
-/* One weight row against TT tokens: y[t * ldy] (= or +=) dot + bias. */
+/* One weight row against TT tokens (t0 .. t0 + TT - 1): y[t * ldy] (= or +=) dot + bias. */
 SD_AVX2 SD_INLINE void qrow(const int f, const int TT, const int block_size, const int type_size,
-                            float *y, int64_t ldy, const uint8_t *w, const sd_q8_block *xq,
-                            int64_t ldq, int64_t n, float bias, int accumulate) {
+                            float *y, int64_t ldy, const uint8_t *w, const sd_acts *a, int t0,
+                            int64_t n, float bias, int accumulate) {
     const int subs = block_size / 32;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4];
     float accm[4];
+    sd_q8_row x[4];
     for (int t = 0; t < TT; t++) {
         acc[t] = _mm256_setzero_ps();
         accm[t] = 0.0f;
+        x[t] = sd_q8_row_at(a->xq, n, t0 + t);
     }
     kscales_t ks;
     for (int64_t b = 0; b < n / block_size; b++, w += type_size) {
@@ -169,16 +171,15 @@ SD_AVX2 SD_INLINE void qrow(const int f, const int TT, const int block_size, con
             const __m256i u = is_signed(f) ? _mm256_sign_epi8(d.q, d.q) : d.q;
             const int64_t xb = b * subs + sub;
             for (int t = 0; t < TT; t++) {
-                const sd_q8_block *x = xq + (size_t)t * (size_t)ldq + xb;
-                __m256i xv = _mm256_loadu_si256((const __m256i *)x->q);
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * xb));
                 if (is_signed(f)) {
                     xv = _mm256_sign_epi8(xv, d.q);
                 }
                 const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-                                         _mm256_mul_ps(d.dv, _mm256_set1_ps(x->d)), acc[t]);
+                                         _mm256_mul_ps(d.dv, _mm256_set1_ps(x[t].d[xb])), acc[t]);
                 if (has_offset(f)) {
-                    accm[t] += d.m * x->s;
+                    accm[t] += d.m * x[t].s[xb];
                 }
             }
         }
@@ -201,21 +202,14 @@ SD_AVX2 SD_INLINE void qtile(const int f, const int block_size, const int type_s
         const float bv = bias != NULL ? bias[r] : 0.0f;
         int t = 0;
         for (; t + 4 <= T; t += 4) {
-            qrow(f, 4, block_size, type_size, y + (size_t)t * (size_t)ldy + r, ldy, wr,
-                 a->xq + (size_t)t * (size_t)a->ldq, a->ldq, n, bv, accumulate);
+            qrow(f, 4, block_size, type_size, y + (size_t)t * (size_t)ldy + r, ldy, wr, a, t, n, bv,
+                 accumulate);
         }
         float *yt = y + (size_t)t * (size_t)ldy + r;
-        const sd_q8_block *xt = a->xq + (size_t)t * (size_t)a->ldq;
         switch (T - t) {
-        case 3:
-            qrow(f, 3, block_size, type_size, yt, ldy, wr, xt, a->ldq, n, bv, accumulate);
-            break;
-        case 2:
-            qrow(f, 2, block_size, type_size, yt, ldy, wr, xt, a->ldq, n, bv, accumulate);
-            break;
-        case 1:
-            qrow(f, 1, block_size, type_size, yt, ldy, wr, xt, a->ldq, n, bv, accumulate);
-            break;
+        case 3: qrow(f, 3, block_size, type_size, yt, ldy, wr, a, t, n, bv, accumulate); break;
+        case 2: qrow(f, 2, block_size, type_size, yt, ldy, wr, a, t, n, bv, accumulate); break;
+        case 1: qrow(f, 1, block_size, type_size, yt, ldy, wr, a, t, n, bv, accumulate); break;
         default: break;
         }
     }

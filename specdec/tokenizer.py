@@ -126,7 +126,8 @@ SUPPORTED_GGUF_PRE: Tuple[str, ...] = tuple(sorted(_PRE))
 # ---------------------------------------------------------------------------------------------
 
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
+              "<\uff5cend\u2581of\u2581sentence\uff5c>",
               "<end_of_utterance>")
 _EOM_TEXTS = ("<|eom_id|>",)
 _FIM_PRE_TEXTS = ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>",
@@ -223,7 +224,8 @@ def _clean_spaces(text: bytes) -> bytes:
 # ---------------------------------------------------------------------------------------------
 
 
-def _as_list(meta: Mapping[str, Any], key: str, kind: type, required: bool = True) -> Optional[list]:
+def _as_list(meta: Mapping[str, Any], key: str, kind: type,
+             required: bool = True) -> Optional[list]:
     v = meta.get(key)
     if v is None:
         if required:
@@ -326,8 +328,9 @@ def _llamacpp_specials(texts: Sequence[str], types: List[int], text_to_id: Mappi
 
     # o200k_harmony / solar-open: <|end|> is not end of generation there
     end_id = present("<|end|>")
-    if end_id is not None and (present("<|call|>") is not None or present("<|calls|>") is not None) \
-            and (present("<|return|>") is not None or present("<|flush|>") is not None):
+    has_call = present("<|call|>") is not None or present("<|calls|>") is not None
+    has_return = present("<|return|>") is not None or present("<|flush|>") is not None
+    if end_id is not None and has_call and has_return:
         eog.discard(end_id)
         types[end_id] = TOKEN_USER_DEFINED
     # gemma4 / paddleocr: </s> is not end of generation when <|tool_response> is
@@ -481,7 +484,8 @@ class Tokenizer:
         "spm": U+2581 for spaces, "generic": ask `hf` to decode it).
         """
         if piece_style not in ("bytelevel", "spm", "generic"):
-            raise ValueError(f"piece_style must be 'bytelevel', 'spm' or 'generic', got {piece_style!r}")
+            raise ValueError("piece_style must be 'bytelevel', 'spm' or 'generic', "
+                             f"got {piece_style!r}")
         if len(tokens) != len(types):
             raise ValueError("tokens and types differ in length")
         self._hf = hf
@@ -556,7 +560,7 @@ class Tokenizer:
             add_space_prefix = False
             clean_spaces = pre.clean_spaces
         else:
-            pre = None
+            pre, pre_name = None, ""
             bos_default, eos_default, unk_default = 1, 2, 0
             add_bos_default = True
             add_space_prefix = True
@@ -627,13 +631,13 @@ class Tokenizer:
             raise ValueError(f"cannot build the GGUF tokenizer ({model}): {e}") from e
 
         cls._add_special_tokens(hf, tokens, types)
-        cls._set_post_processor(hf, tokens, bos if add_bos else None, eos if add_eos else None)
+        if add_bos or add_eos:
+            cls._set_post_processor(hf, bos if add_bos else None, eos if add_eos else None)
         return cls(hf, tokens, types, bos_id=bos, eos_id=eos, eog_ids=eog, add_bos=add_bos,
                    add_eos=add_eos, chat_template=_meta_str(meta, "tokenizer.chat_template"),
                    piece_style=piece_style, add_space_prefix=add_space_prefix,
                    clean_spaces=clean_spaces,
-                   source=f"gguf:{model}" + (f"/{_meta_str(meta, 'tokenizer.ggml.pre') or 'default'}"
-                                              if model == "gpt2" else ""))
+                   source=f"gguf:{model}/{pre_name}" if model == "gpt2" else f"gguf:{model}")
 
     @staticmethod
     def _add_special_tokens(hf: "tokenizers.Tokenizer", tokens: Sequence[str],
@@ -650,10 +654,8 @@ class Tokenizer:
             hf.add_tokens(user)
 
     @staticmethod
-    def _set_post_processor(hf: "tokenizers.Tokenizer", tokens: Sequence[str],
-                            bos: Optional[int], eos: Optional[int]) -> None:
-        if bos is None and eos is None:
-            return
+    def _set_post_processor(hf: "tokenizers.Tokenizer", bos: Optional[int],
+                            eos: Optional[int]) -> None:
         single, specials = ["$A"], []
         if bos is not None:
             single.insert(0, "BOS")
@@ -733,17 +735,23 @@ class Tokenizer:
         gen_eos_ids = [i for i in gen_eos_ids if isinstance(i, int) and 0 <= i < n]
         if eos is None and gen_eos_ids:
             eos = gen_eos_ids[0]
-        if bos is None and isinstance(gen.get("bos_token_id"), int) and 0 <= gen["bos_token_id"] < n:
-            bos = gen["bos_token_id"]
+        gen_bos = gen.get("bos_token_id")
+        if bos is None and isinstance(gen_bos, int) and 0 <= gen_bos < n:
+            bos = gen_bos
         text_to_id = {t: i for i, t in enumerate(tokens) if t}
         eog = set(_llamacpp_specials(tokens, types, text_to_id, eos, {}))
         eog.update(gen_eos_ids)
-        if isinstance(cfg.get("add_bos_token"), bool):
-            add_bos = cfg["add_bos_token"]
-        else:
-            probe = hf.encode("a", add_special_tokens=True).ids
-            add_bos = bos is not None and bool(probe) and probe[0] == bos
-        add_eos = bool(cfg.get("add_eos_token", False))
+        # What tokenizer.json's post-processor adds; tokenizer_config.json's add_bos_token /
+        # add_eos_token override it, as transformers' Llama tokenizers do.
+        with_sp = hf.encode("a", add_special_tokens=True).ids
+        extra = len(with_sp) - len(hf.encode("a", add_special_tokens=False).ids)
+        has_bos = extra > 0 and bos is not None and with_sp[0] == bos
+        has_eos = extra > 0 and eos is not None and with_sp[-1] == eos
+        add_bos = cfg["add_bos_token"] if isinstance(cfg.get("add_bos_token"), bool) else has_bos
+        add_eos = cfg["add_eos_token"] if isinstance(cfg.get("add_eos_token"), bool) else has_eos
+        add_bos, add_eos = add_bos and bos is not None, add_eos and eos is not None
+        if (add_bos, add_eos) != (has_bos, has_eos):
+            cls._set_post_processor(hf, bos if add_bos else None, eos if add_eos else None)
 
         template = None
         tpl_file = os.path.join(path, "chat_template.jinja")
@@ -751,7 +759,8 @@ class Tokenizer:
             with open(tpl_file, encoding="utf-8") as f:
                 template = f.read()
         else:
-            template = read_json("chat_template.json").get("chat_template", cfg.get("chat_template"))
+            template = read_json("chat_template.json").get("chat_template",
+                                                           cfg.get("chat_template"))
         if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
             named = {d.get("name"): d.get("template") for d in template if isinstance(d, Mapping)}
             template = named.get("default", next(iter(named.values()), None))
@@ -837,9 +846,12 @@ class Tokenizer:
                 if self._hf.encode_special_tokens != want:
                     self._hf.encode_special_tokens = want
                 enc = self._hf.encode(text, add_special_tokens=bool(add_special))
-        except Exception as e:
-            if isinstance(e, (ValueError, TypeError)):
-                raise
+        except Exception as e:  # tokenizers raises TypeError/its own exceptions
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as u:
+                raise ValueError(
+                    f"text is not valid Unicode ({u.reason} at index {u.start})") from None
             raise ValueError(f"cannot tokenize the text: {e}") from e
         return enc.ids
 
@@ -921,8 +933,8 @@ class Tokenizer:
 
     # ---- chat template -----------------------------------------------------------------------
 
-    def apply_chat_template(self, messages: List[Dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
+    def apply_chat_template(self, messages: List[Dict[str, Any]],
+                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """Render the chat template over `messages` (list of {"role": str, "content": str}),
         as `transformers`' apply_chat_template does: Jinja2 in an immutable sandbox with
         trim_blocks/lstrip_blocks, the ``raise_exception`` and ``strftime_now`` globals, the
