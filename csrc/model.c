@@ -503,6 +503,8 @@ void sd_model_free(sd_model *m) {
     free(m->w.layers);
     free(m->vectors);
     free(m->rope_freq);
+    free(m->pieces);
+    free(m->piece_off);
     sd_gguf_close(m->gguf);
     sd_st_close(m->st);
     free(m);
@@ -594,5 +596,36 @@ sd_status sd_model_metadata_entry(const sd_model *m, int i, const char **key, in
     *key = kv->key;
     *type = (int)kv->type;
     *value = kv->raw;
+    return SD_OK;
+}
+
+sd_status sd_model_set_token_pieces(sd_model *m, const char *const *pieces, const size_t *lens,
+                                    int n) {
+    if (n != m->cfg.vocab_size) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "%d token pieces given for a vocabulary of %d", n,
+                            m->cfg.vocab_size);
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += lens[i];
+    }
+    char *buf = malloc(total > 0 ? total : 1);
+    size_t *off = malloc(((size_t)n + 1) * sizeof(size_t));
+    if (buf == NULL || off == NULL) {
+        free(buf);
+        free(off);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory storing token pieces");
+    }
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = o;
+        memcpy(buf + o, pieces[i], lens[i]);
+        o += lens[i];
+    }
+    off[n] = o;
+    free(m->pieces);
+    free(m->piece_off);
+    m->pieces = buf;
+    m->piece_off = off;
     return SD_OK;
 }

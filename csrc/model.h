@@ -71,6 +71,8 @@ struct sd_model {
     double *rope_freq; /* (Dh/2) inverse frequencies */
     sd_threadpool *pool;
     sd_scratch s;
+    char *pieces;      /* token piece bytes, back to back (sd_model_set_token_pieces) */
+    size_t *piece_off; /* (V + 1) offsets into pieces, or NULL */
     size_t weight_bytes;
 };
 

@@ -345,27 +345,96 @@ static PyObject *model_new_cache(ModelObject *self, PyObject *args) {
     return (PyObject *)c;
 }
 
-/* generate(prompt, max_new_tokens, temperature, seed, stop_ids) -> list[int] */
+/* A list of bytes objects as C views, valid while `seq` lives. */
+typedef struct {
+    PyObject *seq;
+    const char **ptrs;
+    size_t *lens;
+    Py_ssize_t n;
+} bytes_list;
+
+static void bytes_list_free(bytes_list *b) {
+    Py_XDECREF(b->seq);
+    PyMem_Free(b->ptrs);
+    PyMem_Free(b->lens);
+    memset(b, 0, sizeof(*b));
+}
+
+static int bytes_list_from(bytes_list *b, PyObject *obj, const char *what) {
+    memset(b, 0, sizeof(*b));
+    b->seq = PySequence_Fast(obj, what);
+    if (b->seq == NULL) {
+        return -1;
+    }
+    b->n = PySequence_Fast_GET_SIZE(b->seq);
+    b->ptrs = PyMem_Malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(char *));
+    b->lens = PyMem_Malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(size_t));
+    if (b->ptrs == NULL || b->lens == NULL) {
+        bytes_list_free(b);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(b->seq, i);
+        char *ptr = NULL;
+        Py_ssize_t len = 0;
+        if (PyBytes_AsStringAndSize(item, &ptr, &len) < 0) {
+            bytes_list_free(b);
+            PyErr_Format(PyExc_TypeError, "%s must be a sequence of bytes", what);
+            return -1;
+        }
+        b->ptrs[i] = ptr;
+        b->lens[i] = (size_t)len;
+    }
+    return 0;
+}
+
+static PyObject *model_set_token_pieces(ModelObject *self, PyObject *arg) {
+    bytes_list b;
+    if (bytes_list_from(&b, arg, "token pieces") < 0) {
+        return NULL;
+    }
+    if (b.n > INT32_MAX || model_enter(self) < 0) {
+        bytes_list_free(&b);
+        return NULL;
+    }
+    sd_status st = sd_model_set_token_pieces(self->model, b.ptrs, b.lens, (int)b.n);
+    model_leave(self);
+    bytes_list_free(&b);
+    if (st != SD_OK) {
+        return raise_status(st);
+    }
+    Py_RETURN_NONE;
+}
+
+/* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings)
+ *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string") */
 static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"prompt", "max_new_tokens", "temperature", "seed", "stop_ids", NULL};
-    PyObject *prompt_obj = NULL, *stop_obj = Py_None;
+    static char *kwlist[] = {"prompt",   "max_new_tokens", "temperature", "seed",
+                             "stop_ids", "stop_strings",   NULL};
+    PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
     int max_new = 16;
     float temperature = 0.0f;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKO:generate", kwlist, &prompt_obj, &max_new,
-                                     &temperature, &seed, &stop_obj)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOO:generate", kwlist, &prompt_obj, &max_new,
+                                     &temperature, &seed, &stop_obj, &strings_obj)) {
         return NULL;
     }
     int32_t *prompt = NULL, *stops = NULL, *out = NULL;
     Py_ssize_t n_prompt = 0, n_stops = 0;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *list = NULL;
+    bytes_list strings;
+    memset(&strings, 0, sizeof(strings));
     if ((prompt = tokens_from(prompt_obj, "prompt", &n_prompt)) == NULL) {
         goto done;
     }
     if (stop_obj != Py_None && (stops = tokens_from(stop_obj, "stop_ids", &n_stops)) == NULL) {
         goto done;
     }
-    if (n_prompt > INT32_MAX || n_stops > INT32_MAX) {
+    if (strings_obj != Py_None && bytes_list_from(&strings, strings_obj, "stop_strings") < 0) {
+        goto done;
+    }
+    if (n_prompt > INT32_MAX || n_stops > INT32_MAX || strings.n > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "sequence too long");
         goto done;
     }
@@ -383,27 +452,38 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     p.seed = (uint64_t)seed;
     p.stop_ids = stops;
     p.n_stop_ids = (int)n_stops;
+    p.stop_strings = strings.ptrs;
+    p.stop_lens = strings.lens;
+    p.n_stop_strings = (int)strings.n;
     int n_out = 0;
+    sd_finish_reason reason = SD_FINISH_LENGTH;
     sd_status st;
-    Py_BEGIN_ALLOW_THREADS st = sd_generate(out, &n_out, self->model, prompt, (int)n_prompt, &p);
+    Py_BEGIN_ALLOW_THREADS st =
+        sd_generate(out, &n_out, &reason, self->model, prompt, (int)n_prompt, &p);
     Py_END_ALLOW_THREADS model_leave(self);
     if (st != SD_OK) {
         raise_status(st);
         goto done;
     }
-    result = PyList_New(n_out);
-    for (int i = 0; result != NULL && i < n_out; i++) {
+    list = PyList_New(n_out);
+    for (int i = 0; list != NULL && i < n_out; i++) {
         PyObject *v = PyLong_FromLong(out[i]);
         if (v == NULL) {
-            Py_CLEAR(result);
+            Py_CLEAR(list);
             break;
         }
-        PyList_SET_ITEM(result, i, v);
+        PyList_SET_ITEM(list, i, v);
+    }
+    if (list != NULL) {
+        const char *names[] = {"length", "stop_token", "stop_string"};
+        result = Py_BuildValue("(Os)", list, names[reason]);
     }
 done:
+    Py_XDECREF(list);
     PyMem_Free(prompt);
     PyMem_Free(stops);
     PyMem_Free(out);
+    bytes_list_free(&strings);
     return result;
 }
 
@@ -529,7 +609,10 @@ static PyMethodDef model_methods[] = {
      "forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> ndarray"},
     {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
     {"generate", (PyCFunction)(void (*)(void))model_generate, METH_VARARGS | METH_KEYWORDS,
-     "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None) -> list"},
+     "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None, "
+     "stop_strings=None) -> (tokens, finish_reason)"},
+    {"set_token_pieces", (PyCFunction)model_set_token_pieces, METH_O,
+     "set_token_pieces(list of bytes): the bytes of every token id, for stop strings"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -177,6 +177,12 @@ sd_status sd_forward(sd_model *model, sd_kv_cache *kv, const sd_batch *batch, fl
 
 /* ---- decoding -------------------------------------------------------------------------------- */
 
+/* The bytes each token id stands for (its "piece"), so the decoding loop can watch the output
+ * text for stop strings without leaving C. pieces[i] is lens[i] bytes; n must equal the vocab
+ * size. The model keeps a copy. */
+sd_status sd_model_set_token_pieces(sd_model *model, const char *const *pieces, const size_t *lens,
+                                    int n);
+
 typedef struct {
     int max_new_tokens;      /* >= 0 */
     float temperature;       /* 0 = greedy (argmax, lowest id on ties); > 0 = sample softmax(l/T) */
@@ -184,15 +190,27 @@ typedef struct {
                               * (seed, i), so a seed reproduces a run whatever the thread count */
     const int32_t *stop_ids; /* (n_stop_ids) tokens that end generation (emitted, then stop) */
     int n_stop_ids;
+    /* (n_stop_strings) byte strings: generation stops after the token whose piece completes one
+     * of them in the output (the caller trims the text); needs sd_model_set_token_pieces */
+    const char *const *stop_strings;
+    const size_t *stop_lens;
+    int n_stop_strings;
 } sd_generate_params;
 
 sd_generate_params sd_generate_default_params(void);
 
+typedef enum {
+    SD_FINISH_LENGTH = 0,     /* max_new_tokens reached */
+    SD_FINISH_STOP_TOKEN = 1, /* the last token is one of stop_ids */
+    SD_FINISH_STOP_STRING = 2 /* the output text now contains a stop string */
+} sd_finish_reason;
+
 /* Autoregressive decoding: prefill `prompt` (n_prompt >= 1 tokens) into a fresh cache, then
- * emit up to max_new_tokens tokens into `out` ((max_new_tokens)); *n_out receives the count.
- * n_prompt + max_new_tokens must not exceed the context length. */
-sd_status sd_generate(int32_t *out, int *n_out, sd_model *model, const int32_t *prompt,
-                      int n_prompt, const sd_generate_params *params);
+ * emit up to max_new_tokens tokens into `out` ((max_new_tokens)); *n_out receives the count and
+ * *reason (may be NULL) why it stopped. n_prompt + max_new_tokens must not exceed the context
+ * length. */
+sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_model *model,
+                      const int32_t *prompt, int n_prompt, const sd_generate_params *params);
 
 /* ---- kernel checks --------------------------------------------------------------------------- */
 

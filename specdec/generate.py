@@ -5,17 +5,22 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .model import Model, TokenIds
+
+Messages = List[Dict[str, Any]]
+Prompt = Union[str, Messages, TokenIds]
 
 
 @dataclass
 class Generation:
     """The result of :func:`generate`."""
 
-    tokens: List[int]                 # the new tokens
+    tokens: List[int]                 # the new tokens (a final stop token included)
     prompt_tokens: List[int] = field(default_factory=list)
+    text: Optional[str] = None        # the new text, when the model has a tokenizer
+    finish_reason: str = "length"     # "length", "stop_token" or "stop_string"
     time_s: float = 0.0               # wall time of the whole call (prefill included)
 
     @property
@@ -24,21 +29,38 @@ class Generation:
         return len(self.tokens) / self.time_s if self.time_s > 0 else 0.0
 
 
-def generate(model: Model, prompt_tokens: TokenIds, max_new_tokens: int = 16,
-             temperature: float = 0.0, seed: Optional[int] = None,
-             stop_tokens: Optional[Sequence[int]] = None) -> Generation:
-    """Generate up to ``max_new_tokens`` tokens after ``prompt_tokens``.
+def encode_prompt(model: Model, prompt: Prompt) -> List[int]:
+    """Token ids of a prompt: ids as given; a string encoded (special tokens such as
+    ``<|im_start|>`` recognised); a list of chat messages rendered with the model's chat
+    template (generation prompt added) and encoded."""
+    if isinstance(prompt, str):
+        tok = model.require_tokenizer()
+        return tok.encode(prompt, add_special=True)
+    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        tok = model.require_tokenizer()
+        return tok.encode(tok.apply_chat_template(list(prompt), add_generation_prompt=True))
+    return prompt  # ids: validated by the C boundary
+
+
+def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: float = 0.0,
+             seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
+             stop: Optional[Sequence[str]] = None) -> Generation:
+    """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
     Args:
         model: from :func:`specdec.load`.
-        prompt_tokens: at least one token id.
+        prompt: token ids, a string, or a list of chat messages
+            (``[{"role": "user", "content": "..."}]``, rendered with the model's chat template);
+            text needs a model with a tokenizer.
         max_new_tokens: upper bound on new tokens (>= 0); prompt + new tokens must fit in the
             context length.
         temperature: 0 for greedy decoding (argmax, lowest id on ties); > 0 samples from
             softmax(logits / temperature).
         seed: makes sampling reproducible (same seed, same tokens, whatever the thread count);
             None draws a fresh seed.
-        stop_tokens: token ids that end generation; the stop token is included in the output.
+        stop_tokens: token ids that end generation (the stop token is the last of ``tokens``).
+            Default: the model's end-of-generation tokens when it has a tokenizer, else none.
+        stop: strings that end generation; ``text`` is cut before the first one.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
@@ -48,10 +70,28 @@ def generate(model: Model, prompt_tokens: TokenIds, max_new_tokens: int = 16,
         seed = int.from_bytes(os.urandom(8), "little")
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not all(isinstance(s, str) and s for s in stop):
+        raise ValueError("stop must be a list of non-empty strings")
+    tok = model.tokenizer
+    if stop and tok is None:
+        model.require_tokenizer()
+    if stop_tokens is None and tok is not None:
+        stop_tokens = sorted(tok.eog_ids)
+    ids = encode_prompt(model, prompt)
     t0 = time.perf_counter()
-    # the C boundary validates the ids (integers, in range) before any work
-    tokens = model._core.generate(prompt_tokens, max_new_tokens, float(temperature), seed,
-                                  None if stop_tokens is None else list(stop_tokens))
+    tokens, reason = model._core.generate(
+        ids, max_new_tokens, float(temperature), seed,
+        None if stop_tokens is None else list(stop_tokens),
+        None if not stop else [s.encode("utf-8") for s in stop])
     elapsed = time.perf_counter() - t0
-    return Generation(tokens=tokens, prompt_tokens=[int(t) for t in prompt_tokens],
-                      time_s=elapsed)
+    text = None
+    if tok is not None:
+        body = tokens[:-1] if reason == "stop_token" else tokens
+        text = tok.decode(body)
+        if reason == "stop_string":
+            cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+            text = text[:cut]
+    return Generation(tokens=tokens, prompt_tokens=[int(t) for t in ids], text=text,
+                      finish_reason=reason, time_s=elapsed)

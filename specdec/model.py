@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from . import _core, hub
 from ._core import KVCache
+from .tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 
 PathLike = Union[str, "os.PathLike[str]"]
 TokenIds = Union[Sequence[int], np.ndarray]
@@ -48,6 +50,40 @@ class Model:
         self.path = path
         self.device = device
         self.config = ModelConfig(**core.config)
+        self._tokenizer: Optional[Tokenizer] = None
+        self._tokenizer_loaded = False
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer(self) -> Optional[Tokenizer]:
+        """The model's tokenizer and chat template (from the GGUF metadata, or tokenizer.json
+        in a Hugging Face directory), built on first use; None when the file has none."""
+        with self._lock:
+            if not self._tokenizer_loaded:
+                if os.path.isdir(self.path):
+                    tok = Tokenizer.from_hf_dir(self.path)
+                else:
+                    tok = tokenizer_from_gguf_metadata(self._core.gguf_metadata())
+                if tok is not None and tok.vocab_size > self.config.vocab_size:
+                    raise ValueError(f"{self.path}: the tokenizer has {tok.vocab_size} tokens, "
+                                     f"more than the model's vocabulary of "
+                                     f"{self.config.vocab_size}")
+                if tok is not None:
+                    n = self.config.vocab_size
+                    pieces = [tok.token_to_piece(i) if i < tok.vocab_size else b""
+                              for i in range(n)]
+                    self._core.set_token_pieces(pieces)
+                self._tokenizer = tok
+                self._tokenizer_loaded = True
+            return self._tokenizer
+
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer, or a ValueError saying the model has none."""
+        tok = self.tokenizer
+        if tok is None:
+            raise ValueError(f"{self.path} has no tokenizer, so it cannot take or produce "
+                             f"text: pass token ids instead")
+        return tok
 
     def __repr__(self) -> str:
         c = self.config
