@@ -59,7 +59,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         seed: makes sampling reproducible (same seed, same tokens, whatever the thread count);
             None draws a fresh seed.
         stop_tokens: token ids that end generation (the stop token is the last of ``tokens``).
-            Default: the model's end-of-generation tokens when it has a tokenizer, else none.
+            Default: the model's end-of-generation tokens (from its tokenizer, else the
+            end-of-sequence id its file names, else none).
         stop: strings that end generation; ``text`` is cut before the first one.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -74,11 +75,18 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         stop = [stop]
     if stop is not None and not all(isinstance(s, str) and s for s in stop):
         raise ValueError("stop must be a list of non-empty strings")
-    tok = model.tokenizer
-    if stop and tok is None:
+    text_in = isinstance(prompt, str) or (
+        isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict))
+    try:
+        tok = model.tokenizer
+    except ValueError:
+        if text_in or stop:
+            raise
+        tok = None  # an unsupported tokenizer does not stop decoding from token ids
+    if (stop or text_in) and tok is None:
         model.require_tokenizer()
-    if stop_tokens is None and tok is not None:
-        stop_tokens = sorted(tok.eog_ids)
+    if stop_tokens is None:
+        stop_tokens = sorted(tok.eog_ids) if tok is not None else model.eos_ids()
     ids = encode_prompt(model, prompt)
     t0 = time.perf_counter()
     tokens, reason = model._core.generate(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -76,6 +76,13 @@ class Model:
                 self._tokenizer = tok
                 self._tokenizer_loaded = True
             return self._tokenizer
+
+    def eos_ids(self) -> List[int]:
+        """End-of-sequence ids named by the file's metadata, without building a tokenizer."""
+        if os.path.isdir(self.path):
+            return []
+        v = self._core.gguf_metadata().get("tokenizer.ggml.eos_token_id")
+        return [v] if isinstance(v, int) and 0 <= v < self.config.vocab_size else []
 
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer, or a ValueError saying the model has none."""

@@ -53,7 +53,7 @@ def test_greedy_matches_reference(tiny, spec, prompt):
     """temperature 0 generate == the reference argmax chain."""
     t = tiny(*spec)
     m = load(t)
-    g = specdec.generate(m, prompt, max_new_tokens=N_NEW, temperature=0.0)
+    g = specdec.generate(m, prompt, max_new_tokens=N_NEW, temperature=0.0, stop_tokens=[])
     assert g.tokens == ref_chain(t, prompt)
 
 
@@ -63,7 +63,7 @@ def test_greedy_default_is_greedy_and_longer_prompt(tiny):
     t = tiny("llama_gqa2", "hf-f32")
     m = load(t)
     prompt = random_tokens(t.cfg.vocab, 20, seed=40)
-    g = specdec.generate(m, prompt)
+    g = specdec.generate(m, prompt, stop_tokens=[])
     assert g.tokens == ref_chain(t, prompt, 16)
 
 
@@ -78,7 +78,7 @@ def test_greedy_ties_pick_lowest_id(tmp_path):
     files = tm.write_hf(tmp_path / "ties", cfg, w)
     m = specdec.load(str(files.dir))
     prompt = [3, 1, 4, 1, 5]
-    g = specdec.generate(m, prompt, max_new_tokens=N_NEW)
+    g = specdec.generate(m, prompt, max_new_tokens=N_NEW, stop_tokens=[])
     assert all(x % 2 == 0 for x in g.tokens), g.tokens
     assert g.tokens == reference.greedy(w, cfg, prompt, N_NEW)
 
@@ -146,7 +146,8 @@ def test_sampling_reproducible(llama_gguf):
     m.threads = 1
     c = specdec.generate(m, prompt, max_new_tokens=10, temperature=1.0, seed=1234).tokens
     assert c == a
-    cold = specdec.generate(m, prompt, max_new_tokens=N_NEW, temperature=1e-4, seed=7).tokens
+    cold = specdec.generate(m, prompt, max_new_tokens=N_NEW, temperature=1e-4, seed=7,
+                            stop_tokens=[]).tokens
     assert cold == ref_chain(llama_gguf, prompt)
 
 
@@ -156,3 +157,15 @@ def test_sampling_seeds_differ(llama_gguf):
     runs = {tuple(specdec.generate(m, [1, 2], max_new_tokens=8, temperature=2.0, seed=s).tokens)
             for s in range(6)}
     assert len(runs) > 1
+
+
+def test_default_stops_at_the_files_end_of_sequence(tiny):
+    """Without stop_tokens, generation ends at the end-of-sequence id the GGUF names
+    (tokenizer.ggml.eos_token_id = 2 in the test files), emitting it last."""
+    t = tiny("qwen2_odd_tied", "gguf-f32-v2-align64")
+    m = load(t)
+    prompt = [5, 9, 2]
+    chain = ref_chain(t, prompt)
+    assert 2 in chain, "the fixture's chain must reach the end-of-sequence id"
+    g = specdec.generate(m, prompt, max_new_tokens=N_NEW)
+    assert g.tokens == chain[: chain.index(2) + 1] and g.finish_reason == "stop_token"
