@@ -1,4 +1,7 @@
-"""Command line: ``specdec demo`` (or ``python -m specdec demo``), ``specdec run``, ``specdec info``.
+"""Command line: ``specdec chat``, ``specdec demo``, ``specdec run``, ``specdec info`` (or
+``python -m specdec ...``).
+
+``chat`` answers a prompt with a chat model (default: SmolLM2-135M-Instruct, fetched once).
 
 ``demo`` writes a model with random weights of a named shape to a temporary directory, loads it
 and decodes greedily: the whole pipeline (GGUF writing and loading, the C forward pass, the
@@ -14,6 +17,8 @@ import tempfile
 import time
 from typing import List, Optional
 
+from .hub import DEFAULT_MODEL
+
 
 def _print_generation(model, prompt: List[int], gen) -> None:
     print(f"model   : {model}")
@@ -21,6 +26,27 @@ def _print_generation(model, prompt: List[int], gen) -> None:
     print(f"tokens  : {gen.tokens}")
     print(f"speed   : {len(gen.tokens)} tokens in {gen.time_s:.3f} s = "
           f"{gen.tokens_per_s:.1f} tokens/s (prefill included, {model.threads} threads)")
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import specdec
+
+    t0 = time.perf_counter()
+    model = specdec.load(args.model, threads=args.threads)
+    tok = model.require_tokenizer()
+    load_s = time.perf_counter() - t0
+    messages = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    messages.append({"role": "user", "content": args.prompt})
+    gen = specdec.generate(model, messages, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, seed=args.seed)
+    print(gen.text)
+    print(f"\n[{os.path.basename(model.path)}: {len(gen.prompt_tokens)} prompt tokens, "
+          f"{len(gen.tokens)} new tokens in {gen.time_s:.2f} s = {gen.tokens_per_s:.1f} tokens/s "
+          f"(prefill included), {model.threads} threads, finish: {gen.finish_reason}; "
+          f"load {load_s:.2f} s, tokenizer vocab {tok.vocab_size}]", file=sys.stderr)
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -79,6 +105,17 @@ def cmd_info(args: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("chat", help="answer a prompt with a chat model")
+    c.add_argument("prompt", help="the user message")
+    c.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"a model alias, .gguf file or HF directory (default: {DEFAULT_MODEL})")
+    c.add_argument("--system", default=None, help="a system message")
+    c.add_argument("--max-new-tokens", type=int, default=256)
+    c.add_argument("--temperature", type=float, default=0.0)
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--threads", type=int, default=None)
+    c.set_defaults(func=cmd_chat)
 
     d = sub.add_parser("demo", help="decode with a random model of a named shape (no download)")
     d.add_argument("--shape", default="tiny", help="tiny | smollm2-135m (default: tiny)")
