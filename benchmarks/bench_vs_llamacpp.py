@@ -13,9 +13,9 @@ quantized kernels are missing: ValueError "... has type Q8_0, which specdec cann
 yet"), specdec's columns read "n/a" and the reason is printed; the llama.cpp half still runs.
 
 What is timed (time.perf_counter around exactly this, nothing else), per engine and thread
-count; every measurement is repeated --repeats times, engines interleaved (specdec, llama.cpp,
-then llama.cpp, specdec in the next repeat, ...), thread counts interleaved within a repeat;
-the table shows medians:
+count, after one untimed warm-up of each; every measurement is repeated --repeats times,
+engines interleaved (specdec, llama.cpp, then llama.cpp, specdec in the next repeat, ...),
+thread counts interleaved within a repeat; the table shows medians:
 
 * prefill: one forward over --prefill (512) fixed synthetic token ids (a deterministic
   sequence of ordinary vocabulary ids, no specials), positions 0..511, logits of the last
@@ -263,6 +263,17 @@ def main(argv=None) -> None:
     prefill_toks = synthetic_tokens(args.prefill, salt=1)
     decode_prompt = synthetic_tokens(args.decode_prompt, salt=2)
     verify_prefix = synthetic_tokens(args.verify_context, salt=3)
+
+    # Untimed warm-up of every engine and thread count: the first forward of a llama.cpp
+    # context (and of specdec) pays page faults of the mapped weights, weight repacking and
+    # buffer allocation, and would otherwise land in the first repeat.
+    for t in threads:
+        for e in engines:
+            e.set_threads(t)
+            e.prefill(prefill_toks)
+            e.decode(decode_prompt, 8)
+            if sizes:
+                e.verify(verify_prefix, [1, max(sizes)], 1)
 
     raw = {e.name: {t: {"prefill": [], "decode": [], "verify": {T: [] for T in sizes}}
                     for t in threads} for e in engines}

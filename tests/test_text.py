@@ -121,3 +121,20 @@ def test_model_without_tokenizer_rejects_text(tiny):
 def test_bad_stop_argument(text_model):
     with pytest.raises(ValueError, match="stop"):
         specdec.generate(text_model, "hi", stop=[""])
+
+
+def test_cli_chat_on_a_model_file(text_model):
+    """`specdec chat --model FILE PROMPT`: prints the answer, then a speed line on stderr."""
+    import subprocess
+    import sys
+
+    from test_robustness import child_env
+
+    res = subprocess.run([sys.executable, "-m", "specdec", "chat", "--model", text_model.path,
+                          "--max-new-tokens", "6", "hello there"],
+                         capture_output=True, text=True, timeout=120, env=child_env())
+    assert res.returncode == 0, res.stderr
+    g = specdec.generate(text_model, [{"role": "user", "content": "hello there"}],
+                         max_new_tokens=6)
+    assert res.stdout.startswith(g.text)
+    assert "tokens/s" in res.stderr and "new tokens" in res.stderr

