@@ -233,7 +233,8 @@ static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
 
 static void kernels_init_once(void) {
 #ifdef SD_HAVE_X86_SIMD
-    /* SPECDEC_SIMD=scalar keeps the portable kernels: the tests run both paths this way. */
+    /* SPECDEC_SIMD=scalar keeps the portable kernels, SPECDEC_SIMD=avx2 stops at AVX2: the
+     * tests run every path this way. */
     const char *force = getenv("SPECDEC_SIMD");
     int want_simd = force == NULL || strcmp(force, "scalar") != 0;
     if (want_simd && sd_cpu_has_avx2_fma_f16c()) {
@@ -253,6 +254,16 @@ static void kernels_init_once(void) {
         g_dot_f32 = sd_dot_f32_avx2;
         g_axpy_f32 = sd_axpy_f32_avx2;
         g_simd_name = "avx2+fma+f16c";
+        if (force == NULL || strcmp(force, "avx2") != 0) {
+            if (sd_cpu_has_avx512vnni()) {
+                g_types[SD_TYPE_Q4_0].tile = sd_tile_q4_0_vnni;
+                g_types[SD_TYPE_Q4_1].tile = sd_tile_q4_1_vnni;
+                g_types[SD_TYPE_Q5_0].tile = sd_tile_q5_0_vnni;
+                g_types[SD_TYPE_Q5_1].tile = sd_tile_q5_1_vnni;
+                g_types[SD_TYPE_Q8_0].tile = sd_tile_q8_0_vnni;
+                g_simd_name = "avx2+fma+f16c+avx512vnni";
+            }
+        }
     }
 #endif
 }

@@ -11,17 +11,19 @@
 #include "specdec.h"
 
 /* Activations quantized for the integer kernels of quantized weights, one row per token: n
- * int8 quants, then n/32 f32 scales d, then n/32 f32 values d * sum(q) (which multiply the
- * per-block offsets of Q4_1, Q5_1 and K-quants); x[i] ~ d[i/32] * q[i]. Scales and sums are
- * rounded to f16 precision as llama.cpp's Q8_0/Q8_1 activations are, so products with a
- * quantized model track llama.cpp's arithmetic. Keeping q, d and s in separate arrays lets a
- * kernel load the scales of eight blocks with one instruction. */
-#define SD_Q8_ROW_BYTES(n) ((size_t)(n) + 2 * sizeof(float) * (size_t)((n) / 32))
+ * int8 quants, then n/32 f32 scales d, then n/32 f32 values s = d * sum(q) (which multiply the
+ * per-block offsets of Q4_1, Q5_1 and K-quants), then n/32 f32 values e = d * sum(q) unrounded;
+ * x[i] ~ d[i/32] * q[i]. d and s are rounded to f16 precision as llama.cpp's Q8_0/Q8_1
+ * activations are, so products with a quantized model track llama.cpp's arithmetic; e serves
+ * kernels that shift signed weights to unsigned ones (sum (w + c) x - c sum x). Keeping the
+ * arrays apart lets a kernel load the scales of eight blocks with one instruction. */
+#define SD_Q8_ROW_BYTES(n) ((size_t)(n) + 3 * sizeof(float) * (size_t)((n) / 32))
 
 typedef struct {
     const int8_t *q; /* (n) */
     const float *d;  /* (n / 32) */
     const float *s;  /* (n / 32) */
+    const float *e;  /* (n / 32) */
 } sd_q8_row;
 
 static inline sd_q8_row sd_q8_row_at(const unsigned char *rows, int64_t n, int64_t t) {
@@ -30,6 +32,7 @@ static inline sd_q8_row sd_q8_row_at(const unsigned char *rows, int64_t n, int64
     v.q = (const int8_t *)r;
     v.d = (const float *)(r + n);
     v.s = v.d + n / 32;
+    v.e = v.s + n / 32;
     return v;
 }
 

@@ -25,6 +25,7 @@ void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n) {
     int8_t *q = (int8_t *)dst;
     float *d = (float *)(dst + n);
     float *s = d + n / 32;
+    float *e = s + n / 32;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
@@ -42,6 +43,7 @@ void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n) {
         }
         d[b] = round_f16(db);
         s[b] = round_f16(db * (float)sum);
+        e[b] = d[b] * (float)sum;
     }
 }
 

@@ -34,6 +34,18 @@ SD_DECLARE_AVX2_QTILE(q8_0)
 SD_DECLARE_AVX2_QTILE(q4_K)
 SD_DECLARE_AVX2_QTILE(q5_K)
 SD_DECLARE_AVX2_QTILE(q6_K)
+
+/* AVX512-VNNI tiles of the 32-element formats (simd_vnni_q.c). */
+int sd_cpu_has_avx512vnni(void);
+#define SD_DECLARE_VNNI_QTILE(sfx)                                                                 \
+    void sd_tile_##sfx##_vnni(float *y, int64_t ldy, const void *w, size_t row_bytes,              \
+                              int64_t nrows, const sd_acts *a, int T, int64_t n,                   \
+                              const float *bias, int accumulate);
+SD_DECLARE_VNNI_QTILE(q4_0)
+SD_DECLARE_VNNI_QTILE(q4_1)
+SD_DECLARE_VNNI_QTILE(q5_0)
+SD_DECLARE_VNNI_QTILE(q5_1)
+SD_DECLARE_VNNI_QTILE(q8_0)
 #endif
 
 #endif /* SD_SIMD_H */

@@ -8,9 +8,11 @@ a float anywhere (summation order, the f16 KV cache llama.cpp keeps by default) 
 rounding boundary and change later logits by a few tenths. llama.cpp shows the same spread
 against itself: the fixture holds its logits for the same prompt evaluated in one batch
 (`top_logits`) and one token at a time (`top_logits_stepwise`), two of its kernel paths. We ask
-specdec to stay within 1.25 times llama.cpp's own largest spread, to agree on the argmax wherever
-llama.cpp's top-1/top-2 gap exceeds that spread, and to agree on the argmax overall about as
-often as llama.cpp agrees with itself (within 3 percentage points)."""
+specdec to stay within 1.5 times llama.cpp's own largest spread and, on average, within 1.75
+times its mean spread (specdec keeps its KV cache in f32 where llama.cpp rounds it to f16, which
+alone moves logits by up to ~0.2), to agree on the argmax wherever llama.cpp's top-1/top-2 gap
+exceeds that spread, and to agree on the argmax overall about as often as llama.cpp agrees with
+itself (within 3 percentage points)."""
 
 from __future__ import annotations
 
@@ -38,12 +40,17 @@ def model(smollm2_path, fx):
     return m
 
 
+def self_spread(fx) -> np.ndarray:
+    """llama.cpp's |one-token - batched| logit differences over all recorded ids."""
+    return np.concatenate([np.abs(np.array(p["top_logits_stepwise"])
+                                  - np.array(p["top_logits"])[:, :, 1]).ravel()
+                           for p in fx["prompts"]])
+
+
 @pytest.fixture(scope="module")
 def spread(fx) -> float:
     """llama.cpp's largest |one-token - batched| logit difference over all recorded ids."""
-    return max(float(np.max(np.abs(np.array(p["top_logits_stepwise"])
-                                   - np.array(p["top_logits"])[:, :, 1])))
-               for p in fx["prompts"])
+    return float(self_spread(fx).max())
 
 
 def test_tokenization_identical(model, fx):
@@ -52,14 +59,16 @@ def test_tokenization_identical(model, fx):
 
 
 def test_teacher_forced_logits(model, fx, spread):
-    tol = 1.25 * spread
+    tol = 1.5 * spread
     agree = total = self_agree = 0
+    diffs = []
     for p in fx["prompts"]:
         logits = model.logits(p["tokens"])
         top = np.array(p["top_logits"])              # (T, 20, 2): id, logit
         ids, ref = top[:, :, 0].astype(int), top[:, :, 1]
         ours = np.take_along_axis(logits, ids, axis=1)
         assert float(np.abs(ours - ref).max()) <= tol, p["name"]
+        diffs.append(np.abs(ours - ref).ravel())
         margin = ref[:, 0] - ref[:, 1]
         mine = logits.argmax(axis=1)
         clear = margin > spread
@@ -68,6 +77,7 @@ def test_teacher_forced_logits(model, fx, spread):
         self_agree += int(np.sum(np.argmax(p["top_logits_stepwise"], axis=1) == 0))
         total += len(p["tokens"])
     assert agree / total >= self_agree / total - 0.03, (agree / total, self_agree / total)
+    assert float(np.concatenate(diffs).mean()) <= 1.75 * float(self_spread(fx).mean())
 
 
 def test_greedy_teacher_forced(model, fx, spread):

@@ -113,3 +113,50 @@ def test_kernel_argument_errors():
         _core.dequantize(3, b"\0" * 20, 31)
     with pytest.raises(ValueError, match="no kernels"):
         _core.dequantize(10, b"\0" * 84, 256)
+
+
+AVX2_SCRIPT = r"""
+import json, sys
+import numpy as np
+from specdec import _core
+out = {"simd": _core.simd_name(), "y": {}}
+args = json.loads(sys.stdin.read())
+for key, (type_id, data_hex, nrows, n, x) in args.items():
+    y = _core.matmul_rows(type_id, bytes.fromhex(data_hex), nrows, n,
+                          np.array(x, dtype=np.float32), False)
+    out["y"][key] = y.tolist()
+print(json.dumps(out))
+"""
+
+
+def test_avx2_kernels_where_wider_ones_exist():
+    """On CPUs with AVX512-VNNI the forward pass uses those kernels; SPECDEC_SIMD=avx2 keeps the
+    AVX2 ones, which every other x86-64 CPU runs: they must agree with the portable kernels."""
+    import json
+    import subprocess
+    import sys
+
+    from test_robustness import HERE, child_env
+
+    if "avx2" not in _core.simd_name():
+        pytest.skip("this CPU has no AVX2")
+    rng = np.random.default_rng(3)
+    cases = {}
+    for type_id in TYPES:
+        nrows, n = 9, 512
+        blocks = quantref.random_blocks(type_id, nrows * n // quantref.FORMATS[type_id][1], rng)
+        for T in (1, 5):
+            x = rng.standard_normal((T, n)).astype(np.float32)
+            cases[f"{type_id}-{T}"] = (type_id, blocks.tobytes().hex(), nrows, n, x.tolist())
+    res = subprocess.run([sys.executable, "-c", AVX2_SCRIPT], input=json.dumps(cases),
+                         env=child_env(SPECDEC_SIMD="avx2"), capture_output=True, text=True,
+                         timeout=300, cwd=HERE)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["simd"] == "avx2+fma+f16c"
+    for key, (type_id, data_hex, nrows, n, x) in cases.items():
+        port = _core.matmul_rows(type_id, bytes.fromhex(data_hex), nrows, n,
+                                 np.array(x, dtype=np.float32), True)
+        got = np.array(out["y"][key], dtype=np.float32)
+        np.testing.assert_allclose(got, port, rtol=1e-5, atol=1e-5 * float(np.abs(port).max()),
+                                   err_msg=key)

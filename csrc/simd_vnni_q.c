@@ -1,0 +1,218 @@
+/* simd_vnni_q.c — matmul tiles of the 32-element quantized formats (Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0) for CPUs with AVX512-VNNI (on 256-bit registers, AVX512VL).
+ *
+ * Eight weight rows at a time are unpacked once into unsigned bytes (signed formats shifted by a
+ * constant c: sum((w + c) x) - c sum(x)), interleaved four bytes at a time so that lane k of a
+ * vector belongs to row k, with their block scales and offsets, in an L1-sized buffer. Then, per
+ * token and block, eight vpdpbusd against the token's bytes (4 at a time, broadcast) leave each
+ * row's block dot product in its own lane — no horizontal sums — and the float work (convert,
+ * scale by d_w * d_x, add offset times activation sum) is one instruction each for eight rows.
+ * Up to four tokens share each load of the unpacked weights; a batch of T tokens reads the
+ * weights from memory once. */
+#include "simd.h"
+
+#ifdef SD_HAVE_X86_SIMD
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <string.h>
+
+#include "quant_blocks.h"
+
+#define SD_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define SD_INLINE static inline __attribute__((always_inline))
+
+/* Longest row the on-stack unpacking buffer holds; longer rows use the AVX2 kernels. */
+#define SD_VNNI_MAX_ROW 8192
+
+int sd_cpu_has_avx512vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+/* Below this batch size the AVX2 kernels, which stream each row once in file order, are as fast
+ * or faster: unpacking eight rows does not pay for itself over one to three tokens (measured on
+ * SmolLM2-135M, benchmarks/RESULTS.md). */
+#define SD_VNNI_MIN_TOKENS 4
+
+enum { V_Q4_0, V_Q4_1, V_Q5_0, V_Q5_1, V_Q8_0 };
+
+SD_VNNI SD_INLINE float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+SD_VNNI SD_INLINE __m256i nibbles(const uint8_t *qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+}
+
+SD_VNNI SD_INLINE __m256i fifth_bits(const uint8_t *qh_bytes) {
+    uint32_t bits;
+    memcpy(&bits, qh_bytes, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* One 32-element block of a row, as unsigned bytes, its scale, and the offset that multiplies
+ * the activation sum (s for Q4_1/Q5_1, llama.cpp's f16 sums; e for the signed formats shifted
+ * by c: -c * d). */
+SD_VNNI SD_INLINE __m256i unpack_block(const int f, const uint8_t *w, float *d, float *m) {
+    *d = f16_at(w);
+    switch (f) {
+    case V_Q4_0: *m = -8.0f * *d; return nibbles(w + 2);
+    case V_Q4_1: *m = f16_at(w + 2); return nibbles(w + 4);
+    case V_Q5_0: *m = -16.0f * *d; return _mm256_or_si256(nibbles(w + 6), fifth_bits(w + 2));
+    case V_Q5_1: *m = f16_at(w + 2); return _mm256_or_si256(nibbles(w + 8), fifth_bits(w + 4));
+    default: /* Q8_0: int8 + 128 as unsigned */
+        *m = -128.0f * *d;
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)),
+                                _mm256_set1_epi8((char)0x80));
+    }
+}
+
+/* Unpack eight rows (missing ones as zeros) into the interleaved layout: for block b and
+ * group g of 4 elements, the 32 bytes at ub + (b * 8 + g) * 32 hold elements 4g..4g+3 of rows
+ * 0..7, so one vpdpbusd against the token's 4 bytes broadcast gives each row's partial sum in
+ * its own lane. An 8 x 8 transpose of 32-bit lanes turns row vectors into group vectors. */
+SD_VNNI SD_INLINE void unpack_rows8(const int f, const int size, uint8_t *ub, float *dw, float *mw,
+                                    const uint8_t *w, size_t row_bytes, int nr, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i r[8];
+        for (int k = 0; k < 8; k++) {
+            if (k < nr) {
+                r[k] = unpack_block(f, w + (size_t)k * row_bytes + (size_t)b * (size_t)size,
+                                    &dw[b * 8 + k], &mw[b * 8 + k]);
+            } else {
+                r[k] = _mm256_setzero_si256();
+                dw[b * 8 + k] = mw[b * 8 + k] = 0.0f;
+            }
+        }
+        __m256i t[8], u[8];
+        for (int k = 0; k < 8; k += 2) {
+            t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+            t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
+        }
+        for (int k = 0; k < 8; k += 4) {
+            u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+            u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+            u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+            u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+        }
+        __m256i *g = (__m256i *)(ub + (size_t)b * 8 * 32);
+        for (int k = 0; k < 4; k++) {
+            _mm256_store_si256(g + k, _mm256_permute2x128_si256(u[k], u[k + 4], 0x20));
+            _mm256_store_si256(g + k + 4, _mm256_permute2x128_si256(u[k], u[k + 4], 0x31));
+        }
+    }
+}
+
+/* The 4 activation bytes of group g of block b, broadcast to every lane. */
+#define XB(x, b, g) _mm256_set1_epi32(*(const int32_t *)((x).q + 32 * (b) + 4 * (g)))
+
+/* Eight rows against TT tokens: out[t] lane k = dot(row k, token t). */
+SD_VNNI SD_INLINE void rows8_dot(const int f, const int TT, __m256 *out, const uint8_t *ub,
+                                 const float *dw, const float *mw, int64_t nb, const sd_q8_row *x) {
+    __m256 acc[4], accm[4];
+    for (int t = 0; t < TT; t++) {
+        acc[t] = accm[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i *g = (const __m256i *)(ub + (size_t)b * 8 * 32);
+        const __m256 dwb = _mm256_loadu_ps(dw + 8 * b), mwb = _mm256_loadu_ps(mw + 8 * b);
+        for (int t = 0; t < TT; t++) {
+            /* two independent chains of four vpdpbusd each */
+            __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[0], XB(x[t], b, 0));
+            __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[1], XB(x[t], b, 1));
+            s0 = _mm256_dpbusd_epi32(s0, g[2], XB(x[t], b, 2));
+            s1 = _mm256_dpbusd_epi32(s1, g[3], XB(x[t], b, 3));
+            s0 = _mm256_dpbusd_epi32(s0, g[4], XB(x[t], b, 4));
+            s1 = _mm256_dpbusd_epi32(s1, g[5], XB(x[t], b, 5));
+            s0 = _mm256_dpbusd_epi32(s0, g[6], XB(x[t], b, 6));
+            s1 = _mm256_dpbusd_epi32(s1, g[7], XB(x[t], b, 7));
+            const __m256 sf = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+            acc[t] = _mm256_fmadd_ps(sf, _mm256_mul_ps(dwb, _mm256_set1_ps(x[t].d[b])), acc[t]);
+            const float *xo = (f == V_Q4_1 || f == V_Q5_1) ? x[t].s : x[t].e;
+            accm[t] = _mm256_fmadd_ps(mwb, _mm256_set1_ps(xo[b]), accm[t]);
+        }
+    }
+    for (int t = 0; t < TT; t++) {
+        out[t] = _mm256_add_ps(acc[t], accm[t]);
+    }
+}
+
+SD_VNNI SD_INLINE void store8(float *y, __m256 v, int nr, const float *bias, int accumulate) {
+    float o[8];
+    _mm256_storeu_ps(o, v);
+    for (int k = 0; k < nr; k++) {
+        const float val = o[k] + (bias != NULL ? bias[k] : 0.0f);
+        y[k] = accumulate ? y[k] + val : val;
+    }
+}
+
+SD_VNNI SD_INLINE void vtile(const int f, float *y, int64_t ldy, const void *w, size_t row_bytes,
+                             int64_t nrows, const sd_acts *a, int T, int64_t n, const float *bias,
+                             int accumulate) {
+    const int size = f == V_Q4_0 ? 18 : f == V_Q4_1 ? 20 : f == V_Q5_0 ? 22 : f == V_Q5_1 ? 24 : 34;
+    const int64_t nb = n / 32;
+    uint8_t ub[8 * SD_VNNI_MAX_ROW] __attribute__((aligned(32)));
+    float dw[SD_VNNI_MAX_ROW / 4], mw[SD_VNNI_MAX_ROW / 4];
+    for (int64_t r0 = 0; r0 < nrows; r0 += 8) {
+        const int nr = nrows - r0 < 8 ? (int)(nrows - r0) : 8;
+        /* fetch the next eight rows while this group is unpacked and multiplied: the weights
+         * are the one stream from memory, and the unpacking walks eight rows at once, which
+         * the hardware prefetcher does not follow well */
+        const uint8_t *next = (const uint8_t *)w + (size_t)(r0 + 8) * row_bytes;
+        const int64_t ahead = nrows - r0 - 8 < 8 ? nrows - r0 - 8 : 8;
+        for (size_t o = 0; ahead > 0 && o < (size_t)ahead * row_bytes; o += 64) {
+            _mm_prefetch((const char *)next + o, _MM_HINT_T0);
+        }
+        unpack_rows8(f, size, ub, dw, mw, (const uint8_t *)w + (size_t)r0 * row_bytes, row_bytes,
+                     nr, nb);
+        const float *bv = bias != NULL ? bias + r0 : NULL;
+        int t = 0;
+        for (; t < T; t += 4) {
+            const int tt = T - t < 4 ? T - t : 4;
+            sd_q8_row x[4];
+            __m256 out[4];
+            for (int i = 0; i < tt; i++) {
+                x[i] = sd_q8_row_at(a->xq, n, t + i);
+            }
+            switch (tt) {
+            case 4: rows8_dot(f, 4, out, ub, dw, mw, nb, x); break;
+            case 3: rows8_dot(f, 3, out, ub, dw, mw, nb, x); break;
+            case 2: rows8_dot(f, 2, out, ub, dw, mw, nb, x); break;
+            default: rows8_dot(f, 1, out, ub, dw, mw, nb, x); break;
+            }
+            for (int i = 0; i < tt; i++) {
+                store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], nr, bv, accumulate);
+            }
+        }
+    }
+}
+
+#define SD_VNNI_TILE(sfx, f)                                                                       \
+    SD_VNNI void sd_tile_##sfx##_vnni(float *y, int64_t ldy, const void *w, size_t row_bytes,      \
+                                      int64_t nrows, const sd_acts *a, int T, int64_t n,           \
+                                      const float *bias, int accumulate) {                         \
+        if (n > SD_VNNI_MAX_ROW || T < SD_VNNI_MIN_TOKENS) {                                       \
+            sd_tile_##sfx##_avx2(y, ldy, w, row_bytes, nrows, a, T, n, bias, accumulate);          \
+            return;                                                                                \
+        }                                                                                          \
+        vtile(f, y, ldy, w, row_bytes, nrows, a, T, n, bias, accumulate);                          \
+    }
+
+SD_VNNI_TILE(q4_0, V_Q4_0)
+SD_VNNI_TILE(q4_1, V_Q4_1)
+SD_VNNI_TILE(q5_0, V_Q5_0)
+SD_VNNI_TILE(q5_1, V_Q5_1)
+SD_VNNI_TILE(q8_0, V_Q8_0)
+
+#endif /* SD_HAVE_X86_SIMD */
