@@ -104,7 +104,8 @@ const sd_config *sd_model_config(const sd_model *model);
 /* Change the number of worker threads (>= 1). */
 sd_status sd_model_set_threads(sd_model *model, int n_threads);
 int sd_model_threads(const sd_model *model);
-/* Bytes of weights one full forward reads (all matrices and norms, output head included). */
+/* Bytes of weights one forward reads per token: every matrix and norm and the output head; not
+ * the embedding table, of which a forward reads only its tokens' rows. */
 size_t sd_model_weight_bytes(const sd_model *model);
 
 /* GGUF metadata value types, as stored in the file. */
@@ -230,9 +231,10 @@ sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int6
 
 /* ---- build information ----------------------------------------------------------------------- */
 
-/* SIMD level the kernels use on this machine: "avx2+fma+f16c" or "scalar". The environment
- * variable SPECDEC_SIMD=scalar, read once at the first model load, forces the portable C
- * kernels (to compare them with the SIMD ones, or to rule the SIMD kernels out). */
+/* SIMD level the kernels use on this machine: "avx2+fma+f16c+avx512vnni", "avx2+fma+f16c" or
+ * "scalar". The environment variable SPECDEC_SIMD, read once at the first model load, caps it:
+ * "scalar" forces the portable C kernels, "avx2" stops at AVX2 (to compare the kernels with
+ * each other, or to rule the SIMD ones out). */
 const char *sd_simd_name(void);
 /* 1 when this build was compiled with the CUDA backend sources, else 0. */
 int sd_built_with_cuda(void);

@@ -344,3 +344,14 @@ def test_invalid_arguments(model, case):
     not prescribed."""
     with pytest.raises(ValueError):
         _bad_call(model, case)
+
+
+@pytest.mark.parametrize("type_id,name", [(9, "Q8_1"), (24, "I8")])
+def test_gguf_unsupported_tensor_type_is_named(tmp_path, type_id, name):
+    """A tensor of a ggml type whose layout is known but which specdec cannot compute with: the
+    error names the tensor and the type (the file itself is consistent)."""
+    p, layout = gguf(tmp_path)
+    tname = "blk.0.attn_q.weight"
+    patch_file(p, layout.offset_field_pos[tname] - 4, struct.pack("<I", type_id))
+    with pytest.raises(ValueError, match=rf"(?i){re.escape(tname)}.*{name}.*cannot compute"):
+        load(p)
