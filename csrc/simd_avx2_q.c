@@ -14,40 +14,17 @@
 #include <string.h>
 
 #include "quant_blocks.h"
+#include "simd_q_common.h"
 
 #define SD_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define SD_INLINE static inline __attribute__((always_inline))
 
 enum { F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0, F_Q4_K, F_Q5_K, F_Q6_K };
-
-SD_AVX2 SD_INLINE float f16_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 SD_AVX2 SD_INLINE float hsum8(__m256 v) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
-}
-
-/* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0-15), then high (16-31). */
-SD_AVX2 SD_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-}
-
-/* 32 bits -> 32 bytes, byte j = 0x10 where bit j is set (the fifth bit of Q5 formats). */
-SD_AVX2 SD_INLINE __m256i bits_to_0x10(uint32_t bits) {
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                           0x0101010101010101, 0x0000000000000000);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
 typedef struct {
@@ -62,7 +39,7 @@ typedef struct {
 } kscales_t;
 
 SD_AVX2 SD_INLINE void k4_scales(kscales_t *ks, const uint8_t *blk) {
-    const float d = f16_at(blk), dmin = f16_at(blk + 2);
+    const float d = sd_q_f16_at(blk), dmin = sd_q_f16_at(blk + 2);
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         sd_k4_scale_min(j, blk + 4, &sc, &m);
@@ -76,33 +53,27 @@ SD_AVX2 SD_INLINE dec_t decode(const int f, const uint8_t *blk, int sub, const k
     o.m = 0.0f;
     switch (f) {
     case F_Q4_0:
-        o.q = _mm256_sub_epi8(unpack_nibbles(blk + 2), _mm256_set1_epi8(8));
-        o.dv = _mm256_set1_ps(f16_at(blk));
+        o.q = _mm256_sub_epi8(sd_q_nibbles(blk + 2), _mm256_set1_epi8(8));
+        o.dv = _mm256_set1_ps(sd_q_f16_at(blk));
         break;
     case F_Q4_1:
-        o.q = unpack_nibbles(blk + 4);
-        o.dv = _mm256_set1_ps(f16_at(blk));
-        o.m = f16_at(blk + 2);
+        o.q = sd_q_nibbles(blk + 4);
+        o.dv = _mm256_set1_ps(sd_q_f16_at(blk));
+        o.m = sd_q_f16_at(blk + 2);
         break;
-    case F_Q5_0: {
-        uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        o.q = _mm256_or_si256(unpack_nibbles(blk + 6), bits_to_0x10(qh));
+    case F_Q5_0:
+        o.q = _mm256_or_si256(sd_q_nibbles(blk + 6), sd_q_fifth_bits(blk + 2));
         o.q = _mm256_sub_epi8(o.q, _mm256_set1_epi8(16));
-        o.dv = _mm256_set1_ps(f16_at(blk));
+        o.dv = _mm256_set1_ps(sd_q_f16_at(blk));
         break;
-    }
-    case F_Q5_1: {
-        uint32_t qh;
-        memcpy(&qh, blk + 4, 4);
-        o.q = _mm256_or_si256(unpack_nibbles(blk + 8), bits_to_0x10(qh));
-        o.dv = _mm256_set1_ps(f16_at(blk));
-        o.m = f16_at(blk + 2);
+    case F_Q5_1:
+        o.q = _mm256_or_si256(sd_q_nibbles(blk + 8), sd_q_fifth_bits(blk + 4));
+        o.dv = _mm256_set1_ps(sd_q_f16_at(blk));
+        o.m = sd_q_f16_at(blk + 2);
         break;
-    }
     case F_Q8_0:
         o.q = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        o.dv = _mm256_set1_ps(f16_at(blk));
+        o.dv = _mm256_set1_ps(sd_q_f16_at(blk));
         break;
     case F_Q4_K: {
         __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * (sub / 2)));
@@ -131,7 +102,7 @@ SD_AVX2 SD_INLINE dec_t decode(const int f, const uint8_t *blk, int sub, const k
         hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
         o.q = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(hb, 4)), _mm256_set1_epi8(32));
         const int8_t *sc = (const int8_t *)(blk + 192) + 8 * h + 2 * k;
-        const float d = f16_at(blk + 208);
+        const float d = sd_q_f16_at(blk + 208);
         o.dv = _mm256_set_m128(_mm_set1_ps(d * (float)sc[1]), _mm_set1_ps(d * (float)sc[0]));
         break;
     }

@@ -18,9 +18,9 @@
 #include <string.h>
 
 #include "quant_blocks.h"
+#include "simd_q_common.h"
 
 #define SD_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
-#define SD_INLINE static inline __attribute__((always_inline))
 
 /* Longest row the on-stack unpacking buffer holds; longer rows use the AVX2 kernels. */
 #define SD_VNNI_MAX_ROW 8192
@@ -38,39 +38,20 @@ int sd_cpu_has_avx512vnni(void) {
 
 enum { V_Q4_0, V_Q4_1, V_Q5_0, V_Q5_1, V_Q8_0 };
 
-SD_VNNI SD_INLINE float f16_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-SD_VNNI SD_INLINE __m256i nibbles(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    const __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-}
-
-SD_VNNI SD_INLINE __m256i fifth_bits(const uint8_t *qh_bytes) {
-    uint32_t bits;
-    memcpy(&bits, qh_bytes, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                           0x0101010101010101, 0x0000000000000000);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
-}
-
 /* One 32-element block of a row, as unsigned bytes, its scale, and the offset that multiplies
  * the activation sum (s for Q4_1/Q5_1, llama.cpp's f16 sums; e for the signed formats shifted
  * by c: -c * d). */
 SD_VNNI SD_INLINE __m256i unpack_block(const int f, const uint8_t *w, float *d, float *m) {
-    *d = f16_at(w);
+    *d = sd_q_f16_at(w);
     switch (f) {
-    case V_Q4_0: *m = -8.0f * *d; return nibbles(w + 2);
-    case V_Q4_1: *m = f16_at(w + 2); return nibbles(w + 4);
-    case V_Q5_0: *m = -16.0f * *d; return _mm256_or_si256(nibbles(w + 6), fifth_bits(w + 2));
-    case V_Q5_1: *m = f16_at(w + 2); return _mm256_or_si256(nibbles(w + 8), fifth_bits(w + 4));
+    case V_Q4_0: *m = -8.0f * *d; return sd_q_nibbles(w + 2);
+    case V_Q4_1: *m = sd_q_f16_at(w + 2); return sd_q_nibbles(w + 4);
+    case V_Q5_0:
+        *m = -16.0f * *d;
+        return _mm256_or_si256(sd_q_nibbles(w + 6), sd_q_fifth_bits(w + 2));
+    case V_Q5_1:
+        *m = sd_q_f16_at(w + 2);
+        return _mm256_or_si256(sd_q_nibbles(w + 8), sd_q_fifth_bits(w + 4));
     default: /* Q8_0: int8 + 128 as unsigned */
         *m = -128.0f * *d;
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)),
