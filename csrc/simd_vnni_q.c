@@ -13,7 +13,6 @@
 
 #ifdef SD_HAVE_X86_SIMD
 
-#include <cpuid.h>
 #include <immintrin.h>
 #include <string.h>
 
