@@ -21,7 +21,7 @@ class Generation:
     prompt_tokens: List[int] = field(default_factory=list)
     text: Optional[str] = None        # the new text, when the model has a tokenizer
     finish_reason: str = "length"     # "length", "stop_token" or "stop_string"
-    time_s: float = 0.0               # wall time of the whole call (prefill included)
+    time_s: float = 0.0               # wall time of decoding (prefill included, tokenizing not)
 
     @property
     def tokens_per_s(self) -> float:
@@ -29,14 +29,17 @@ class Generation:
         return len(self.tokens) / self.time_s if self.time_s > 0 else 0.0
 
 
+def _is_messages(prompt: Prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict)
+
+
 def encode_prompt(model: Model, prompt: Prompt) -> List[int]:
     """Token ids of a prompt: ids as given; a string encoded (special tokens such as
     ``<|im_start|>`` recognised); a list of chat messages rendered with the model's chat
     template (generation prompt added) and encoded."""
     if isinstance(prompt, str):
-        tok = model.require_tokenizer()
-        return tok.encode(prompt, add_special=True)
-    if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], dict):
+        return model.require_tokenizer().encode(prompt, add_special=True)
+    if _is_messages(prompt):
         tok = model.require_tokenizer()
         return tok.encode(tok.apply_chat_template(list(prompt), add_generation_prompt=True))
     return prompt  # ids: validated by the C boundary
@@ -75,8 +78,7 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         stop = [stop]
     if stop is not None and not all(isinstance(s, str) and s for s in stop):
         raise ValueError("stop must be a list of non-empty strings")
-    text_in = isinstance(prompt, str) or (
-        isinstance(prompt, (list, tuple)) and bool(prompt) and isinstance(prompt[0], dict))
+    text_in = isinstance(prompt, str) or _is_messages(prompt)
     try:
         tok = model.tokenizer
     except ValueError:
@@ -99,6 +101,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         body = tokens[:-1] if reason == "stop_token" else tokens
         text = tok.decode(body)
         if reason == "stop_string":
+            # the C loop matched the raw bytes; a vocabulary whose decoding cleans up spaces
+            # could hide the match from the text, which is then left whole
             cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
             text = text[:cut]
     return Generation(tokens=tokens, prompt_tokens=[int(t) for t in ids], text=text,
