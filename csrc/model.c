@@ -399,6 +399,44 @@ static sd_status build_weights(sd_model *m, const char *const *names) {
     return SD_OK;
 }
 
+/* Keep 8-row interleaved copies of the quantized matrices the VNNI tiles read without
+ * unpacking (same size as the originals). The embedding keeps its rows as stored (a forward
+ * reads only its tokens' rows); a tied output head gets its own copy. */
+static sd_status repack_weights(sd_model *m) {
+    sd_mat *mats[7 * 1024 + 1];
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layers && n + 7 <= 7 * 1024; l++) {
+        sd_layer *L = &m->w.layers[l];
+        sd_mat *lm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            mats[n++] = lm[i];
+        }
+    }
+    mats[n++] = &m->w.output;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += sd_repack_bytes(mats[i]->type, mats[i]->rows, mats[i]->cols);
+    }
+    if (total == 0) {
+        return SD_OK;
+    }
+    m->packed = malloc(total);
+    if (m->packed == NULL) {
+        return SD_OK; /* an optimisation, not a requirement: run from the file's rows */
+    }
+    unsigned char *p = (unsigned char *)m->packed;
+    for (int i = 0; i < n; i++) {
+        sd_mat *w = mats[i];
+        const size_t bytes = sd_repack_bytes(w->type, w->rows, w->cols);
+        if (bytes > 0) {
+            sd_repack(p, w->type, w->data, w->row_bytes, w->rows, w->cols);
+            w->packed = p;
+            p += bytes;
+        }
+    }
+    return SD_OK;
+}
+
 static int is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -440,6 +478,7 @@ static sd_status load_gguf(sd_model *m, const char *path) {
 sd_model_params sd_model_default_params(void) {
     sd_model_params p;
     p.n_threads = 0;
+    p.repack = 1;
     return p;
 }
 
@@ -467,6 +506,9 @@ sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params 
         sd_error_prefix(st, "%s", path);
     } else if (st != SD_OK && m->st != NULL) {
         sd_error_prefix(st, "%s", path);
+    }
+    if (st == SD_OK && p.repack) {
+        st = repack_weights(m);
     }
     if (st == SD_OK) {
         st = sd_threadpool_create(&m->pool, p.n_threads > 0 ? p.n_threads : sd_available_cpus());
@@ -502,6 +544,7 @@ void sd_model_free(sd_model *m) {
     scratch_free(&m->s);
     free(m->w.layers);
     free(m->vectors);
+    free(m->packed);
     free(m->rope_freq);
     free(m->pieces);
     free(m->piece_off);

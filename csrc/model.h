@@ -20,6 +20,7 @@ typedef struct {
     int64_t rows;
     int64_t cols;
     size_t row_bytes;
+    const void *packed; /* repacked 8-row interleaved copy (quant.h), or NULL */
 } sd_mat;
 
 typedef struct {
@@ -68,6 +69,7 @@ struct sd_model {
     sd_gguf *gguf;     /* owner of the mapping when loaded from GGUF */
     sd_st_set *st;     /* owner of the mappings when loaded from safetensors */
     float *vectors;    /* f32 copies of norms and biases (small; read every token) */
+    void *packed;      /* one block holding the repacked matrices, or NULL */
     double *rope_freq; /* (Dh/2) inverse frequencies */
     sd_threadpool *pool;
     sd_scratch s;

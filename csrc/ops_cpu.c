@@ -54,7 +54,7 @@ typedef struct {
     int n_jobs;
     int T;
     sd_acts acts;                        /* the shared input, float and quantized */
-    int64_t chunk;                       /* rows per task */
+    int64_t chunk;                       /* rows per task, a multiple of 8 */
     int64_t task_start[SD_MAX_JOBS + 1]; /* first task of each job */
 } matmul_ctx;
 
@@ -71,6 +71,11 @@ static void matmul_task(void *ctx, int task, int thread) {
     int64_t r1 = r0 + c->chunk < w->rows ? r0 + c->chunk : w->rows;
     /* rows [r0, r1) for all T tokens in the type's tile kernel: each weight row is read once
      * for the whole batch */
+    if (w->packed != NULL) { /* chunks are multiples of 8 rows, as the repacked copy is */
+        sd_tile_repacked(w->type, j->y + r0, w->rows, w->packed, r0, r1 - r0, &c->acts, c->T,
+                         w->cols, j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
+        return;
+    }
     sd_type_get(w->type)->tile(j->y + r0, w->rows,
                                (const unsigned char *)w->data + (size_t)r0 * w->row_bytes,
                                w->row_bytes, r1 - r0, &c->acts, c->T, w->cols,
@@ -104,7 +109,7 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
     /* about 8 tasks per thread keeps the threads busy to the end without much overhead */
     int nt = sd_threadpool_size(pool);
     int64_t chunk = total / ((int64_t)nt * 8);
-    chunk = chunk < 4 ? 4 : (chunk + 3) / 4 * 4;
+    chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8; /* whole groups of a repacked matrix */
     c.chunk = chunk;
     int64_t tasks = 0;
     for (int i = 0; i < n_jobs; i++) {

@@ -750,15 +750,15 @@ done:
     return (PyObject *)out;
 }
 
-/* matmul_rows(type, w: bytes, nrows, n, x: float32 (T, n), portable) -> float32 (T, nrows) */
+/* matmul_rows(type, w: bytes, nrows, n, x: float32 (T, n), kernel) -> float32 (T, nrows);
+ * kernel: 0 the forward pass's, 1 portable, 2 SIMD over unrepacked rows (sd_kernel) */
 static PyObject *core_matmul_rows(PyObject *mod, PyObject *args) {
     (void)mod;
-    int type = 0, portable = 0;
+    int type = 0, kernel = 0;
     long long nrows = 0, n = 0;
     Py_buffer buf;
     PyObject *x_obj = NULL;
-    if (!PyArg_ParseTuple(args, "iy*LLOp:matmul_rows", &type, &buf, &nrows, &n, &x_obj,
-                          &portable)) {
+    if (!PyArg_ParseTuple(args, "iy*LLOi:matmul_rows", &type, &buf, &nrows, &n, &x_obj, &kernel)) {
         return NULL;
     }
     PyArrayObject *x = NULL, *out = NULL;
@@ -777,9 +777,9 @@ static PyObject *core_matmul_rows(PyObject *mod, PyObject *args) {
         goto fail;
     }
     sd_status st;
-    Py_BEGIN_ALLOW_THREADS st = sd_matmul_rows(
-        (float *)PyArray_DATA(out), type, buf.buf, (size_t)buf.len, (int64_t)nrows, (int64_t)n,
-        (const float *)PyArray_DATA(x), (int)PyArray_DIM(x, 0), portable);
+    Py_BEGIN_ALLOW_THREADS st =
+        sd_matmul_rows((float *)PyArray_DATA(out), type, buf.buf, (size_t)buf.len, (int64_t)nrows,
+                       (int64_t)n, (const float *)PyArray_DATA(x), (int)PyArray_DIM(x, 0), kernel);
     Py_END_ALLOW_THREADS if (st != SD_OK) {
         raise_status(st);
         goto fail;
@@ -798,7 +798,8 @@ static PyMethodDef core_methods[] = {
     {"dequantize", core_dequantize, METH_VARARGS,
      "dequantize(type, data, n) -> float32 array: the row kernels' f32 values of n elements"},
     {"matmul_rows", core_matmul_rows, METH_VARARGS,
-     "matmul_rows(type, w, nrows, n, x, portable) -> float32 (T, nrows) = x . W^T"},
+     "matmul_rows(type, w, nrows, n, x, kernel) -> float32 (T, nrows) = x . W^T; kernel 0: the "
+     "forward pass's, 1: portable, 2: SIMD without repacking"},
     {"cuda_probe", core_cuda_probe, METH_NOARGS,
      "CUDA builds: {'devices': n, 'cublas_version': v}; CPU-only builds: None"},
     {"load", (PyCFunction)(void (*)(void))core_load, METH_VARARGS | METH_KEYWORDS,

@@ -226,6 +226,8 @@ static sd_type_traits g_types[40] = {
     [28] = GEOM("F64", 1, 8),
 };
 
+static int g_repack = 0; /* the repacked VNNI tiles are selected */
+
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
 static const char *g_simd_name = "scalar";
 
@@ -262,6 +264,7 @@ static void kernels_init_once(void) {
                 g_types[SD_TYPE_Q5_1].tile = sd_tile_q5_1_vnni;
                 g_types[SD_TYPE_Q8_0].tile = sd_tile_q8_0_vnni;
                 g_simd_name = "avx2+fma+f16c+avx512vnni";
+                g_repack = 1;
             }
         }
     }
@@ -309,6 +312,56 @@ float sd_dot_f32(const float *a, const float *b, int64_t n) {
 
 void sd_axpy_f32(float *y, float a, const float *x, int64_t n) {
     g_axpy_f32(y, a, x, n);
+}
+
+/* ---- repacked matrices ------------------------------------------------------------------------
+ */
+
+size_t sd_repack_bytes(int type, int64_t rows, int64_t cols) {
+    sd_kernels_init();
+#ifdef SD_HAVE_X86_SIMD
+    return g_repack ? sd_packed_bytes(type, rows, cols) : 0;
+#else
+    (void)type;
+    (void)rows;
+    (void)cols;
+    return 0;
+#endif
+}
+
+void sd_repack(void *dst, int type, const void *w, size_t row_bytes, int64_t rows, int64_t cols) {
+#ifdef SD_HAVE_X86_SIMD
+    sd_pack_rows8(dst, type, w, row_bytes, rows, cols);
+#else
+    (void)dst;
+    (void)type;
+    (void)w;
+    (void)row_bytes;
+    (void)rows;
+    (void)cols;
+#endif
+}
+
+void sd_tile_repacked(int type, float *y, int64_t ldy, const void *packed, int64_t r0,
+                      int64_t nrows, const sd_acts *a, int T, int64_t n, const float *bias,
+                      int accumulate) {
+#ifdef SD_HAVE_X86_SIMD
+    const size_t group = sd_packed_bytes(type, 8, n);
+    sd_tile_packed_vnni(type, y, ldy, (const unsigned char *)packed + (size_t)(r0 / 8) * group,
+                        nrows, a, T, n, bias, accumulate);
+#else
+    (void)type;
+    (void)y;
+    (void)ldy;
+    (void)packed;
+    (void)r0;
+    (void)nrows;
+    (void)a;
+    (void)T;
+    (void)n;
+    (void)bias;
+    (void)accumulate;
+#endif
 }
 
 /* ---- kernel checks ------------------------------------------------------------------------- */
@@ -365,7 +418,7 @@ sd_status sd_dequantize(float *dst, int type, const void *src, size_t src_bytes,
 }
 
 sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int64_t nrows,
-                         int64_t n, const float *x, int T, int portable) {
+                         int64_t n, const float *x, int T, int kernel) {
     const sd_type_traits *tr = NULL;
     SD_TRY(check_type(type, n, &tr));
     if (nrows < 1 || T < 1) {
@@ -388,8 +441,20 @@ sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int6
         }
         a.xq = xq;
     }
-    sd_tile_fn tile = portable ? portable_tile(type) : tr->tile;
-    tile(y, nrows, w, sd_row_bytes(type, n), nrows, &a, T, n, NULL, 0);
+    const size_t packed_bytes = sd_repack_bytes(type, nrows, n);
+    if (kernel == SD_KERNEL_FORWARD && packed_bytes > 0) {
+        void *packed = malloc(packed_bytes);
+        if (packed == NULL) {
+            free(xq);
+            return sd_set_error(SD_ERR_NOMEM, "out of memory");
+        }
+        sd_repack(packed, type, w, sd_row_bytes(type, n), nrows, n);
+        sd_tile_repacked(type, y, nrows, packed, 0, nrows, &a, T, n, NULL, 0);
+        free(packed);
+    } else {
+        sd_tile_fn tile = kernel == SD_KERNEL_PORTABLE ? portable_tile(type) : tr->tile;
+        tile(y, nrows, w, sd_row_bytes(type, n), nrows, &a, T, n, NULL, 0);
+    }
     free(xq);
     return SD_OK;
 }

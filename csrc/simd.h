@@ -46,6 +46,14 @@ SD_DECLARE_VNNI_QTILE(q4_1)
 SD_DECLARE_VNNI_QTILE(q5_0)
 SD_DECLARE_VNNI_QTILE(q5_1)
 SD_DECLARE_VNNI_QTILE(q8_0)
+
+/* Repacked Q4_0/Q4_1/Q8_0 matrices (simd_vnni_q.c): bytes of the 8-row interleaved copy (0 when
+ * the matrix cannot be repacked: other type, rows % 8, row too long), filling it, and the tile
+ * over it (nrows a multiple of 8, `packed` at the first of them). */
+size_t sd_packed_bytes(int type, int64_t rows, int64_t cols);
+int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes, int64_t rows, int64_t cols);
+void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
+                         const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
 #endif
 
 #endif /* SD_SIMD_H */

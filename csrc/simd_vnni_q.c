@@ -196,3 +196,162 @@ SD_VNNI_TILE(q5_1, V_Q5_1)
 SD_VNNI_TILE(q8_0, V_Q8_0)
 
 #endif /* SD_HAVE_X86_SIMD */
+
+#ifdef SD_HAVE_X86_SIMD
+
+/* ---- repacked weights ---------------------------------------------------------------------------
+ * A copy of a Q4_0, Q4_1 or Q8_0 matrix made once at load, in the interleaved layout the tiles
+ * above build on every call, so a forward pass reads it without unpacking. Per group of 8 rows
+ * and block b (block_bytes each, groups of a matrix back to back, blocks in order):
+ *   Q4_0, Q4_1 (160 bytes): 4 x 32 bytes, vector h holding groups h (low nibbles) and h + 4
+ *     (high nibbles), byte 4k + e = element 4h + e of row k | element 16 + 4h + e << 4;
+ *     then f16 d[8], f16 m[8] (m = the Q4_1 min, or -8 d for Q4_0).
+ *   Q8_0 (272 bytes): 8 x 32 bytes, vector g byte 4k + e = element 4g + e of row k, + 128;
+ *     then f16 d[8].
+ * Same size as the file's blocks: a token still reads each weight byte once. */
+
+static int packed_block_bytes(int type) {
+    return type == 2 || type == 3 ? 160 : type == 8 ? 272 : 0;
+}
+
+size_t sd_packed_bytes(int type, int64_t rows, int64_t cols) {
+    const int bb = packed_block_bytes(type);
+    if (bb == 0 || rows % 8 != 0 || cols % 32 != 0 || cols > SD_VNNI_MAX_ROW) {
+        return 0;
+    }
+    return (size_t)(rows / 8) * (size_t)(cols / 32) * (size_t)bb;
+}
+
+SD_VNNI SD_INLINE void pack_impl(const int f, uint8_t *dst, const uint8_t *w, size_t row_bytes,
+                                 int64_t rows, int64_t cols) {
+    const int size = f == V_Q4_0 ? 18 : f == V_Q4_1 ? 20 : 34;
+    const int bb = f == V_Q8_0 ? 272 : 160;
+    const int64_t nb = cols / 32;
+    uint8_t ub[8 * SD_VNNI_MAX_ROW] __attribute__((aligned(32)));
+    float dw[SD_VNNI_MAX_ROW / 4], mw[SD_VNNI_MAX_ROW / 4];
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+        unpack_rows8(f, size, ub, dw, mw, w + (size_t)r0 * row_bytes, row_bytes, 8, nb);
+        for (int64_t b = 0; b < nb; b++, dst += bb) {
+            const __m256i *g = (const __m256i *)(ub + (size_t)b * 8 * 32);
+            if (f == V_Q8_0) {
+                for (int k = 0; k < 8; k++) {
+                    _mm256_storeu_si256((__m256i *)(dst + 32 * k), _mm256_load_si256(g + k));
+                }
+                _mm_storeu_si128((__m128i *)(dst + 256),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(dw + 8 * b), 0));
+            } else {
+                for (int h = 0; h < 4; h++) {
+                    const __m256i v =
+                        _mm256_or_si256(_mm256_load_si256(g + h),
+                                        _mm256_slli_epi16(_mm256_load_si256(g + h + 4), 4));
+                    _mm256_storeu_si256((__m256i *)(dst + 32 * h), v);
+                }
+                /* d and m were f16 in the file (-8 d exactly so): no rounding here */
+                _mm_storeu_si128((__m128i *)(dst + 128),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(dw + 8 * b), 0));
+                _mm_storeu_si128((__m128i *)(dst + 144),
+                                 _mm256_cvtps_ph(_mm256_loadu_ps(mw + 8 * b), 0));
+            }
+        }
+    }
+}
+
+SD_VNNI int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes, int64_t rows,
+                          int64_t cols) {
+    if (sd_packed_bytes(type, rows, cols) == 0) {
+        return 0;
+    }
+    switch (type) {
+    case 2: pack_impl(V_Q4_0, (uint8_t *)dst, (const uint8_t *)w, row_bytes, rows, cols); break;
+    case 3: pack_impl(V_Q4_1, (uint8_t *)dst, (const uint8_t *)w, row_bytes, rows, cols); break;
+    default: pack_impl(V_Q8_0, (uint8_t *)dst, (const uint8_t *)w, row_bytes, rows, cols); break;
+    }
+    return 1;
+}
+
+/* Eight packed rows against TT tokens: out[t] lane k = dot(row k, token t). */
+SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const uint8_t *P,
+                                   int64_t nb, const sd_q8_row *x) {
+    const int bb = f == V_Q8_0 ? 272 : 160;
+    __m256 acc[4], accm[4];
+    for (int t = 0; t < TT; t++) {
+        acc[t] = accm[t] = _mm256_setzero_ps();
+    }
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++, P += bb) {
+        __m256i g[8];
+        __m256 dw, mw;
+        if (f == V_Q8_0) {
+            for (int k = 0; k < 8; k++) {
+                g[k] = _mm256_loadu_si256((const __m256i *)(P + 32 * k));
+            }
+            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 256)));
+            mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
+        } else {
+            for (int h = 0; h < 4; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(P + 32 * h));
+                g[h] = _mm256_and_si256(v, lo4);
+                g[h + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            }
+            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 128)));
+            mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 144)));
+        }
+        for (int t = 0; t < TT; t++) {
+            __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[0], XB(x[t], b, 0));
+            __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[1], XB(x[t], b, 1));
+            s0 = _mm256_dpbusd_epi32(s0, g[2], XB(x[t], b, 2));
+            s1 = _mm256_dpbusd_epi32(s1, g[3], XB(x[t], b, 3));
+            s0 = _mm256_dpbusd_epi32(s0, g[4], XB(x[t], b, 4));
+            s1 = _mm256_dpbusd_epi32(s1, g[5], XB(x[t], b, 5));
+            s0 = _mm256_dpbusd_epi32(s0, g[6], XB(x[t], b, 6));
+            s1 = _mm256_dpbusd_epi32(s1, g[7], XB(x[t], b, 7));
+            const __m256 sf = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
+            acc[t] = _mm256_fmadd_ps(sf, _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
+            const float *xo = f == V_Q4_1 ? x[t].s : x[t].e;
+            accm[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xo[b]), accm[t]);
+        }
+    }
+    for (int t = 0; t < TT; t++) {
+        out[t] = _mm256_add_ps(acc[t], accm[t]);
+    }
+}
+
+SD_VNNI SD_INLINE void ptile(const int f, float *y, int64_t ldy, const void *packed, int64_t nrows,
+                             const sd_acts *a, int T, int64_t n, const float *bias,
+                             int accumulate) {
+    const int bb = f == V_Q8_0 ? 272 : 160;
+    const int64_t nb = n / 32;
+    for (int64_t r0 = 0; r0 < nrows; r0 += 8) {
+        const uint8_t *P = (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;
+        const float *bv = bias != NULL ? bias + r0 : NULL;
+        for (int t = 0; t < T; t += 4) {
+            const int tt = T - t < 4 ? T - t : 4;
+            sd_q8_row x[4];
+            __m256 out[4];
+            for (int i = 0; i < tt; i++) {
+                x[i] = sd_q8_row_at(a->xq, n, t + i);
+            }
+            switch (tt) {
+            case 4: packed8_dot(f, 4, out, P, nb, x); break;
+            case 3: packed8_dot(f, 3, out, P, nb, x); break;
+            case 2: packed8_dot(f, 2, out, P, nb, x); break;
+            default: packed8_dot(f, 1, out, P, nb, x); break;
+            }
+            for (int i = 0; i < tt; i++) {
+                store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv, accumulate);
+            }
+        }
+    }
+}
+
+SD_VNNI void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
+                                 const sd_acts *a, int T, int64_t n, const float *bias,
+                                 int accumulate) {
+    switch (type) {
+    case 2: ptile(V_Q4_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
+    case 3: ptile(V_Q4_1, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
+    default: ptile(V_Q8_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
+    }
+}
+
+#endif /* SD_HAVE_X86_SIMD */

@@ -90,6 +90,9 @@ typedef struct sd_model sd_model;
 
 typedef struct {
     int n_threads; /* worker threads for the forward pass; 0 = the cores this process may use */
+    int repack;    /* 1 (default): on CPUs with AVX512-VNNI keep an interleaved copy of the
+                    * Q4_0/Q4_1/Q8_0 matrices (as large as they are) that the fastest kernels
+                    * read directly; 0: compute from the file's rows only */
 } sd_model_params;
 
 sd_model_params sd_model_default_params(void);
@@ -221,13 +224,18 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
 /* Convert n elements (a whole number of blocks) of `type` at `src` (src_bytes long) to f32. */
 sd_status sd_dequantize(float *dst, int type, const void *src, size_t src_bytes, int64_t n);
 
+/* Which kernel sd_matmul_rows runs. */
+typedef enum {
+    SD_KERNEL_FORWARD = 0,  /* what the forward pass uses on this CPU (repacked where it repacks) */
+    SD_KERNEL_PORTABLE = 1, /* the portable C kernel */
+    SD_KERNEL_ROWS = 2      /* this CPU's SIMD kernel over the rows as stored (no repacking) */
+} sd_kernel;
+
 /* y (T, nrows) = x (T, n) . W^T for W = nrows rows of n elements of `type` at `w` (w_bytes
- * long), with the
- * kernel the forward pass uses on this CPU (portable = 0) or the portable C one (portable = 1).
- * Quantized formats multiply with activations quantized to 8 bits in blocks of 32, as the
- * forward pass does. */
+ * long), with the kernel `kernel` (an sd_kernel). Quantized formats multiply with activations
+ * quantized to 8 bits in blocks of 32, as the forward pass does. */
 sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int64_t nrows,
-                         int64_t n, const float *x, int T, int portable);
+                         int64_t n, const float *x, int T, int kernel);
 
 /* ---- build information ----------------------------------------------------------------------- */
 
