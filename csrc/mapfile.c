@@ -2,6 +2,7 @@
 #include "mapfile.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -40,6 +41,15 @@ sd_status sd_map_file(sd_mapping *out, const char *path) {
     out->data = (const unsigned char *)p;
     out->size = (size_t)st.st_size;
     return SD_OK;
+}
+
+void sd_map_release(const void *p, size_t len) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + page - 1) / page * page;
+    uintptr_t b = ((uintptr_t)p + len) / page * page;
+    if (b > a) {
+        madvise((void *)a, b - a, MADV_DONTNEED);
+    }
 }
 
 void sd_unmap_file(sd_mapping *m) {

@@ -432,6 +432,9 @@ static sd_status repack_weights(sd_model *m) {
             sd_repack(p, w->type, w->data, w->row_bytes, w->rows, w->cols);
             w->packed = p;
             p += bytes;
+            /* the forward reads the copy from now on: give the file's pages back (a tied
+             * embedding faults its rows back in as tokens need them) */
+            sd_map_release(w->data, (size_t)w->rows * w->row_bytes);
         }
     }
     return SD_OK;
