@@ -226,7 +226,7 @@ static sd_type_traits g_types[40] = {
     [28] = GEOM("F64", 1, 8),
 };
 
-static int g_repack = 0; /* the repacked VNNI tiles are selected */
+static int g_repack = 0; /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VNNI */
 
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
 static const char *g_simd_name = "scalar";
@@ -256,6 +256,7 @@ static void kernels_init_once(void) {
         g_dot_f32 = sd_dot_f32_avx2;
         g_axpy_f32 = sd_axpy_f32_avx2;
         g_simd_name = "avx2+fma+f16c";
+        g_repack = 1;
         if (force == NULL || strcmp(force, "avx2") != 0) {
             if (sd_cpu_has_avx512vnni()) {
                 g_types[SD_TYPE_Q4_0].tile = sd_tile_q4_0_vnni;
@@ -264,7 +265,7 @@ static void kernels_init_once(void) {
                 g_types[SD_TYPE_Q5_1].tile = sd_tile_q5_1_vnni;
                 g_types[SD_TYPE_Q8_0].tile = sd_tile_q8_0_vnni;
                 g_simd_name = "avx2+fma+f16c+avx512vnni";
-                g_repack = 1;
+                g_repack = 2;
             }
         }
     }
@@ -347,8 +348,12 @@ void sd_tile_repacked(int type, float *y, int64_t ldy, const void *packed, int64
                       int accumulate) {
 #ifdef SD_HAVE_X86_SIMD
     const size_t group = sd_packed_bytes(type, 8, n);
-    sd_tile_packed_vnni(type, y, ldy, (const unsigned char *)packed + (size_t)(r0 / 8) * group,
-                        nrows, a, T, n, bias, accumulate);
+    const void *p = (const unsigned char *)packed + (size_t)(r0 / 8) * group;
+    if (g_repack == 2) {
+        sd_tile_packed_vnni(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
+    } else {
+        sd_tile_packed_avx2(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
+    }
 #else
     (void)type;
     (void)y;

@@ -54,6 +54,9 @@ size_t sd_packed_bytes(int type, int64_t rows, int64_t cols);
 int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes, int64_t rows, int64_t cols);
 void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                          const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
+/* The same over AVX2 alone. */
+void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
+                         const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
 #endif
 
 #endif /* SD_SIMD_H */

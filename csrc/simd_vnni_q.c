@@ -1,14 +1,15 @@
-/* simd_vnni_q.c — matmul tiles of the 32-element quantized formats (Q4_0, Q4_1, Q5_0, Q5_1,
- * Q8_0) for CPUs with AVX512-VNNI (on 256-bit registers, AVX512VL).
+/* simd_vnni_q.c — 8-row interleaved kernels of the 32-element quantized formats: the
+ * AVX512-VNNI tiles over rows as stored (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), the repacking of
+ * Q4_0/Q4_1/Q8_0 matrices into that layout once at load, and the tiles over the repacked copy
+ * (VNNI, and AVX2 for CPUs without it).
  *
- * Eight weight rows at a time are unpacked once into unsigned bytes (signed formats shifted by a
- * constant c: sum((w + c) x) - c sum(x)), interleaved four bytes at a time so that lane k of a
- * vector belongs to row k, with their block scales and offsets, in an L1-sized buffer. Then, per
- * token and block, eight vpdpbusd against the token's bytes (4 at a time, broadcast) leave each
- * row's block dot product in its own lane — no horizontal sums — and the float work (convert,
- * scale by d_w * d_x, add offset times activation sum) is one instruction each for eight rows.
- * Up to four tokens share each load of the unpacked weights; a batch of T tokens reads the
- * weights from memory once. */
+ * Eight weight rows are laid out block by block, four bytes of each row side by side, so that
+ * lane k of a 256-bit vector belongs to row k. Per token and block, eight multiply-adds against
+ * the token's bytes (4 at a time, broadcast) leave each row's block dot product in its own lane
+ * — no horizontal sums — and the float work (convert, scale by d_w * d_x, add offset times the
+ * activation sum) is one instruction each for eight rows. Up to four tokens share each load of
+ * the weights; a batch of T tokens reads them from memory once. Signed formats are shifted to
+ * unsigned bytes for vpdpbusd: sum((w + c) x) = sum(w x) + c sum(x). */
 #include "simd.h"
 
 #ifdef SD_HAVE_X86_SIMD
@@ -40,7 +41,7 @@ enum { V_Q4_0, V_Q4_1, V_Q5_0, V_Q5_1, V_Q8_0 };
 /* One 32-element block of a row, as unsigned bytes, its scale, and the offset that multiplies
  * the activation sum (s for Q4_1/Q5_1, llama.cpp's f16 sums; e for the signed formats shifted
  * by c: -c * d). */
-SD_VNNI SD_INLINE __m256i unpack_block(const int f, const uint8_t *w, float *d, float *m) {
+SD_Q_AVX2 SD_INLINE __m256i unpack_block(const int f, const uint8_t *w, float *d, float *m) {
     *d = sd_q_f16_at(w);
     switch (f) {
     case V_Q4_0: *m = -8.0f * *d; return sd_q_nibbles(w + 2);
@@ -62,8 +63,9 @@ SD_VNNI SD_INLINE __m256i unpack_block(const int f, const uint8_t *w, float *d, 
  * group g of 4 elements, the 32 bytes at ub + (b * 8 + g) * 32 hold elements 4g..4g+3 of rows
  * 0..7, so one vpdpbusd against the token's 4 bytes broadcast gives each row's partial sum in
  * its own lane. An 8 x 8 transpose of 32-bit lanes turns row vectors into group vectors. */
-SD_VNNI SD_INLINE void unpack_rows8(const int f, const int size, uint8_t *ub, float *dw, float *mw,
-                                    const uint8_t *w, size_t row_bytes, int nr, int64_t nb) {
+SD_Q_AVX2 SD_INLINE void unpack_rows8(const int f, const int size, uint8_t *ub, float *dw,
+                                      float *mw, const uint8_t *w, size_t row_bytes, int nr,
+                                      int64_t nb) {
     for (int64_t b = 0; b < nb; b++) {
         __m256i r[8];
         for (int k = 0; k < 8; k++) {
@@ -128,7 +130,7 @@ SD_VNNI SD_INLINE void rows8_dot(const int f, const int TT, __m256 *out, const u
     }
 }
 
-SD_VNNI SD_INLINE void store8(float *y, __m256 v, int nr, const float *bias, int accumulate) {
+SD_Q_AVX2 SD_INLINE void store8(float *y, __m256 v, int nr, const float *bias, int accumulate) {
     float o[8];
     _mm256_storeu_ps(o, v);
     for (int k = 0; k < nr; k++) {
@@ -195,10 +197,6 @@ SD_VNNI_TILE(q5_0, V_Q5_0)
 SD_VNNI_TILE(q5_1, V_Q5_1)
 SD_VNNI_TILE(q8_0, V_Q8_0)
 
-#endif /* SD_HAVE_X86_SIMD */
-
-#ifdef SD_HAVE_X86_SIMD
-
 /* ---- repacked weights ---------------------------------------------------------------------------
  * A copy of a Q4_0, Q4_1 or Q8_0 matrix made once at load, in the interleaved layout the tiles
  * above build on every call, so a forward pass reads it without unpacking. Per group of 8 rows
@@ -222,8 +220,8 @@ size_t sd_packed_bytes(int type, int64_t rows, int64_t cols) {
     return (size_t)(rows / 8) * (size_t)(cols / 32) * (size_t)bb;
 }
 
-SD_VNNI SD_INLINE void pack_impl(const int f, uint8_t *dst, const uint8_t *w, size_t row_bytes,
-                                 int64_t rows, int64_t cols) {
+SD_Q_AVX2 SD_INLINE void pack_impl(const int f, uint8_t *dst, const uint8_t *w, size_t row_bytes,
+                                   int64_t rows, int64_t cols) {
     const int size = f == V_Q4_0 ? 18 : f == V_Q4_1 ? 20 : 34;
     const int bb = f == V_Q8_0 ? 272 : 160;
     const int64_t nb = cols / 32;
@@ -256,8 +254,8 @@ SD_VNNI SD_INLINE void pack_impl(const int f, uint8_t *dst, const uint8_t *w, si
     }
 }
 
-SD_VNNI int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes, int64_t rows,
-                          int64_t cols) {
+SD_Q_AVX2 int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes, int64_t rows,
+                            int64_t cols) {
     if (sd_packed_bytes(type, rows, cols) == 0) {
         return 0;
     }
@@ -351,6 +349,97 @@ SD_VNNI void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *pa
     case 2: ptile(V_Q4_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
     case 3: ptile(V_Q4_1, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
     default: ptile(V_Q8_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
+    }
+}
+
+/* ---- the repacked tiles on AVX2 (no VNNI): maddubs + madd per group of 4 ----------------------
+ */
+
+SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out, const uint8_t *P,
+                                          int64_t nb, const sd_q8_row *x) {
+    const int bb = f == V_Q8_0 ? 272 : 160;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[4], accm[4];
+    for (int t = 0; t < TT; t++) {
+        acc[t] = accm[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++, P += bb) {
+        __m256i g[8], sg[8];
+        __m256 dw, mw = _mm256_setzero_ps();
+        if (f == V_Q8_0) { /* stored + 128: back to signed, |q| for maddubs, sign for x */
+            for (int k = 0; k < 8; k++) {
+                sg[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(P + 32 * k)),
+                                         _mm256_set1_epi8((char)0x80));
+                g[k] = _mm256_sign_epi8(sg[k], sg[k]);
+            }
+            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 256)));
+        } else { /* nibbles <= 15: maddubs cannot saturate */
+            for (int h = 0; h < 4; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(P + 32 * h));
+                g[h] = _mm256_and_si256(v, lo4);
+                g[h + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            }
+            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 128)));
+            mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 144)));
+        }
+        for (int t = 0; t < TT; t++) {
+            __m256i s = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) {
+                __m256i xb = XB(x[t], b, k);
+                if (f == V_Q8_0) {
+                    xb = _mm256_sign_epi8(xb, sg[k]);
+                }
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(g[k], xb), ones));
+            }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+                                     _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
+            if (f != V_Q8_0) {
+                const float *xo = f == V_Q4_1 ? x[t].s : x[t].e;
+                accm[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xo[b]), accm[t]);
+            }
+        }
+    }
+    for (int t = 0; t < TT; t++) {
+        out[t] = _mm256_add_ps(acc[t], accm[t]);
+    }
+}
+
+SD_Q_AVX2 SD_INLINE void ptile_avx2(const int f, float *y, int64_t ldy, const void *packed,
+                                    int64_t nrows, const sd_acts *a, int T, int64_t n,
+                                    const float *bias, int accumulate) {
+    const int bb = f == V_Q8_0 ? 272 : 160;
+    const int64_t nb = n / 32;
+    for (int64_t r0 = 0; r0 < nrows; r0 += 8) {
+        const uint8_t *P = (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;
+        const float *bv = bias != NULL ? bias + r0 : NULL;
+        for (int t = 0; t < T; t += 4) {
+            const int tt = T - t < 4 ? T - t : 4;
+            sd_q8_row x[4];
+            __m256 out[4];
+            for (int i = 0; i < tt; i++) {
+                x[i] = sd_q8_row_at(a->xq, n, t + i);
+            }
+            switch (tt) {
+            case 4: packed8_dot_avx2(f, 4, out, P, nb, x); break;
+            case 3: packed8_dot_avx2(f, 3, out, P, nb, x); break;
+            case 2: packed8_dot_avx2(f, 2, out, P, nb, x); break;
+            default: packed8_dot_avx2(f, 1, out, P, nb, x); break;
+            }
+            for (int i = 0; i < tt; i++) {
+                store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv, accumulate);
+            }
+        }
+    }
+}
+
+SD_Q_AVX2 void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed,
+                                   int64_t nrows, const sd_acts *a, int T, int64_t n,
+                                   const float *bias, int accumulate) {
+    switch (type) {
+    case 2: ptile_avx2(V_Q4_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
+    case 3: ptile_avx2(V_Q4_1, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
+    default: ptile_avx2(V_Q8_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
     }
 }
 

@@ -90,7 +90,7 @@ typedef struct sd_model sd_model;
 
 typedef struct {
     int n_threads; /* worker threads for the forward pass; 0 = the cores this process may use */
-    int repack;    /* 1 (default): on CPUs with AVX512-VNNI keep an interleaved copy of the
+    int repack;    /* 1 (default): on CPUs with AVX2 keep an interleaved copy of the
                     * Q4_0/Q4_1/Q8_0 matrices (as large as they are) that the fastest kernels
                     * read directly; 0: compute from the file's rows only */
 } sd_model_params;
