@@ -149,11 +149,14 @@ def test_avx2_kernels_where_wider_ones_exist():
     rng = np.random.default_rng(3)
     cases = {}
     for type_id in TYPES:
-        nrows, n = 9, 512
-        blocks = quantref.random_blocks(type_id, nrows * n // quantref.FORMATS[type_id][1], rng)
-        for T in (1, 5):
-            x = rng.standard_normal((T, n)).astype(np.float32)
-            cases[f"{type_id}-{T}"] = (type_id, blocks.tobytes().hex(), nrows, n, x.tolist())
+        for nrows in (9, 16):  # 16 rows are repacked (Q4_0, Q4_1, Q8_0), 9 are not
+            n = 512
+            qk = quantref.FORMATS[type_id][1]
+            blocks = quantref.random_blocks(type_id, nrows * n // qk, rng)
+            for T in (1, 5):
+                x = rng.standard_normal((T, n)).astype(np.float32)
+                cases[f"{type_id}-{nrows}-{T}"] = (type_id, blocks.tobytes().hex(), nrows, n,
+                                                   x.tolist())
     res = subprocess.run([sys.executable, "-c", AVX2_SCRIPT], input=json.dumps(cases),
                          env=child_env(SPECDEC_SIMD="avx2"), capture_output=True, text=True,
                          timeout=300, cwd=HERE)
