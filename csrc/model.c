@@ -403,29 +403,26 @@ static sd_status build_weights(sd_model *m, const char *const *names) {
  * unpacking (same size as the originals). The embedding keeps its rows as stored (a forward
  * reads only its tokens' rows); a tied output head gets its own copy. */
 static sd_status repack_weights(sd_model *m) {
-    sd_mat *mats[7 * 1024 + 1];
-    int n = 0;
-    for (int l = 0; l < m->cfg.n_layers && n + 7 <= 7 * 1024; l++) {
+    const int n = 7 * m->cfg.n_layers + 1;
+    sd_mat **mats = malloc((size_t)n * sizeof(*mats));
+    if (mats == NULL) {
+        return SD_OK; /* an optimisation, not a requirement: run from the file's rows */
+    }
+    for (int l = 0; l < m->cfg.n_layers; l++) {
         sd_layer *L = &m->w.layers[l];
         sd_mat *lm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++) {
-            mats[n++] = lm[i];
+            mats[7 * l + i] = lm[i];
         }
     }
-    mats[n++] = &m->w.output;
+    mats[n - 1] = &m->w.output;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         total += sd_repack_bytes(mats[i]->type, mats[i]->rows, mats[i]->cols);
     }
-    if (total == 0) {
-        return SD_OK;
-    }
-    m->packed = malloc(total);
-    if (m->packed == NULL) {
-        return SD_OK; /* an optimisation, not a requirement: run from the file's rows */
-    }
+    m->packed = total > 0 ? malloc(total) : NULL;
     unsigned char *p = (unsigned char *)m->packed;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; p != NULL && i < n; i++) {
         sd_mat *w = mats[i];
         const size_t bytes = sd_repack_bytes(w->type, w->rows, w->cols);
         if (bytes > 0) {
@@ -437,6 +434,7 @@ static sd_status repack_weights(sd_model *m) {
             sd_map_release(w->data, (size_t)w->rows * w->row_bytes);
         }
     }
+    free(mats);
     return SD_OK;
 }
 
