@@ -165,7 +165,7 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
         float *vc = kv->v + (size_t)l * cache_stride;
 
         /* attention block: x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n), n = rmsnorm(x) */
-        sd_rmsnorm(s->xb, s->x, L->attn_norm, T, D, c->rms_eps);
+        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps);
         sd_matmul_job qkv[3] = {
             {s->q, s->xb, &L->wq, L->bq, 0},
             {s->k, s->xb, &L->wk, L->bk, 0},
@@ -185,13 +185,13 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
         sd_matmul(m->pool, T, &o, 1, s->xq);
 
         /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x) */
-        sd_rmsnorm(s->xb, s->x, L->ffn_norm, T, D, c->rms_eps);
+        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->ffn_norm, T, D, c->rms_eps);
         sd_matmul_job gu[2] = {
             {s->hb, s->xb, &L->w_gate, NULL, 0},
             {s->hb2, s->xb, &L->w_up, NULL, 0},
         };
         sd_matmul(m->pool, T, gu, 2, s->xq);
-        sd_swiglu(s->hb, s->hb, s->hb2, (int64_t)T * F);
+        sd_swiglu_rows(m->pool, s->hb, s->hb, s->hb2, T, F);
         sd_matmul_job down = {s->x, s->hb, &L->w_down, NULL, 1};
         sd_matmul(m->pool, T, &down, 1, s->xq);
     }

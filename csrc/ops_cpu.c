@@ -100,10 +100,7 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
     }
     if (quantized) {
         /* the integer kernels read the activations quantized: once here, for every row */
-        for (int t = 0; t < T; t++) {
-            sd_quantize_q8(xq + (size_t)t * SD_Q8_ROW_BYTES(n), jobs[0].x + (size_t)t * (size_t)n,
-                           n);
-        }
+        sd_quantize_rows(pool, xq, jobs[0].x, T, n);
         c.acts.xq = xq;
     }
     /* about 8 tasks per thread keeps the threads busy to the end without much overhead */
@@ -118,6 +115,72 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
     }
     c.task_start[n_jobs] = tasks;
     sd_threadpool_run(pool, matmul_task, &c, (int)tasks);
+}
+
+/* ---- row-parallel elementwise work ----------------------------------------------------------- */
+
+/* Tokens per task: a task of a few thousand elements keeps the dispatch cost small. */
+static int rows_per_task(int T, int64_t n) {
+    int64_t r = 4096 / (n > 0 ? n : 1);
+    return r < 1 ? 1 : r > T ? T : (int)r;
+}
+
+typedef struct {
+    unsigned char *xq;
+    const float *x;
+    int T, per;
+    int64_t n;
+} quant_ctx;
+
+static void quant_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const quant_ctx *c = (const quant_ctx *)ctx;
+    const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
+    for (int t = task * c->per; t < t1; t++) {
+        sd_quantize_q8(c->xq + (size_t)t * SD_Q8_ROW_BYTES(c->n), c->x + (size_t)t * (size_t)c->n,
+                       c->n);
+    }
+}
+
+void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, const float *x, int T, int64_t n) {
+    quant_ctx c = {xq, x, T, rows_per_task(T, n), n};
+    sd_threadpool_run(pool, quant_task, &c, (T + c.per - 1) / c.per);
+}
+
+typedef struct {
+    float *out;
+    const float *a, *b;
+    int T, per;
+    int64_t n;
+    float eps;
+} rows_ctx;
+
+static void swiglu_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const rows_ctx *c = (const rows_ctx *)ctx;
+    const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
+    const size_t o = (size_t)task * (size_t)c->per * (size_t)c->n;
+    sd_swiglu(c->out + o, c->a + o, c->b + o, (int64_t)(t1 - task * c->per) * c->n);
+}
+
+void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
+                    int64_t n) {
+    rows_ctx c = {out, gate, up, T, rows_per_task(T, n), n, 0.0f};
+    sd_threadpool_run(pool, swiglu_task, &c, (T + c.per - 1) / c.per);
+}
+
+static void rmsnorm_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const rows_ctx *c = (const rows_ctx *)ctx;
+    const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
+    const size_t o = (size_t)task * (size_t)c->per * (size_t)c->n;
+    sd_rmsnorm(c->out + o, c->a + o, c->b, t1 - task * c->per, (int)c->n, c->eps);
+}
+
+void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
+                     float eps) {
+    rows_ctx c = {out, x, w, T, rows_per_task(T, n), n, eps};
+    sd_threadpool_run(pool, rmsnorm_task, &c, (T + c.per - 1) / c.per);
 }
 
 /* ---- attention ------------------------------------------------------------------------------- */

@@ -31,6 +31,13 @@ typedef struct {
 void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs,
                unsigned char *xq);
 
+/* The same three, split over the pool by tokens (one task when T is small). */
+void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, const float *x, int T, int64_t n);
+void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
+                    int64_t n);
+void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
+                     float eps);
+
 /* out (T, F) = silu(gate) * up, elementwise; out may alias gate. */
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);
 

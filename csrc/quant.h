@@ -83,9 +83,9 @@ float sd_bf16_to_f32(uint16_t h);
 void sd_kernels_init(void);
 
 /* Repacked copies of quantized matrices (8 rows interleaved, for the AVX2 and AVX512-VNNI
- * tiles; same size as the originals). sd_repack_bytes is 0 when this CPU or this matrix has no repacked
- * kernel (type, rows % 8, row length). sd_tile_repacked computes rows [r0, r0 + nrows) of the
- * matrix, r0 and nrows multiples of 8, from the copy `packed`. */
+ * tiles; same size as the originals). sd_repack_bytes is 0 when this CPU or this matrix has no
+ * repacked kernel (type, rows % 8, row length). sd_tile_repacked computes rows [r0, r0 + nrows) of
+ * the matrix, r0 and nrows multiples of 8, from the copy `packed`. */
 size_t sd_repack_bytes(int type, int64_t rows, int64_t cols);
 void sd_repack(void *dst, int type, const void *w, size_t row_bytes, int64_t rows, int64_t cols);
 void sd_tile_repacked(int type, float *y, int64_t ldy, const void *packed, int64_t r0,
