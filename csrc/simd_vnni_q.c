@@ -314,46 +314,7 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
     }
 }
 
-SD_VNNI SD_INLINE void ptile(const int f, float *y, int64_t ldy, const void *packed, int64_t nrows,
-                             const sd_acts *a, int T, int64_t n, const float *bias,
-                             int accumulate) {
-    const int bb = f == V_Q8_0 ? 272 : 160;
-    const int64_t nb = n / 32;
-    for (int64_t r0 = 0; r0 < nrows; r0 += 8) {
-        const uint8_t *P = (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;
-        const float *bv = bias != NULL ? bias + r0 : NULL;
-        for (int t = 0; t < T; t += 4) {
-            const int tt = T - t < 4 ? T - t : 4;
-            sd_q8_row x[4];
-            __m256 out[4];
-            for (int i = 0; i < tt; i++) {
-                x[i] = sd_q8_row_at(a->xq, n, t + i);
-            }
-            switch (tt) {
-            case 4: packed8_dot(f, 4, out, P, nb, x); break;
-            case 3: packed8_dot(f, 3, out, P, nb, x); break;
-            case 2: packed8_dot(f, 2, out, P, nb, x); break;
-            default: packed8_dot(f, 1, out, P, nb, x); break;
-            }
-            for (int i = 0; i < tt; i++) {
-                store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv, accumulate);
-            }
-        }
-    }
-}
-
-SD_VNNI void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
-                                 const sd_acts *a, int T, int64_t n, const float *bias,
-                                 int accumulate) {
-    switch (type) {
-    case 2: ptile(V_Q4_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
-    case 3: ptile(V_Q4_1, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
-    default: ptile(V_Q8_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
-    }
-}
-
-/* ---- the repacked tiles on AVX2 (no VNNI): maddubs + madd per group of 4 ----------------------
- */
+/* ---- the repacked tiles on AVX2 (no VNNI): maddubs + madd per group of 4 --------------------- */
 
 SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out, const uint8_t *P,
                                           int64_t nb, const sd_q8_row *x) {
@@ -405,42 +366,55 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
     }
 }
 
-SD_Q_AVX2 SD_INLINE void ptile_avx2(const int f, float *y, int64_t ldy, const void *packed,
-                                    int64_t nrows, const sd_acts *a, int T, int64_t n,
-                                    const float *bias, int accumulate) {
-    const int bb = f == V_Q8_0 ? 272 : 160;
-    const int64_t nb = n / 32;
-    for (int64_t r0 = 0; r0 < nrows; r0 += 8) {
-        const uint8_t *P = (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;
-        const float *bv = bias != NULL ? bias + r0 : NULL;
-        for (int t = 0; t < T; t += 4) {
-            const int tt = T - t < 4 ? T - t : 4;
-            sd_q8_row x[4];
-            __m256 out[4];
-            for (int i = 0; i < tt; i++) {
-                x[i] = sd_q8_row_at(a->xq, n, t + i);
-            }
-            switch (tt) {
-            case 4: packed8_dot_avx2(f, 4, out, P, nb, x); break;
-            case 3: packed8_dot_avx2(f, 3, out, P, nb, x); break;
-            case 2: packed8_dot_avx2(f, 2, out, P, nb, x); break;
-            default: packed8_dot_avx2(f, 1, out, P, nb, x); break;
-            }
-            for (int i = 0; i < tt; i++) {
-                store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv, accumulate);
-            }
-        }
+/* The tile over repacked rows, for one instruction set: eight rows at a time, tokens four at a
+ * time, with that set's packed8 kernel. One body, two instantiations (VNNI and AVX2 alone), each
+ * compiled for its own target. */
+#define PACKED_TILE(name, attr, dot)                                                               \
+    attr void name(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,             \
+                   const sd_acts *a, int T, int64_t n, const float *bias, int accumulate) {        \
+        const int f = type == 2 ? V_Q4_0 : type == 3 ? V_Q4_1 : V_Q8_0;                            \
+        const int bb = f == V_Q8_0 ? 272 : 160;                                                    \
+        const int64_t nb = n / 32;                                                                 \
+        for (int64_t r0 = 0; r0 < nrows; r0 += 8) {                                                \
+            const uint8_t *P =                                                                     \
+                (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;              \
+            const float *bv = bias != NULL ? bias + r0 : NULL;                                     \
+            for (int t = 0; t < T; t += 4) {                                                       \
+                const int tt = T - t < 4 ? T - t : 4;                                              \
+                sd_q8_row x[4];                                                                    \
+                __m256 out[4];                                                                     \
+                for (int i = 0; i < tt; i++) {                                                     \
+                    x[i] = sd_q8_row_at(a->xq, n, t + i);                                          \
+                }                                                                                  \
+                PACKED_DISPATCH(dot, f, tt, out, P, nb, x);                                        \
+                for (int i = 0; i < tt; i++) {                                                     \
+                    store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv,          \
+                           accumulate);                                                            \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     }
-}
 
-SD_Q_AVX2 void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed,
-                                   int64_t nrows, const sd_acts *a, int T, int64_t n,
-                                   const float *bias, int accumulate) {
-    switch (type) {
-    case 2: ptile_avx2(V_Q4_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
-    case 3: ptile_avx2(V_Q4_1, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
-    default: ptile_avx2(V_Q8_0, y, ldy, packed, nrows, a, T, n, bias, accumulate); break;
+/* Format and token count as compile-time constants of the packed8 kernel. */
+#define PACKED_DISPATCH(dot, f, tt, out, P, nb, x)                                                 \
+    do {                                                                                           \
+        if ((f) == V_Q4_0) {                                                                       \
+            PACKED_TT(dot, V_Q4_0, tt, out, P, nb, x);                                             \
+        } else if ((f) == V_Q4_1) {                                                                \
+            PACKED_TT(dot, V_Q4_1, tt, out, P, nb, x);                                             \
+        } else {                                                                                   \
+            PACKED_TT(dot, V_Q8_0, tt, out, P, nb, x);                                             \
+        }                                                                                          \
+    } while (0)
+#define PACKED_TT(dot, F, tt, out, P, nb, x)                                                       \
+    switch (tt) {                                                                                  \
+    case 4: dot(F, 4, out, P, nb, x); break;                                                       \
+    case 3: dot(F, 3, out, P, nb, x); break;                                                       \
+    case 2: dot(F, 2, out, P, nb, x); break;                                                       \
+    default: dot(F, 1, out, P, nb, x); break;                                                      \
     }
-}
+
+PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot)
+PACKED_TILE(sd_tile_packed_avx2, SD_Q_AVX2, packed8_dot_avx2)
 
 #endif /* SD_HAVE_X86_SIMD */
