@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "specdec.h"
+#include "verify.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -794,7 +795,124 @@ fail:
     return NULL;
 }
 
+/* process_logits(logits (V,), temperature, top_k, top_p, min_p) -> float32 (V,) */
+static PyObject *core_process_logits(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *obj = NULL;
+    sd_sampling sp = sd_sampling_default();
+    if (!PyArg_ParseTuple(args, "Ofiff:process_logits", &obj, &sp.temperature, &sp.top_k, &sp.top_p,
+                          &sp.min_p)) {
+        return NULL;
+    }
+    sd_status st = sd_sampling_check(&sp);
+    if (st != SD_OK) {
+        return raise_status(st);
+    }
+    PyArrayObject *x = (PyArrayObject *)PyArray_FROMANY(obj, NPY_FLOAT32, 1, 1, NPY_ARRAY_IN_ARRAY);
+    if (x == NULL) {
+        return NULL;
+    }
+    const npy_intp V = PyArray_DIM(x, 0);
+    PyArrayObject *out = NULL;
+    int32_t *work = NULL;
+    if (V < 1 || V > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "logits must hold at least one value");
+        goto done;
+    }
+    out = (PyArrayObject *)PyArray_SimpleNew(1, &PyArray_DIMS(x)[0], NPY_FLOAT32);
+    work = PyMem_Malloc((size_t)V * sizeof(int32_t));
+    if (out == NULL || work == NULL) {
+        Py_CLEAR(out);
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    sd_process_logits((float *)PyArray_DATA(out), (const float *)PyArray_DATA(x), (int)V, &sp,
+                      work);
+done:
+    PyMem_Free(work);
+    Py_DECREF(x);
+    return (PyObject *)out;
+}
+
+/* verify_chains(p (K+1, V), q (K, V) or None, drafts (N, K), u_accept (N, K), u_next (N,))
+ *   -> (n_accepted int32 (N,), next int32 (N,)): N independent runs of the chain rule. */
+static PyObject *core_verify_chains(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *p_obj, *q_obj, *d_obj, *ua_obj, *un_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO:verify_chains", &p_obj, &q_obj, &d_obj, &ua_obj, &un_obj)) {
+        return NULL;
+    }
+    PyArrayObject *p = NULL, *q = NULL, *d = NULL, *ua = NULL, *un = NULL;
+    PyArrayObject *n_acc = NULL, *next = NULL;
+    float *work = NULL;
+    PyObject *result = NULL;
+    p = (PyArrayObject *)PyArray_FROMANY(p_obj, NPY_FLOAT32, 2, 2, NPY_ARRAY_IN_ARRAY);
+    d = (PyArrayObject *)PyArray_FROMANY(d_obj, NPY_INT32, 2, 2, NPY_ARRAY_IN_ARRAY);
+    ua = (PyArrayObject *)PyArray_FROMANY(ua_obj, NPY_FLOAT64, 2, 2, NPY_ARRAY_IN_ARRAY);
+    un = (PyArrayObject *)PyArray_FROMANY(un_obj, NPY_FLOAT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+    if (p == NULL || d == NULL || ua == NULL || un == NULL) {
+        goto done;
+    }
+    if (q_obj != Py_None) {
+        q = (PyArrayObject *)PyArray_FROMANY(q_obj, NPY_FLOAT32, 2, 2, NPY_ARRAY_IN_ARRAY);
+        if (q == NULL) {
+            goto done;
+        }
+    }
+    const npy_intp K = PyArray_DIM(p, 0) - 1, V = PyArray_DIM(p, 1), N = PyArray_DIM(d, 0);
+    if (K < 0 || V < 1 || PyArray_DIM(d, 1) != K || PyArray_DIM(ua, 0) != N ||
+        PyArray_DIM(ua, 1) != K || PyArray_DIM(un, 0) != N ||
+        (q != NULL && (PyArray_DIM(q, 0) != K || PyArray_DIM(q, 1) != V))) {
+        PyErr_SetString(PyExc_ValueError, "shapes: p (K+1, V), q (K, V), drafts (N, K), "
+                                          "u_accept (N, K), u_next (N,)");
+        goto done;
+    }
+    const int32_t *dd = (const int32_t *)PyArray_DATA(d);
+    for (npy_intp i = 0; i < N * K; i++) {
+        if (dd[i] < 0 || dd[i] >= V) {
+            PyErr_Format(PyExc_ValueError, "draft token %d is out of range [0, %zd)", dd[i],
+                         (Py_ssize_t)V);
+            goto done;
+        }
+    }
+    n_acc = (PyArrayObject *)PyArray_SimpleNew(1, &N, NPY_INT32);
+    next = (PyArrayObject *)PyArray_SimpleNew(1, &N, NPY_INT32);
+    work = PyMem_Malloc((size_t)V * sizeof(float));
+    if (n_acc == NULL || next == NULL || work == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    const float *pp = (const float *)PyArray_DATA(p);
+    const float *qq = q != NULL ? (const float *)PyArray_DATA(q) : NULL;
+    const double *uu = (const double *)PyArray_DATA(ua), *nn = (const double *)PyArray_DATA(un);
+    int32_t *na = (int32_t *)PyArray_DATA(n_acc), *nx = (int32_t *)PyArray_DATA(next);
+    Py_BEGIN_ALLOW_THREADS for (npy_intp i = 0; i < N; i++) {
+        na[i] =
+            sd_verify_chain(&nx[i], pp, qq, dd + i * K, (int)K, (int)V, uu + i * K, nn[i], work);
+    }
+    Py_END_ALLOW_THREADS result = Py_BuildValue("(OO)", n_acc, next);
+done:
+    PyMem_Free(work);
+    Py_XDECREF(p);
+    Py_XDECREF(q);
+    Py_XDECREF(d);
+    Py_XDECREF(ua);
+    Py_XDECREF(un);
+    Py_XDECREF(n_acc);
+    Py_XDECREF(next);
+    return result;
+}
+
 static PyMethodDef core_methods[] = {
+    {"process_logits", core_process_logits, METH_VARARGS,
+     "process_logits(logits, temperature, top_k, top_p, min_p) -> the processed distribution"},
+    {"verify_chains", core_verify_chains, METH_VARARGS,
+     "verify_chains(p, q, drafts, u_accept, u_next) -> (n_accepted, next): the chain rule of "
+     "speculative sampling over N runs (a test and research hook)"},
     {"dequantize", core_dequantize, METH_VARARGS,
      "dequantize(type, data, n) -> float32 array: the row kernels' f32 values of n elements"},
     {"matmul_rows", core_matmul_rows, METH_VARARGS,

@@ -1,0 +1,171 @@
+/* verify.c — logits processing and the accept/reject rule of speculative sampling, as small pure
+ * functions (see verify.h for the rule). Everything is deterministic given the uniforms. */
+#include "verify.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "sampler.h"
+#include "status.h"
+
+sd_sampling sd_sampling_default(void) {
+    sd_sampling s;
+    s.temperature = 0.0f;
+    s.top_k = 0;
+    s.top_p = 1.0f;
+    s.min_p = 0.0f;
+    return s;
+}
+
+sd_status sd_sampling_check(const sd_sampling *s) {
+    if (!(s->temperature >= 0.0f) || isinf(s->temperature)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "temperature must be >= 0 and finite, got %g",
+                            (double)s->temperature);
+    }
+    if (s->top_k < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "top_k must be >= 0 (0 = off), got %d", s->top_k);
+    }
+    if (!(s->top_p > 0.0f && s->top_p <= 1.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "top_p must be in (0, 1], got %g",
+                            (double)s->top_p);
+    }
+    if (!(s->min_p >= 0.0f && s->min_p < 1.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "min_p must be in [0, 1), got %g",
+                            (double)s->min_p);
+    }
+    return SD_OK;
+}
+
+/* qsort's comparator takes no context: the probabilities it orders by are this thread's. */
+static __thread const float *g_sort_p;
+
+static int by_prob_desc(const void *a, const void *b) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    const float pi = g_sort_p[i], pj = g_sort_p[j];
+    if (pi != pj) {
+        return pi > pj ? -1 : 1;
+    }
+    return i < j ? -1 : i > j;
+}
+
+void sd_process_logits(float *probs, const float *logits, int V, const sd_sampling *s,
+                       int32_t *work) {
+    if (s->temperature == 0.0f) {
+        const int best = sd_argmax(logits, V);
+        for (int i = 0; i < V; i++) {
+            probs[i] = 0.0f;
+        }
+        probs[best] = 1.0f;
+        return;
+    }
+    /* softmax(logits / T) in double for the normaliser */
+    float mx = logits[sd_argmax(logits, V)];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        const double e = exp((double)(logits[i] - mx) / s->temperature);
+        probs[i] = (float)e;
+        sum += e;
+    }
+    for (int i = 0; i < V; i++) {
+        probs[i] = (float)(probs[i] / sum);
+    }
+    const int filter = (s->top_k > 0 && s->top_k < V) || s->top_p < 1.0f || s->min_p > 0.0f;
+    if (!filter) {
+        return;
+    }
+    /* tokens by decreasing probability (ties: lower id first) */
+    for (int i = 0; i < V; i++) {
+        work[i] = i;
+    }
+    g_sort_p = probs;
+    qsort(work, (size_t)V, sizeof(int32_t), by_prob_desc);
+    int keep = V;
+    if (s->top_k > 0 && s->top_k < keep) {
+        keep = s->top_k;
+    }
+    if (s->top_p < 1.0f) {
+        double mass = 0.0, total = 0.0;
+        for (int r = 0; r < keep; r++) {
+            total += probs[work[r]];
+        }
+        int r = 0;
+        while (r < keep) { /* the smallest prefix whose mass reaches top_p of what is kept */
+            mass += probs[work[r]];
+            r++;
+            if (mass >= s->top_p * total) {
+                break;
+            }
+        }
+        keep = r;
+    }
+    if (s->min_p > 0.0f) {
+        const float floor_p = s->min_p * probs[work[0]];
+        int r = 1;
+        while (r < keep && probs[work[r]] >= floor_p) {
+            r++;
+        }
+        keep = r;
+    }
+    double kept = 0.0;
+    for (int r = 0; r < keep; r++) {
+        kept += probs[work[r]];
+    }
+    for (int r = keep; r < V; r++) {
+        probs[work[r]] = 0.0f;
+    }
+    for (int r = 0; r < keep; r++) {
+        probs[work[r]] = (float)(probs[work[r]] / kept);
+    }
+}
+
+int sd_sample_probs(const float *p, int V, double u) {
+    double acc = 0.0, total = 0.0;
+    for (int i = 0; i < V; i++) {
+        total += p[i];
+    }
+    const double target = u * total;
+    int last = 0;
+    for (int i = 0; i < V; i++) {
+        if (p[i] > 0.0f) {
+            last = i;
+            acc += p[i];
+            if (acc > target) {
+                return i;
+            }
+        }
+    }
+    return last;
+}
+
+int sd_accept(const float *p, const float *q, int d, double u) {
+    const double qd = q != NULL ? q[d] : 1.0;
+    return u * qd < (double)p[d];
+}
+
+int sd_sample_residual(const float *p, const float *q, int d, int V, double u, float *work) {
+    double mass = 0.0;
+    for (int i = 0; i < V; i++) {
+        const float qi = q != NULL ? q[i] : (i == d ? 1.0f : 0.0f);
+        const float r = p[i] - qi;
+        work[i] = r > 0.0f ? r : 0.0f; /* max(0, p - q) */
+        mass += work[i];
+    }
+    if (!(mass > 0.0)) {
+        return sd_sample_probs(p, V, u);
+    }
+    return sd_sample_probs(work, V, u);
+}
+
+int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t *draft, int K,
+                    int V, const double *u_accept, double u_next, float *work) {
+    for (int k = 0; k < K; k++) {
+        const float *pk = p + (size_t)k * (size_t)V;
+        const float *qk = q != NULL ? q + (size_t)k * (size_t)V : NULL;
+        if (!sd_accept(pk, qk, draft[k], u_accept[k])) {
+            *next = sd_sample_residual(pk, qk, draft[k], V, u_next, work);
+            return k;
+        }
+    }
+    *next = sd_sample_probs(p + (size_t)K * (size_t)V, V, u_next);
+    return K;
+}

@@ -1,0 +1,59 @@
+/* verify.h — the rules of speculative sampling (Leviathan et al. 2023; Chen et al. 2023) as pure
+ * functions over probability arrays: processing logits into the distribution a token is drawn
+ * from, drawing with a given uniform number, and accepting or correcting draft tokens so that
+ * every emitted token is distributed exactly as the target's processed distribution.
+ *
+ * The chain rule, for draft tokens d1..dK drawn from draft distributions q1..qK and target
+ * distributions p1..pK+1 (all processed the same way):
+ *   for k = 1..K: p(dk) >= q(dk): accept; else accept with probability p(dk) / q(dk);
+ *                 on the first rejection emit a token drawn from norm(max(0, pk - qk)) and stop;
+ *   if all K are accepted, emit a bonus token drawn from pK+1.
+ * A drafter without probabilities (n-gram lookup) proposes deterministically: q = one-hot(dk).
+ * Randomness is an argument: each call takes the uniform numbers it uses. */
+#ifndef SD_VERIFY_H
+#define SD_VERIFY_H
+
+#include <stdint.h>
+
+#include "specdec.h"
+
+/* What turns logits into the distribution a token is drawn from. Applied in this order:
+ * temperature, top-k, top-p, min-p; then renormalised. temperature 0 is greedy: a one-hot
+ * distribution at the argmax (lowest id on ties), the other settings ignored. */
+typedef struct {
+    float temperature; /* >= 0 */
+    int top_k;         /* keep the k most probable tokens; 0 = off */
+    float top_p;       /* keep the smallest most-probable set with mass >= top_p; 1 = off */
+    float min_p;       /* drop tokens below min_p * (largest probability); 0 = off */
+} sd_sampling;
+
+sd_sampling sd_sampling_default(void); /* greedy */
+
+/* SD_ERR_INVALID_ARG naming the parameter when one is outside its domain. */
+sd_status sd_sampling_check(const sd_sampling *s);
+
+/* probs (V) = the processed distribution of logits (V). work: V ints of scratch. Ties in the
+ * ordering of top-k/top-p go to the lower id. */
+void sd_process_logits(float *probs, const float *logits, int V, const sd_sampling *s,
+                       int32_t *work);
+
+/* The token the uniform u in [0, 1) selects from distribution p (V) by inverting its cumulative
+ * sum; a u beyond the (rounded) total selects the last token of nonzero probability. */
+int sd_sample_probs(const float *p, int V, double u);
+
+/* 1 if draft token d, drawn from q, is accepted against p with the uniform u: u * q[d] < p[d],
+ * i.e. with probability min(1, p[d] / q[d]). q NULL: the draft was deterministic (q = one-hot). */
+int sd_accept(const float *p, const float *q, int d, double u);
+
+/* After rejecting d: a token from norm(max(0, p - q)) with the uniform u (q NULL: one-hot(d)).
+ * work: V floats of scratch. If the residual has no mass (p <= q everywhere), p itself. */
+int sd_sample_residual(const float *p, const float *q, int d, int V, double u, float *work);
+
+/* The chain rule above over K draft tokens. p: (K + 1, V); q: (K, V) or NULL; draft: (K);
+ * u_accept: (K) uniforms for the acceptance tests; u_next: the uniform of the emitted
+ * correction or bonus token. Returns the number of accepted drafts n (0..K) and sets *next to
+ * the token emitted after them. work: V floats. */
+int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t *draft, int K,
+                    int V, const double *u_accept, double u_next, float *work);
+
+#endif /* SD_VERIFY_H */
