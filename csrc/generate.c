@@ -1,85 +1,59 @@
-/* generate.c — the decoding loop in C: prefill the prompt, then pick a token from the last
- * logits, feed it back, repeat. Speculative decoding will replace the one-token step with
- * draft -> verify -> accept; this plain loop is its reference. */
+/* generate.c — the decoding loops in C.
+ *
+ * sd_generate: prefill the prompt, then pick a token from the last logits, feed it back, repeat:
+ * the plain loop, and the reference the speculative loop is tested against.
+ * sd_generate_lookup: speculative decoding with prompt-lookup drafts; per step
+ *   draft  — propose up to K tokens that followed the latest earlier match of the text's tail;
+ *   verify — one target forward over [last, d1 .. dK] gives K + 1 distributions at once;
+ *   accept — the chain rule of verify.h picks the accepted prefix and one more token;
+ *   roll back — the cache keeps the accepted slots, forgets the rest (setting its length). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model.h"
 #include "sampler.h"
 #include "status.h"
+#include "verify.h"
+
+/* Random streams: one per use, so a draw is a pure function of (seed, stream, position). */
+enum { STREAM_PLAIN = 0, STREAM_ACCEPT = 1, STREAM_EMIT = 2 };
 
 sd_generate_params sd_generate_default_params(void) {
     sd_generate_params p;
+    memset(&p, 0, sizeof(p));
     p.max_new_tokens = 16;
-    p.temperature = 0.0f;
-    p.seed = 0;
-    p.stop_ids = NULL;
-    p.n_stop_ids = 0;
-    p.stop_strings = NULL;
-    p.stop_lens = NULL;
-    p.n_stop_strings = 0;
+    p.top_p = 1.0f;
     return p;
 }
 
-static int is_stop(const sd_generate_params *p, int32_t tok) {
-    for (int i = 0; i < p->n_stop_ids; i++) {
-        if (p->stop_ids[i] == tok) {
-            return 1;
-        }
-    }
-    return 0;
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The output text so far, to watch for stop strings: bytes of the emitted tokens' pieces. */
+/* ---- emitting tokens: stop tokens, stop strings, the length limit ------------------------------
+ */
+
 typedef struct {
-    char *buf;
-    size_t len, cap, longest; /* longest: of the stop strings */
-} text_watch;
+    const sd_model *m;
+    const sd_generate_params *p;
+    int32_t *out;
+    int n;
+    sd_finish_reason reason;
+    int done;
+    char *text; /* output bytes so far, to watch for stop strings */
+    size_t len, cap, longest;
+} emitter;
 
-/* Append token `tok`'s piece; 1 if a stop string now occurs in text that this piece touches. */
-static int watch_token(text_watch *w, const sd_model *m, const sd_generate_params *p, int32_t tok,
-                       sd_status *st) {
-    const size_t a = m->piece_off[tok], n = m->piece_off[tok + 1] - a;
-    if (w->len + n > w->cap) {
-        size_t cap = (w->len + n) * 2 + 64;
-        char *b = realloc(w->buf, cap);
-        if (b == NULL) {
-            *st = sd_set_error(SD_ERR_NOMEM, "out of memory watching for stop strings");
-            return 0;
-        }
-        w->buf = b;
-        w->cap = cap;
-    }
-    memcpy(w->buf + w->len, m->pieces + a, n);
-    const size_t old = w->len;
-    w->len += n;
-    /* a new occurrence must end inside the new piece: start looking longest - 1 bytes back */
-    const size_t from = old >= w->longest ? old - w->longest + 1 : 0;
-    for (int i = 0; i < p->n_stop_strings; i++) {
-        if (p->stop_lens[i] > 0 &&
-            memmem(w->buf + from, w->len - from, p->stop_strings[i], p->stop_lens[i]) != NULL) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_model *m,
-                      const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
-    *n_out = 0;
-    if (reason != NULL) {
-        *reason = SD_FINISH_LENGTH;
-    }
-    text_watch watch = {NULL, 0, 0, 0};
-    for (int i = 0; i < p->n_stop_strings; i++) {
-        watch.longest = p->stop_lens[i] > watch.longest ? p->stop_lens[i] : watch.longest;
-    }
+static sd_status check_params(const sd_model *m, const int32_t *prompt, int n_prompt,
+                              const sd_generate_params *p, sd_sampling *s) {
     if (p->n_stop_strings > 0 && m->piece_off == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "stop strings need the token pieces (sd_model_set_token_pieces): "
                             "does the model have a tokenizer?");
     }
-    const sd_config *c = &m->cfg;
     if (n_prompt < 1 || prompt == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG, "the prompt must hold at least one token");
     }
@@ -87,22 +61,96 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
         return sd_set_error(SD_ERR_INVALID_ARG, "max_new_tokens must be >= 0, got %d",
                             p->max_new_tokens);
     }
-    if (!(p->temperature >= 0.0f)) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "temperature must be >= 0, got %g",
-                            (double)p->temperature);
-    }
-    if ((int64_t)n_prompt + p->max_new_tokens > c->context_length) {
+    s->temperature = p->temperature;
+    s->top_k = p->top_k;
+    s->top_p = p->top_p;
+    s->min_p = p->min_p;
+    SD_TRY(sd_sampling_check(s));
+    if ((int64_t)n_prompt + p->max_new_tokens > m->cfg.context_length) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "prompt (%d tokens) + max_new_tokens (%d) exceeds the context length "
                             "%d",
-                            n_prompt, p->max_new_tokens, c->context_length);
+                            n_prompt, p->max_new_tokens, m->cfg.context_length);
     }
+    return SD_OK;
+}
+
+/* Append `tok`; sets e->done when generation must end after it. */
+static sd_status emit(emitter *e, int32_t tok) {
+    const sd_generate_params *p = e->p;
+    e->out[e->n++] = tok;
+    for (int i = 0; i < p->n_stop_ids; i++) {
+        if (p->stop_ids[i] == tok) {
+            e->reason = SD_FINISH_STOP_TOKEN;
+            e->done = 1;
+            return SD_OK;
+        }
+    }
+    if (p->n_stop_strings > 0) {
+        const size_t a = e->m->piece_off[tok], n = e->m->piece_off[tok + 1] - a;
+        if (e->len + n > e->cap) {
+            size_t cap = (e->len + n) * 2 + 64;
+            char *b = realloc(e->text, cap);
+            if (b == NULL) {
+                return sd_set_error(SD_ERR_NOMEM, "out of memory watching for stop strings");
+            }
+            e->text = b;
+            e->cap = cap;
+        }
+        memcpy(e->text + e->len, e->m->pieces + a, n);
+        const size_t old = e->len;
+        e->len += n;
+        /* a new occurrence ends inside the new piece: start looking longest - 1 bytes back */
+        const size_t from = old >= e->longest ? old - e->longest + 1 : 0;
+        for (int i = 0; i < p->n_stop_strings; i++) {
+            if (p->stop_lens[i] > 0 && memmem(e->text + from, e->len - from, p->stop_strings[i],
+                                              p->stop_lens[i]) != NULL) {
+                e->reason = SD_FINISH_STOP_STRING;
+                e->done = 1;
+                return SD_OK;
+            }
+        }
+    }
+    if (e->n >= p->max_new_tokens) {
+        e->reason = SD_FINISH_LENGTH;
+        e->done = 1;
+    }
+    return SD_OK;
+}
+
+static void emitter_init(emitter *e, const sd_model *m, const sd_generate_params *p, int32_t *out) {
+    memset(e, 0, sizeof(*e));
+    e->m = m;
+    e->p = p;
+    e->out = out;
+    e->reason = SD_FINISH_LENGTH;
+    for (int i = 0; i < p->n_stop_strings; i++) {
+        e->longest = p->stop_lens[i] > e->longest ? p->stop_lens[i] : e->longest;
+    }
+}
+
+/* ---- the plain loop
+ * ------------------------------------------------------------------------------ */
+
+sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_model *m,
+                      const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
+    *n_out = 0;
+    if (reason != NULL) {
+        *reason = SD_FINISH_LENGTH;
+    }
+    sd_sampling s;
+    SD_TRY(check_params(m, prompt, n_prompt, p, &s));
     if (p->max_new_tokens == 0) {
         return SD_OK;
     }
+    const int V = m->cfg.vocab_size;
+    emitter e;
+    emitter_init(&e, m, p, out);
     sd_kv_cache *kv = NULL;
-    float *logits = malloc((size_t)c->vocab_size * sizeof(float));
-    sd_status st = logits == NULL ? sd_set_error(SD_ERR_NOMEM, "out of memory") : SD_OK;
+    float *logits = malloc((size_t)V * 2 * sizeof(float));
+    int32_t *work = malloc((size_t)V * sizeof(int32_t));
+    sd_status st =
+        logits == NULL || work == NULL ? sd_set_error(SD_ERR_NOMEM, "out of memory") : SD_OK;
     if (st == SD_OK) {
         /* the last emitted token is never fed back, so one slot fewer suffices */
         st = sd_kv_cache_create(&kv, m, n_prompt + p->max_new_tokens - 1);
@@ -114,38 +162,178 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
     if (st == SD_OK) {
         st = sd_forward(m, kv, &b, logits);
     }
-    int n = 0;
     while (st == SD_OK) {
         int32_t tok;
-        if (p->temperature == 0.0f) {
-            tok = sd_argmax(logits, c->vocab_size);
+        if (s.temperature == 0.0f) {
+            tok = sd_argmax(logits, V);
         } else {
-            double u = sd_rng_uniform(p->seed, 0, (uint64_t)n);
-            tok = sd_sample_temperature(logits, c->vocab_size, p->temperature, u);
+            float *probs = logits + V;
+            sd_process_logits(probs, logits, V, &s, work);
+            tok = sd_sample_probs(probs, V, sd_rng_uniform(p->seed, STREAM_PLAIN, (uint64_t)e.n));
         }
-        out[n++] = tok;
-        if (is_stop(p, tok)) {
-            if (reason != NULL) {
-                *reason = SD_FINISH_STOP_TOKEN;
-            }
-            break;
-        }
-        if (p->n_stop_strings > 0 && watch_token(&watch, m, p, tok, &st)) {
-            if (reason != NULL) {
-                *reason = SD_FINISH_STOP_STRING;
-            }
-            break;
-        }
-        if (st != SD_OK || n >= p->max_new_tokens) {
+        st = emit(&e, tok);
+        if (st != SD_OK || e.done) {
             break;
         }
         b.n_tokens = 1;
-        b.tokens = &out[n - 1];
+        b.tokens = &out[e.n - 1];
         st = sd_forward(m, kv, &b, logits);
     }
-    *n_out = n;
+    *n_out = e.n;
+    if (reason != NULL) {
+        *reason = e.reason;
+    }
     sd_kv_cache_free(kv);
     free(logits);
-    free(watch.buf);
+    free(work);
+    free(e.text);
+    return st;
+}
+
+/* ---- prompt lookup
+ * ----------------------------------------------------------------------------------- */
+
+/* Up to k tokens that followed the latest earlier occurrence of the last n tokens of h (n from
+ * max_ngram down to min_ngram); returns how many were written to draft. */
+static int lookup_draft(int32_t *draft, const int32_t *h, int len, const sd_prompt_lookup *pl,
+                        int k) {
+    for (int n = pl->max_ngram; n >= pl->min_ngram; n--) {
+        if (n >= len) {
+            continue;
+        }
+        const int32_t *tail = h + len - n;
+        for (int i = len - n - 1; i >= 0; i--) { /* latest occurrence first */
+            if (memcmp(h + i, tail, (size_t)n * sizeof(int32_t)) == 0) {
+                int m = len - (i + n);
+                m = m < k ? m : k;
+                memcpy(draft, h + i + n, (size_t)m * sizeof(int32_t));
+                return m;
+            }
+        }
+    }
+    return 0;
+}
+
+sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
+                             sd_spec_stats *stats, sd_model *m, const int32_t *prompt, int n_prompt,
+                             const sd_generate_params *p, const sd_prompt_lookup *pl) {
+    const double t_start = now_s();
+    *n_out = 0;
+    if (reason != NULL) {
+        *reason = SD_FINISH_LENGTH;
+    }
+    sd_spec_stats local;
+    sd_spec_stats *ss = stats != NULL ? stats : &local;
+    memset(ss, 0, sizeof(*ss));
+    sd_sampling s;
+    SD_TRY(check_params(m, prompt, n_prompt, p, &s));
+    if (pl->k < 1 || pl->k > SD_MAX_DRAFT) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "k must be in [1, %d], got %d", SD_MAX_DRAFT,
+                            pl->k);
+    }
+    if (pl->min_ngram < 1 || pl->max_ngram < pl->min_ngram) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got %d and %d",
+                            pl->min_ngram, pl->max_ngram);
+    }
+    if (p->max_new_tokens == 0) {
+        return SD_OK;
+    }
+    const int V = m->cfg.vocab_size, K = pl->k, ctx = m->cfg.context_length;
+    const int total = n_prompt + p->max_new_tokens;
+    emitter e;
+    emitter_init(&e, m, p, out);
+    sd_kv_cache *kv = NULL;
+    int32_t *hist = malloc((size_t)total * sizeof(int32_t));    /* prompt + output */
+    int32_t *batch = malloc((size_t)(K + 1) * sizeof(int32_t)); /* last, d1 .. dK */
+    float *logits = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
+    float *probs = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
+    float *fwork = malloc((size_t)V * sizeof(float));
+    int32_t *iwork = malloc((size_t)V * sizeof(int32_t));
+    sd_status st = SD_OK;
+    if (hist == NULL || batch == NULL || logits == NULL || probs == NULL || fwork == NULL ||
+        iwork == NULL) {
+        st = sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    if (st == SD_OK) {
+        /* slots: the prompt and output, plus the drafts of the last step beyond them */
+        const int cap = total + K < ctx ? total + K : ctx;
+        st = sd_kv_cache_create(&kv, m, cap);
+    }
+    int len = n_prompt; /* tokens in hist; the cache holds all but the last */
+    if (st == SD_OK) {
+        memcpy(hist, prompt, (size_t)n_prompt * sizeof(int32_t));
+        if (n_prompt > 1) {
+            sd_batch b = {0};
+            b.n_tokens = n_prompt - 1;
+            b.tokens = prompt;
+            st = sd_forward(m, kv, &b, NULL);
+        }
+    }
+    while (st == SD_OK && !e.done) {
+        /* draft: no more than can be emitted, nor past the context */
+        double t0 = now_s();
+        int k = p->max_new_tokens - e.n - 1;
+        k = k < K ? k : K;
+        k = k < kv->capacity - len ? k : kv->capacity - len;
+        k = k > 0 ? lookup_draft(batch + 1, hist, len, pl, k) : 0;
+        double t1 = now_s();
+        /* verify: one forward over [last, d1 .. dk], a distribution after each */
+        batch[0] = hist[len - 1];
+        sd_batch b = {0};
+        b.n_tokens = k + 1;
+        b.tokens = batch;
+        b.n_logits = k + 1;
+        st = sd_forward(m, kv, &b, logits);
+        if (st != SD_OK) {
+            break;
+        }
+        for (int r = 0; r <= k; r++) {
+            sd_process_logits(probs + (size_t)r * V, logits + (size_t)r * V, V, &s, iwork);
+        }
+        /* accept: the chain rule, drafts deterministic (q one-hot) */
+        /* uniforms keyed by the output position they decide: none is ever used twice */
+        double ua[SD_MAX_DRAFT], un[SD_MAX_DRAFT + 1];
+        const uint64_t pos = (uint64_t)(len - n_prompt); /* output index of d1 */
+        for (int i = 0; i <= k; i++) {
+            ua[i] = sd_rng_uniform(p->seed, STREAM_ACCEPT, pos + (uint64_t)i);
+            un[i] = sd_rng_uniform(p->seed, STREAM_EMIT, pos + (uint64_t)i);
+        }
+        int32_t next = 0;
+        const int n_acc = sd_verify_chain(&next, probs, NULL, batch + 1, k, V, ua, un, fwork);
+        ss->steps++;
+        ss->drafted += k;
+        ss->accepted += n_acc;
+        for (int i = 0; i < k; i++) {
+            ss->drafted_at[i]++;
+            ss->accepted_at[i] += i < n_acc;
+        }
+        /* emit the accepted drafts and the next token, stopping where the emitter says */
+        for (int i = 0; i <= n_acc && st == SD_OK && !e.done; i++) {
+            const int32_t tok = i < n_acc ? batch[1 + i] : next;
+            hist[len++] = tok;
+            st = emit(&e, tok);
+        }
+        /* roll back: keep last + the accepted drafts that were emitted */
+        if (st == SD_OK) {
+            st = sd_kv_cache_set_length(kv, len - 1);
+        }
+        double t2 = now_s();
+        ss->time_draft_s += t1 - t0;
+        ss->time_verify_s += t2 - t1;
+    }
+    *n_out = e.n;
+    if (reason != NULL) {
+        *reason = e.reason;
+    }
+    ss->time_total_s = now_s() - t_start;
+    sd_kv_cache_free(kv);
+    free(hist);
+    free(batch);
+    free(logits);
+    free(probs);
+    free(fwork);
+    free(iwork);
+    free(e.text);
     return st;
 }

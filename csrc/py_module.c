@@ -408,22 +408,47 @@ static PyObject *model_set_token_pieces(ModelObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings)
- *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string") */
+static PyObject *stats_dict(const sd_spec_stats *st, int k) {
+    PyObject *drafted = PyList_New(k), *accepted = PyList_New(k);
+    for (int i = 0; drafted != NULL && accepted != NULL && i < k; i++) {
+        PyList_SET_ITEM(drafted, i, PyLong_FromLong(st->drafted_at[i]));
+        PyList_SET_ITEM(accepted, i, PyLong_FromLong(st->accepted_at[i]));
+    }
+    if (drafted == NULL || accepted == NULL) {
+        Py_XDECREF(drafted);
+        Py_XDECREF(accepted);
+        return NULL;
+    }
+    return Py_BuildValue("{s:i,s:i,s:i,s:N,s:N,s:d,s:d,s:d}", "steps", st->steps, "drafted",
+                         st->drafted, "accepted", st->accepted, "drafted_at", drafted,
+                         "accepted_at", accepted, "time_draft_s", st->time_draft_s, "time_verify_s",
+                         st->time_verify_s, "time_total_s", st->time_total_s);
+}
+
+/* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings, top_k, top_p,
+ *          min_p, lookup=(k, max_ngram, min_ngram) or None)
+ *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string", stats dict or None) */
 static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"prompt",   "max_new_tokens", "temperature", "seed",
-                             "stop_ids", "stop_strings",   NULL};
+                             "stop_ids", "stop_strings",   "top_k",       "top_p",
+                             "min_p",    "lookup",         NULL};
     PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
-    int max_new = 16;
-    float temperature = 0.0f;
+    PyObject *lookup_obj = Py_None;
+    sd_generate_params p = sd_generate_default_params();
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOO:generate", kwlist, &prompt_obj, &max_new,
-                                     &temperature, &seed, &stop_obj, &strings_obj)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffO:generate", kwlist, &prompt_obj,
+                                     &p.max_new_tokens, &p.temperature, &seed, &stop_obj,
+                                     &strings_obj, &p.top_k, &p.top_p, &p.min_p, &lookup_obj)) {
+        return NULL;
+    }
+    sd_prompt_lookup pl = {0, 0, 0};
+    if (lookup_obj != Py_None &&
+        !PyArg_ParseTuple(lookup_obj, "iii:lookup", &pl.k, &pl.max_ngram, &pl.min_ngram)) {
         return NULL;
     }
     int32_t *prompt = NULL, *stops = NULL, *out = NULL;
     Py_ssize_t n_prompt = 0, n_stops = 0;
-    PyObject *result = NULL, *list = NULL;
+    PyObject *result = NULL, *list = NULL, *stats = NULL;
     bytes_list strings;
     memset(&strings, 0, sizeof(strings));
     if ((prompt = tokens_from(prompt_obj, "prompt", &n_prompt)) == NULL) {
@@ -439,7 +464,7 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         PyErr_SetString(PyExc_ValueError, "sequence too long");
         goto done;
     }
-    out = PyMem_Malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
+    out = PyMem_Malloc((size_t)(p.max_new_tokens > 0 ? p.max_new_tokens : 1) * sizeof(int32_t));
     if (out == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -447,9 +472,6 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     if (model_enter(self) < 0) {
         goto done;
     }
-    sd_generate_params p = sd_generate_default_params();
-    p.max_new_tokens = max_new;
-    p.temperature = temperature;
     p.seed = (uint64_t)seed;
     p.stop_ids = stops;
     p.n_stop_ids = (int)n_stops;
@@ -458,9 +480,17 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     p.n_stop_strings = (int)strings.n;
     int n_out = 0;
     sd_finish_reason reason = SD_FINISH_LENGTH;
+    sd_spec_stats ss;
+    memset(&ss, 0, sizeof(ss));
     sd_status st;
-    Py_BEGIN_ALLOW_THREADS st =
-        sd_generate(out, &n_out, &reason, self->model, prompt, (int)n_prompt, &p);
+    const int speculative = lookup_obj != Py_None;
+    Py_BEGIN_ALLOW_THREADS if (speculative) {
+        st = sd_generate_lookup(out, &n_out, &reason, &ss, self->model, prompt, (int)n_prompt, &p,
+                                &pl);
+    }
+    else {
+        st = sd_generate(out, &n_out, &reason, self->model, prompt, (int)n_prompt, &p);
+    }
     Py_END_ALLOW_THREADS model_leave(self);
     if (st != SD_OK) {
         raise_status(st);
@@ -475,12 +505,19 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         }
         PyList_SET_ITEM(list, i, v);
     }
-    if (list != NULL) {
+    if (speculative) {
+        stats = stats_dict(&ss, pl.k);
+    } else {
+        stats = Py_None;
+        Py_INCREF(stats);
+    }
+    if (list != NULL && stats != NULL) {
         const char *names[] = {"length", "stop_token", "stop_string"};
-        result = Py_BuildValue("(Os)", list, names[reason]);
+        result = Py_BuildValue("(OsO)", list, names[reason], stats);
     }
 done:
     Py_XDECREF(list);
+    Py_XDECREF(stats);
     PyMem_Free(prompt);
     PyMem_Free(stops);
     PyMem_Free(out);
@@ -611,7 +648,8 @@ static PyMethodDef model_methods[] = {
     {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
     {"generate", (PyCFunction)(void (*)(void))model_generate, METH_VARARGS | METH_KEYWORDS,
      "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None, "
-     "stop_strings=None) -> (tokens, finish_reason)"},
+     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, lookup=None) -> (tokens, "
+     "finish_reason, stats)"},
     {"set_token_pieces", (PyCFunction)model_set_token_pieces, METH_O,
      "set_token_pieces(list of bytes): the bytes of every token id, for stop strings"},
     {NULL, NULL, 0, NULL},
@@ -836,7 +874,7 @@ done:
     return (PyObject *)out;
 }
 
-/* verify_chains(p (K+1, V), q (K, V) or None, drafts (N, K), u_accept (N, K), u_next (N,))
+/* verify_chains(p (K+1, V), q (K, V) or None, drafts (N, K), u_accept (N, K), u_next (N, K+1))
  *   -> (n_accepted int32 (N,), next int32 (N,)): N independent runs of the chain rule. */
 static PyObject *core_verify_chains(PyObject *mod, PyObject *args) {
     (void)mod;
@@ -851,7 +889,7 @@ static PyObject *core_verify_chains(PyObject *mod, PyObject *args) {
     p = (PyArrayObject *)PyArray_FROMANY(p_obj, NPY_FLOAT32, 2, 2, NPY_ARRAY_IN_ARRAY);
     d = (PyArrayObject *)PyArray_FROMANY(d_obj, NPY_INT32, 2, 2, NPY_ARRAY_IN_ARRAY);
     ua = (PyArrayObject *)PyArray_FROMANY(ua_obj, NPY_FLOAT64, 2, 2, NPY_ARRAY_IN_ARRAY);
-    un = (PyArrayObject *)PyArray_FROMANY(un_obj, NPY_FLOAT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+    un = (PyArrayObject *)PyArray_FROMANY(un_obj, NPY_FLOAT64, 2, 2, NPY_ARRAY_IN_ARRAY);
     if (p == NULL || d == NULL || ua == NULL || un == NULL) {
         goto done;
     }
@@ -863,10 +901,10 @@ static PyObject *core_verify_chains(PyObject *mod, PyObject *args) {
     }
     const npy_intp K = PyArray_DIM(p, 0) - 1, V = PyArray_DIM(p, 1), N = PyArray_DIM(d, 0);
     if (K < 0 || V < 1 || PyArray_DIM(d, 1) != K || PyArray_DIM(ua, 0) != N ||
-        PyArray_DIM(ua, 1) != K || PyArray_DIM(un, 0) != N ||
+        PyArray_DIM(ua, 1) != K || PyArray_DIM(un, 0) != N || PyArray_DIM(un, 1) != K + 1 ||
         (q != NULL && (PyArray_DIM(q, 0) != K || PyArray_DIM(q, 1) != V))) {
         PyErr_SetString(PyExc_ValueError, "shapes: p (K+1, V), q (K, V), drafts (N, K), "
-                                          "u_accept (N, K), u_next (N,)");
+                                          "u_accept (N, K), u_next (N, K+1)");
         goto done;
     }
     const int32_t *dd = (const int32_t *)PyArray_DATA(d);
@@ -891,8 +929,8 @@ static PyObject *core_verify_chains(PyObject *mod, PyObject *args) {
     const double *uu = (const double *)PyArray_DATA(ua), *nn = (const double *)PyArray_DATA(un);
     int32_t *na = (int32_t *)PyArray_DATA(n_acc), *nx = (int32_t *)PyArray_DATA(next);
     Py_BEGIN_ALLOW_THREADS for (npy_intp i = 0; i < N; i++) {
-        na[i] =
-            sd_verify_chain(&nx[i], pp, qq, dd + i * K, (int)K, (int)V, uu + i * K, nn[i], work);
+        na[i] = sd_verify_chain(&nx[i], pp, qq, dd + i * K, (int)K, (int)V, uu + i * K,
+                                nn + i * (K + 1), work);
     }
     Py_END_ALLOW_THREADS result = Py_BuildValue("(OO)", n_acc, next);
 done:

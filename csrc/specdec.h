@@ -190,6 +190,9 @@ sd_status sd_model_set_token_pieces(sd_model *model, const char *const *pieces, 
 typedef struct {
     int max_new_tokens;      /* >= 0 */
     float temperature;       /* 0 = greedy (argmax, lowest id on ties); > 0 = sample softmax(l/T) */
+    int top_k;               /* sampling: keep the k most probable tokens; 0 = off */
+    float top_p;             /* sampling: keep the smallest set with mass >= top_p; 1 = off */
+    float min_p;             /* sampling: drop tokens below min_p * the largest; 0 = off */
     uint64_t seed;           /* sampling: the draw for output position i is a pure function of
                               * (seed, i), so a seed reproduces a run whatever the thread count */
     const int32_t *stop_ids; /* (n_stop_ids) tokens that end generation (emitted, then stop) */
@@ -215,6 +218,41 @@ typedef enum {
  * length. */
 sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_model *model,
                       const int32_t *prompt, int n_prompt, const sd_generate_params *params);
+
+/* ---- speculative decoding -----------------------------------------------------------------------
+ */
+
+#define SD_MAX_DRAFT 32
+
+/* Prompt lookup (n-gram) drafting: match the last n tokens of prompt + output (n from max_ngram
+ * down to min_ngram) at their latest earlier occurrence and propose the up to k tokens that
+ * followed it. Deterministic drafts: verified as one-hot draft distributions. */
+typedef struct {
+    int k;         /* 1 <= k <= SD_MAX_DRAFT */
+    int max_ngram; /* >= min_ngram */
+    int min_ngram; /* >= 1 */
+} sd_prompt_lookup;
+
+/* What a speculative run did, for users and for the benchmarks. */
+typedef struct {
+    int steps;                     /* target forwards after the prefill */
+    int drafted;                   /* draft tokens proposed */
+    int accepted;                  /* draft tokens accepted */
+    int drafted_at[SD_MAX_DRAFT];  /* drafts proposed at draft position i */
+    int accepted_at[SD_MAX_DRAFT]; /* ... and accepted there */
+    double time_draft_s, time_verify_s, time_total_s;
+} sd_spec_stats;
+
+/* Speculative decoding with prompt lookup: each step forwards [last, d1 .. dK] through the
+ * target in one batch, accepts drafts by the rule of verify.h (exact: at temperature 0 the
+ * output is the greedy output token for token; when sampling it is distributed as sampling the
+ * processed target distribution), emits the correction or bonus token, and rolls the KV cache
+ * back to the accepted prefix. Same arguments and stopping rules as sd_generate; stats may be
+ * NULL. */
+sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
+                             sd_spec_stats *stats, sd_model *model, const int32_t *prompt,
+                             int n_prompt, const sd_generate_params *params,
+                             const sd_prompt_lookup *lookup);
 
 /* ---- kernel checks --------------------------------------------------------------------------- */
 

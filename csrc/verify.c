@@ -157,15 +157,15 @@ int sd_sample_residual(const float *p, const float *q, int d, int V, double u, f
 }
 
 int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t *draft, int K,
-                    int V, const double *u_accept, double u_next, float *work) {
+                    int V, const double *u_accept, const double *u_next, float *work) {
     for (int k = 0; k < K; k++) {
         const float *pk = p + (size_t)k * (size_t)V;
         const float *qk = q != NULL ? q + (size_t)k * (size_t)V : NULL;
         if (!sd_accept(pk, qk, draft[k], u_accept[k])) {
-            *next = sd_sample_residual(pk, qk, draft[k], V, u_next, work);
+            *next = sd_sample_residual(pk, qk, draft[k], V, u_next[k], work);
             return k;
         }
     }
-    *next = sd_sample_probs(p + (size_t)K * (size_t)V, V, u_next);
+    *next = sd_sample_probs(p + (size_t)K * (size_t)V, V, u_next[K]);
     return K;
 }

@@ -50,10 +50,11 @@ int sd_accept(const float *p, const float *q, int d, double u);
 int sd_sample_residual(const float *p, const float *q, int d, int V, double u, float *work);
 
 /* The chain rule above over K draft tokens. p: (K + 1, V); q: (K, V) or NULL; draft: (K);
- * u_accept: (K) uniforms for the acceptance tests; u_next: the uniform of the emitted
- * correction or bonus token. Returns the number of accepted drafts n (0..K) and sets *next to
- * the token emitted after them. work: V floats. */
+ * u_accept: (K) uniforms for the acceptance tests; u_next: (K + 1) uniforms, u_next[n] drawing
+ * the token emitted after n accepted drafts (so a decoding loop can key each uniform by the
+ * output position it decides, and never reuse one). Returns the number of accepted drafts n
+ * (0..K) and sets *next to the token emitted after them. work: V floats. */
 int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t *draft, int K,
-                    int V, const double *u_accept, double u_next, float *work);
+                    int V, const double *u_accept, const double *u_next, float *work);
 
 #endif /* SD_VERIFY_H */

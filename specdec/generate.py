@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .model import Model, TokenIds
+from .speculators import PromptLookup, SpecStats
 
 Messages = List[Dict[str, Any]]
 Prompt = Union[str, Messages, TokenIds]
@@ -22,6 +23,7 @@ class Generation:
     text: Optional[str] = None        # the new text, when the model has a tokenizer
     finish_reason: str = "length"     # "length", "stop_token" or "stop_string"
     time_s: float = 0.0               # wall time of decoding (prefill included, tokenizing not)
+    stats: Optional[SpecStats] = None  # speculative runs: drafts, acceptance, timings
 
     @property
     def tokens_per_s(self) -> float:
@@ -47,7 +49,8 @@ def encode_prompt(model: Model, prompt: Prompt) -> List[int]:
 
 def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: float = 0.0,
              seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
-             stop: Optional[Sequence[str]] = None) -> Generation:
+             stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
+             min_p: float = 0.0, speculator: Optional[PromptLookup] = None) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
     Args:
@@ -65,6 +68,12 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
             Default: the model's end-of-generation tokens (from its tokenizer, else the
             end-of-sequence id its file names, else none).
         stop: strings that end generation; ``text`` is cut before the first one.
+        top_k, top_p, min_p: sampling filters applied after the temperature (0, 1 and 0 are
+            off): keep the k most probable tokens, then the smallest set with mass >= top_p,
+            then drop tokens below min_p times the most probable.
+        speculator: None for plain decoding, or a :class:`specdec.PromptLookup`: speculative
+            decoding whose output is the target's own (identical at temperature 0, identically
+            distributed when sampling); ``stats`` then reports drafts and acceptance.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
@@ -74,6 +83,15 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         seed = int.from_bytes(os.urandom(8), "little")
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be a non-negative integer (0 = off), got {top_k!r}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if not 0.0 <= min_p < 1.0:
+        raise ValueError(f"min_p must be in [0, 1), got {min_p!r}")
+    if speculator is not None and not isinstance(speculator, PromptLookup):
+        raise TypeError(f"speculator must be a specdec.PromptLookup or None, got "
+                        f"{type(speculator).__name__}")
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None and not all(isinstance(s, str) and s for s in stop):
@@ -91,10 +109,13 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         stop_tokens = sorted(tok.eog_ids) if tok is not None else model.eos_ids()
     ids = encode_prompt(model, prompt)
     t0 = time.perf_counter()
-    tokens, reason = model._core.generate(
+    lookup = None if speculator is None else (speculator.k, speculator.max_ngram,
+                                              speculator.min_ngram)
+    tokens, reason, core_stats = model._core.generate(
         ids, max_new_tokens, float(temperature), seed,
         None if stop_tokens is None else list(stop_tokens),
-        None if not stop else [s.encode("utf-8") for s in stop])
+        None if not stop else [s.encode("utf-8") for s in stop],
+        top_k, float(top_p), float(min_p), lookup)
     elapsed = time.perf_counter() - t0
     text = None
     if tok is not None:
@@ -105,5 +126,6 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
             # could hide the match from the text, which is then left whole
             cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
             text = text[:cut]
+    stats = None if core_stats is None else SpecStats.from_core(core_stats, len(tokens))
     return Generation(tokens=tokens, prompt_tokens=[int(t) for t in ids], text=text,
-                      finish_reason=reason, time_s=elapsed)
+                      finish_reason=reason, time_s=elapsed, stats=stats)

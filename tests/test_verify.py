@@ -117,7 +117,8 @@ def draw(p, u):
 
 
 def chain_numpy(p, q, drafts, ua, un, broken=False):
-    """The chain rule of verify.h over N runs; `broken` draws the correction from p instead of
+    """The chain rule of verify.h over N runs (un[:, n]: the uniform of the token emitted after n
+    accepted drafts); `broken` draws the correction from p instead of
     norm(max(0, p - q)) (a classic mistake that biases the output towards the draft)."""
     N, K = drafts.shape
     n_acc = np.full(N, K)
@@ -133,11 +134,11 @@ def chain_numpy(p, q, drafts, ua, un, broken=False):
             if broken:
                 res = np.broadcast_to(p[k], res.shape)
             res = np.broadcast_to(res, (rej.sum(), p.shape[1]))
-            nxt[rej] = draw(res, un[rej])
+            nxt[rej] = draw(res, un[rej, k])
             n_acc[rej] = k
             done |= rej
     rest = ~done
-    nxt[rest] = draw(np.broadcast_to(p[K], (rest.sum(), p.shape[1])), un[rest])
+    nxt[rest] = draw(np.broadcast_to(p[K], (rest.sum(), p.shape[1])), un[rest, K])
     return n_acc, nxt
 
 
@@ -156,7 +157,7 @@ def test_c_rule_equals_numpy_twin_on_the_same_uniforms():
     p, q = make_rows(rng, K, V, (1.0, 0, 1.0, 0.0))
     drafts = np.stack([draw(np.broadcast_to(q[k], (N, V)), rng.random(N)) for k in range(K)],
                       axis=1).astype(np.int32)
-    ua, un = rng.random((N, K)), rng.random(N)
+    ua, un = rng.random((N, K)), rng.random((N, K + 1))
     n_c, next_c = _core.verify_chains(p, q, drafts, ua, un)
     n_np, next_np = chain_numpy(p.astype(np.float64), q.astype(np.float64), drafts, ua, un)
     assert np.array_equal(n_c, n_np)
@@ -181,7 +182,7 @@ def simulate_stream(rule, p_rows, q_rows, K, M, N, rng):
             q = q_rows[start:start + K]
             drafts = np.stack([draw(np.broadcast_to(q[k], (n, V)), rng.random(n))
                                for k in range(K)], axis=1).astype(np.int32)
-            n_acc, nxt = rule(p, q, drafts, rng.random((n, K)), rng.random(n))
+            n_acc, nxt = rule(p, q, drafts, rng.random((n, K)), rng.random((n, K + 1)))
             for j in range(min(K + 1, M - start)):
                 emit = j <= n_acc
                 tok = np.where(j < n_acc, drafts[:, min(j, K - 1)], nxt)
@@ -246,5 +247,5 @@ def test_greedy_rows_accept_exactly_the_argmax():
         if n_good < K:
             draft[n_good] = (draft[n_good] + 1) % V
         n_acc, nxt = _core.verify_chains(p, None, draft[None, :].astype(np.int32),
-                                         rng.random((1, K)), rng.random(1))
+                                         rng.random((1, K)), rng.random((1, K + 1)))
         assert n_acc[0] == n_good and nxt[0] == greedy[n_good]
