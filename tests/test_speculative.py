@@ -1,0 +1,166 @@
+"""Speculative decoding with prompt lookup (sd_generate_lookup): at temperature 0 the output is
+the plain greedy output token for token, whatever k, however the run ends; when sampling, the
+first tokens are distributed as the target's (chi-square against exact enumeration); the stats
+add up; bad arguments are refused."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import specdec
+import tinymodels as tm
+
+from test_verify import chi2_critical, chi2_stat
+
+
+def repetitive_prompt(vocab: int, n: int, seed: int) -> list[int]:
+    """A prompt that repeats a phrase, so prompt lookup has matches to draft from."""
+    rng = np.random.default_rng(seed)
+    phrase = [int(x) for x in rng.integers(3, vocab, size=7)]
+    return (phrase * (n // 7 + 1))[:n]
+
+
+@pytest.fixture(scope="module")
+def models(tiny):
+    return [specdec.load(tiny(name, fmt).path) for name, fmt in
+            [("llama_odd", "gguf-f32-v3"), ("qwen2", "hf-f32"), ("llama_gqa1", "gguf-f16-v3-align64")]]
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_identical_to_plain_decoding(models, k):
+    for m in models:
+        for seed in range(3):
+            prompt = repetitive_prompt(m.config.vocab_size, 15 + 4 * seed, seed)
+            plain = specdec.generate(m, prompt, max_new_tokens=30, stop_tokens=[])
+            spec = specdec.generate(m, prompt, max_new_tokens=30, stop_tokens=[],
+                                    speculator=specdec.PromptLookup(k=k, max_ngram=3))
+            assert spec.tokens == plain.tokens
+            assert spec.finish_reason == "length"
+            st = spec.stats
+            assert st.steps >= 1 and 0 <= st.accepted <= st.drafted
+            assert st.new_tokens == len(spec.tokens)
+            # each step emits its accepted drafts plus one token
+            assert st.accepted + st.steps == st.new_tokens
+
+
+def test_drafts_are_actually_accepted(models):
+    """A model that copies its input (here: greedy on a repetitive prompt of a random model
+    often does) must get drafts accepted: the loop is exercised, not just its fallback."""
+    total = 0
+    for m in models:
+        prompt = repetitive_prompt(m.config.vocab_size, 30, 9)
+        g = specdec.generate(m, prompt, max_new_tokens=30, stop_tokens=[],
+                             speculator=specdec.PromptLookup(k=4))
+        total += g.stats.accepted
+    assert total > 0
+
+
+def test_stops_in_the_middle_of_a_draft(models):
+    m = models[0]
+    prompt = repetitive_prompt(m.config.vocab_size, 21, 4)
+    plain = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[])
+    for j in (3, 10, 25):
+        stop = plain.tokens[j]
+        first = plain.tokens.index(stop)
+        for k in (2, 8):
+            spec = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[stop],
+                                    speculator=specdec.PromptLookup(k=k))
+            assert spec.tokens == plain.tokens[: first + 1]
+            assert spec.finish_reason == "stop_token"
+    # max_new_tokens ends a draft too
+    for n in (1, 2, 7):
+        spec = specdec.generate(m, prompt, max_new_tokens=n, stop_tokens=[],
+                                speculator=specdec.PromptLookup(k=8))
+        assert spec.tokens == plain.tokens[:n]
+
+
+def test_smollm2_greedy_identical(smollm2_path):
+    m = specdec.load(smollm2_path)
+    msgs = [{"role": "user", "content": "Repeat exactly: the cat sat on the mat, the cat sat "
+                                        "on the mat, and then the cat slept."}]
+    plain = specdec.generate(m, msgs, max_new_tokens=48)
+    for k in (1, 3, 8):
+        spec = specdec.generate(m, msgs, max_new_tokens=48,
+                                speculator=specdec.PromptLookup(k=k))
+        assert spec.tokens == plain.tokens and spec.text == plain.text
+    assert spec.stats.accepted > 0
+
+
+def test_stop_string_with_speculation(tiny):
+    """Stop strings are checked per emitted token inside the loop, drafts included."""
+    from test_text import gguf_kv
+    from test_tokenizer import _train_bpe, gguf_meta
+    from specdec import testing
+
+    meta = gguf_meta(_train_bpe())
+    cfg = tm.TinyConfig(arch="llama", vocab=len(meta["tokenizer.ggml.tokens"]), dim=32,
+                        n_layers=2, n_heads=4, n_kv_heads=2, ffn=64, context_length=256)
+    import tempfile, os
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.gguf")
+        testing.write_gguf(path, cfg, tm.make_weights(cfg, 5), extra_kv=gguf_kv(meta))
+        m = specdec.load(path)
+        prompt = "the cat sat on the mat the cat sat on the mat the cat"
+        full = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[])
+        # an ASCII stretch of the output, past its start (random weights emit broken UTF-8 too)
+        stop = next(full.text[i:i + 3] for i in range(8, len(full.text) - 3)
+                    if full.text[i:i + 3].isascii() and full.text[i:i + 3].strip())
+        plain = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], stop=[stop])
+        spec = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], stop=[stop],
+                                speculator=specdec.PromptLookup(k=6))
+        assert spec.tokens == plain.tokens and spec.text == plain.text
+        assert spec.finish_reason == plain.finish_reason == "stop_string"
+
+
+def test_sampled_output_is_distributed_as_the_target(tiny, ref_logits):
+    """Temperature 1 on a vocabulary of 5: the joint distribution of the first two emitted
+    tokens, enumerated exactly from the reference forward, against 20,000 seeded speculative
+    runs (chi-square, alpha = 0.001)."""
+    cfg = tm.TinyConfig(arch="llama", vocab=5, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                        ffn=32, context_length=32)
+    import tempfile, os
+    from specdec import testing
+    import reference
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "v5.gguf")
+        w = tm.make_weights(cfg, 11)
+        testing.write_gguf(path, cfg, w)
+        m = specdec.load(path)
+        prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+        p1 = reference.forward(w, cfg, prompt)[-1]
+        p1 = np.exp(p1 - p1.max())
+        p1 /= p1.sum()
+        exact = np.zeros((5, 5))
+        for a in range(5):
+            l2 = reference.forward(w, cfg, prompt + [a])[-1]
+            p2 = np.exp(l2 - l2.max())
+            exact[a] = p1[a] * p2 / p2.sum()
+        N = 20000
+        counts = np.zeros(25)
+        for s in range(N):
+            g = specdec.generate(m, prompt, max_new_tokens=2, temperature=1.0, seed=s,
+                                 stop_tokens=[], speculator=specdec.PromptLookup(k=3))
+            counts[g.tokens[0] * 5 + g.tokens[1]] += 1
+        stat, df = chi2_stat(counts, exact.ravel())
+        assert stat < chi2_critical(df), (stat, df)
+
+
+@pytest.mark.parametrize("kw,match", [({"speculator": "lookup"}, "speculator"),
+                                      ({"top_p": 0.0}, "top_p"), ({"top_k": -1}, "top_k"),
+                                      ({"min_p": 1.0}, "min_p"), ({"temperature": -1.0},
+                                                                  "temperature")])
+def test_bad_arguments(models, kw, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        specdec.generate(models[0], [1, 2, 3], max_new_tokens=4, **kw)
+
+
+@pytest.mark.parametrize("args", [dict(k=0), dict(k=33), dict(min_ngram=0),
+                                  dict(max_ngram=1, min_ngram=2)])
+def test_bad_prompt_lookup(args):
+    with pytest.raises(ValueError, match="k must|n-gram"):
+        specdec.PromptLookup(**args)
