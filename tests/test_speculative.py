@@ -164,3 +164,35 @@ def test_bad_arguments(models, kw, match):
 def test_bad_prompt_lookup(args):
     with pytest.raises(ValueError, match="k must|n-gram"):
         specdec.PromptLookup(**args)
+
+
+def test_bench_harness_runs(tmp_path, capsys):
+    """python -m specdec.bench on a tiny model with a tokenizer and a three-question file."""
+    import json as _json
+    import os
+
+    from test_text import gguf_kv
+    from test_tokenizer import _train_bpe, gguf_meta
+    from specdec import bench, testing
+
+    meta = gguf_meta(_train_bpe())
+    cfg = tm.TinyConfig(arch="llama", vocab=len(meta["tokenizer.ggml.tokens"]), dim=32,
+                        n_layers=2, n_heads=4, n_kv_heads=2, ffn=64, context_length=256)
+    path = os.path.join(tmp_path, "m.gguf")
+    testing.write_gguf(path, cfg, tm.make_weights(cfg, 5), extra_kv=gguf_kv(meta))
+    data = tmp_path / "q.jsonl"
+    data.write_text("\n".join(_json.dumps(q) for q in [
+        {"question_id": 1, "category": "summarization", "turns": ["the cat sat on the mat " * 3]},
+        {"question_id": 2, "category": "qa", "turns": ["hello there"]},
+        {"question_id": 3, "category": "qa", "turns": ["hello again", "and again"]}]))
+    out = tmp_path / "r.json"
+    assert bench.main(["--data", str(data), "--model", path, "--max-new-tokens", "6",
+                       "--k", "3", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| overall | 3 |" in table and "lookup speedup" in table
+    res = _json.loads(out.read_text())
+    assert len(res["questions"]) == 3
+    q = res["questions"][0]["methods"]
+    assert q["plain"]["new_tokens"] == q["lookup"]["new_tokens"]  # greedy: same output length
+    assert bench.predicted_speedup(0.0, 4) == 1.0
+    assert abs(bench.predicted_speedup(0.5, 2) - 1.75) < 1e-9
