@@ -214,6 +214,23 @@ static int lookup_draft(int32_t *draft, const int32_t *h, int len, const sd_prom
     return 0;
 }
 
+/* The draft length that maximises expected tokens per verify cost given the acceptance rate
+ * measured so far (a Beta(1, 1)-smoothed count, so it starts at 0.5). */
+static int adaptive_k(const sd_spec_stats *ss, float slope, int kmax) {
+    const double a = (ss->accepted + 1.0) / (ss->drafted + 2.0);
+    double best_v = 1.0, ak = a; /* k = 0: one token per unit cost */
+    int best = 0;
+    for (int k = 1; k <= kmax; k++) {
+        ak *= a; /* a^(k+1) */
+        const double v = (1.0 - ak) / ((1.0 - a) * (1.0 + (double)slope * k));
+        if (v > best_v) {
+            best_v = v;
+            best = k;
+        }
+    }
+    return best;
+}
+
 sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
                              sd_spec_stats *stats, sd_model *m, const int32_t *prompt, int n_prompt,
                              const sd_generate_params *p, const sd_prompt_lookup *pl) {
@@ -230,6 +247,10 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
     if (pl->k < 1 || pl->k > SD_MAX_DRAFT) {
         return sd_set_error(SD_ERR_INVALID_ARG, "k must be in [1, %d], got %d", SD_MAX_DRAFT,
                             pl->k);
+    }
+    if (!(pl->verify_slope >= 0.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "verify_slope must be >= 0, got %g",
+                            (double)pl->verify_slope);
     }
     if (pl->min_ngram < 1 || pl->max_ngram < pl->min_ngram) {
         return sd_set_error(SD_ERR_INVALID_ARG,
@@ -276,6 +297,11 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
         int k = p->max_new_tokens - e.n - 1;
         k = k < K ? k : K;
         k = k < kv->capacity - len ? k : kv->capacity - len;
+        if (pl->verify_slope > 0.0f && k > 0) {
+            const int best = adaptive_k(ss, pl->verify_slope, k);
+            /* keep measuring: when drafting does not pay, still try one draft every 4th step */
+            k = best > 0 ? best : (ss->steps % 4 == 0 ? 1 : 0);
+        }
         k = k > 0 ? lookup_draft(batch + 1, hist, len, pl, k) : 0;
         double t1 = now_s();
         /* verify: one forward over [last, d1 .. dk], a distribution after each */

@@ -426,7 +426,7 @@ static PyObject *stats_dict(const sd_spec_stats *st, int k) {
 }
 
 /* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings, top_k, top_p,
- *          min_p, lookup=(k, max_ngram, min_ngram) or None)
+ *          min_p, lookup=(k, max_ngram, min_ngram, verify_slope) or None)
  *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string", stats dict or None) */
 static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"prompt",   "max_new_tokens", "temperature", "seed",
@@ -441,9 +441,9 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
                                      &strings_obj, &p.top_k, &p.top_p, &p.min_p, &lookup_obj)) {
         return NULL;
     }
-    sd_prompt_lookup pl = {0, 0, 0};
-    if (lookup_obj != Py_None &&
-        !PyArg_ParseTuple(lookup_obj, "iii:lookup", &pl.k, &pl.max_ngram, &pl.min_ngram)) {
+    sd_prompt_lookup pl = {0, 0, 0, 0.0f};
+    if (lookup_obj != Py_None && !PyArg_ParseTuple(lookup_obj, "iiif:lookup", &pl.k, &pl.max_ngram,
+                                                   &pl.min_ngram, &pl.verify_slope)) {
         return NULL;
     }
     int32_t *prompt = NULL, *stops = NULL, *out = NULL;

@@ -228,9 +228,14 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
  * down to min_ngram) at their latest earlier occurrence and propose the up to k tokens that
  * followed it. Deterministic drafts: verified as one-hot draft distributions. */
 typedef struct {
-    int k;         /* 1 <= k <= SD_MAX_DRAFT */
+    int k;         /* 1 <= k <= SD_MAX_DRAFT: the most drafts per step */
     int max_ngram; /* >= min_ngram */
     int min_ngram; /* >= 1 */
+    /* Adaptive draft length: 0 = always draft up to k; > 0 = draft the k that maximises the
+     * expected tokens per unit of verify cost, (1 - a^(k+1)) / ((1 - a)(1 + verify_slope k)),
+     * with a the acceptance rate measured so far in this request (starting at 0.5) and
+     * verify_slope the cost of one more token in a verify batch relative to one token. */
+    float verify_slope;
 } sd_prompt_lookup;
 
 /* What a speculative run did, for users and for the benchmarks. */

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> dict:
         name = name.strip()
         if name == "lookup":
             methods["lookup"] = specdec.PromptLookup(k=args.k, max_ngram=args.max_ngram,
-                                                     min_ngram=1)
+                                                     min_ngram=1, verify_slope=args.verify_slope)
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup)")
     rows = load_questions(args.data, args.limit)
@@ -128,6 +128,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default="lookup", help="comma-separated: lookup")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--max-ngram", type=int, default=3)
+    p.add_argument("--verify-slope", type=float, default=0.3,
+                   help="adaptive draft length (0 = always draft k)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)

@@ -110,7 +110,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
     ids = encode_prompt(model, prompt)
     t0 = time.perf_counter()
     lookup = None if speculator is None else (speculator.k, speculator.max_ngram,
-                                              speculator.min_ngram)
+                                              speculator.min_ngram,
+                                              float(speculator.verify_slope))
     tokens, reason, core_stats = model._core.generate(
         ids, max_new_tokens, float(temperature), seed,
         None if stop_tokens is None else list(stop_tokens),

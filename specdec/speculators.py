@@ -18,10 +18,16 @@ class PromptLookup:
     k: int = 5
     max_ngram: int = 3
     min_ngram: int = 1
+    #: adaptive draft length: the extra cost of one more token in a verify batch relative to a
+    #: single token (about 0.3 on a 2-core CPU with SmolLM2, benchmarks/RESULTS.md); drafts are
+    #: then sized to the acceptance rate measured so far in the request. 0 = always draft k.
+    verify_slope: float = 0.3
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or not 1 <= self.k <= MAX_DRAFT:
             raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {self.k!r}")
+        if not (isinstance(self.verify_slope, (int, float)) and self.verify_slope >= 0):
+            raise ValueError(f"verify_slope must be >= 0, got {self.verify_slope!r}")
         if not (isinstance(self.min_ngram, int) and isinstance(self.max_ngram, int)
                 and 1 <= self.min_ngram <= self.max_ngram):
             raise ValueError("n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got "
