@@ -73,23 +73,49 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
     if (!filter) {
         return;
     }
-    /* tokens by decreasing probability (ties: lower id first) */
-    for (int i = 0; i < V; i++) {
-        work[i] = i;
+    /* the candidates by decreasing probability (ties: lower id first). Only the head of the
+     * order matters, so sort just the tokens above a threshold, lowering it until they hold
+     * enough mass for top-p and enough tokens for top-k (a full sort of a 50k vocabulary per
+     * token would cost more than the forward pass); every filter that is on drops the rest */
+    const float pmax = probs[sd_argmax(probs, V)];
+    const int need_k = s->top_k > 0 && s->top_k < V ? s->top_k : 1;
+    const double need_mass = s->top_p < 1.0f ? s->top_p : 0.0;
+    int nc = 0;
+    for (float t = pmax * 1e-3f;; t *= 1e-3f) {
+        double mass = 0.0;
+        nc = 0;
+        for (int i = 0; i < V; i++) {
+            if (probs[i] >= t) {
+                work[nc++] = i;
+                mass += probs[i];
+            }
+        }
+        const int enough =
+            nc >= need_k && mass >= need_mass && (s->min_p <= 0.0f || t <= s->min_p * pmax);
+        if (enough || nc == V || t == 0.0f) {
+            break;
+        }
     }
     g_sort_p = probs;
-    qsort(work, (size_t)V, sizeof(int32_t), by_prob_desc);
-    int keep = V;
+    qsort(work, (size_t)nc, sizeof(int32_t), by_prob_desc);
+    int keep = nc;
     if (s->top_k > 0 && s->top_k < keep) {
         keep = s->top_k;
     }
     if (s->top_p < 1.0f) {
-        double mass = 0.0, total = 0.0;
-        for (int r = 0; r < keep; r++) {
-            total += probs[work[r]];
+        /* the smallest prefix holding top_p of the mass that top-k left (all of it if off) */
+        double total = 0.0, mass = 0.0;
+        if (s->top_k > 0 && s->top_k < V) {
+            for (int r = 0; r < keep; r++) {
+                total += probs[work[r]];
+            }
+        } else {
+            for (int i = 0; i < V; i++) {
+                total += probs[i];
+            }
         }
         int r = 0;
-        while (r < keep) { /* the smallest prefix whose mass reaches top_p of what is kept */
+        while (r < keep) {
             mass += probs[work[r]];
             r++;
             if (mass >= s->top_p * total) {
@@ -99,7 +125,7 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
         keep = r;
     }
     if (s->min_p > 0.0f) {
-        const float floor_p = s->min_p * probs[work[0]];
+        const float floor_p = s->min_p * pmax;
         int r = 1;
         while (r < keep && probs[work[r]] >= floor_p) {
             r++;
@@ -109,12 +135,10 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
     double kept = 0.0;
     for (int r = 0; r < keep; r++) {
         kept += probs[work[r]];
+        probs[work[r]] = -probs[work[r]]; /* mark the kept tokens */
     }
-    for (int r = keep; r < V; r++) {
-        probs[work[r]] = 0.0f;
-    }
-    for (int r = 0; r < keep; r++) {
-        probs[work[r]] = (float)(probs[work[r]] / kept);
+    for (int i = 0; i < V; i++) {
+        probs[i] = probs[i] < 0.0f ? (float)(-probs[i] / kept) : 0.0f;
     }
 }
 
