@@ -17,7 +17,7 @@
 #include "verify.h"
 
 /* Random streams: one per use, so a draw is a pure function of (seed, stream, position). */
-enum { STREAM_PLAIN = 0, STREAM_ACCEPT = 1, STREAM_EMIT = 2 };
+enum { STREAM_PLAIN = 0, STREAM_ACCEPT = 1, STREAM_EMIT = 2, STREAM_DRAFT = 3 };
 
 sd_generate_params sd_generate_default_params(void) {
     sd_generate_params p;
@@ -129,8 +129,7 @@ static void emitter_init(emitter *e, const sd_model *m, const sd_generate_params
     }
 }
 
-/* ---- the plain loop
- * ------------------------------------------------------------------------------ */
+/* ---- the plain loop -------------------------------------------------------------------------- */
 
 sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_model *m,
                       const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
@@ -190,8 +189,7 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
     return st;
 }
 
-/* ---- prompt lookup
- * ----------------------------------------------------------------------------------- */
+/* ---- prompt lookup --------------------------------------------------------------------------- */
 
 /* Up to k tokens that followed the latest earlier occurrence of the last n tokens of h (n from
  * max_ngram down to min_ngram); returns how many were written to draft. */
@@ -231,23 +229,154 @@ static int adaptive_k(const sd_spec_stats *ss, float slope, int kmax) {
     return best;
 }
 
-sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
-                             sd_spec_stats *stats, sd_model *m, const int32_t *prompt, int n_prompt,
-                             const sd_generate_params *p, const sd_prompt_lookup *pl) {
-    const double t_start = now_s();
+/* The state shared by the speculative loops: the target and its cache, the text so far, the
+ * verify batch and its scratch rows, the emitter and the statistics. */
+typedef struct {
+    sd_model *m;
+    sd_kv_cache *kv; /* holds hist[0 .. len - 2]: all but the last token */
+    sd_sampling s;
+    uint64_t seed;
+    int n_prompt;
+    int32_t *hist;  /* [n_prompt + max_new_tokens]: prompt + output */
+    int len;        /* tokens in hist */
+    int32_t *batch; /* [K + 1]: last, d1 .. dK */
+    float *logits;  /* [K + 1][V] */
+    float *probs;   /* [K + 1][V] */
+    float *fwork;   /* [V] */
+    int32_t *iwork; /* [V] */
+    emitter e;
+    sd_spec_stats *ss;
+    double t_start;
+} spec_loop;
+
+/* Allocates a loop for drafts of up to K tokens over a target cache of `cap` slots and prefills
+ * all of the prompt but its last token. On failure the loop still needs spec_loop_end. */
+static sd_status spec_loop_begin(spec_loop *L, sd_model *m, const int32_t *prompt, int n_prompt,
+                                 const sd_generate_params *p, const sd_sampling *s, int K, int cap,
+                                 int32_t *out, sd_spec_stats *ss, double t_start) {
+    const int V = m->cfg.vocab_size;
+    memset(L, 0, sizeof(*L));
+    L->m = m;
+    L->s = *s;
+    L->seed = p->seed;
+    L->n_prompt = n_prompt;
+    L->len = n_prompt;
+    L->ss = ss;
+    L->t_start = t_start;
+    emitter_init(&L->e, m, p, out);
+    L->hist = malloc((size_t)(n_prompt + p->max_new_tokens) * sizeof(int32_t));
+    L->batch = malloc((size_t)(K + 1) * sizeof(int32_t));
+    L->logits = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
+    L->probs = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
+    L->fwork = malloc((size_t)V * sizeof(float));
+    L->iwork = malloc((size_t)V * sizeof(int32_t));
+    if (L->hist == NULL || L->batch == NULL || L->logits == NULL || L->probs == NULL ||
+        L->fwork == NULL || L->iwork == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    SD_TRY(sd_kv_cache_create(&L->kv, m, cap));
+    memcpy(L->hist, prompt, (size_t)n_prompt * sizeof(int32_t));
+    if (n_prompt > 1) {
+        sd_batch b = {0};
+        b.n_tokens = n_prompt - 1;
+        b.tokens = prompt;
+        SD_TRY(sd_forward(m, L->kv, &b, NULL));
+    }
+    return SD_OK;
+}
+
+/* Reports what was emitted, frees the loop and passes on its status. */
+static sd_status spec_loop_end(spec_loop *L, sd_status st, int *n_out, sd_finish_reason *reason) {
+    *n_out = L->e.n;
+    if (reason != NULL) {
+        *reason = L->e.reason;
+    }
+    L->ss->time_total_s = now_s() - L->t_start;
+    sd_kv_cache_free(L->kv);
+    free(L->hist);
+    free(L->batch);
+    free(L->logits);
+    free(L->probs);
+    free(L->fwork);
+    free(L->iwork);
+    free(L->e.text);
+    return st;
+}
+
+/* The most drafts the next step may carry: no more than can be emitted, nor past the cache. */
+static int spec_room(const spec_loop *L, const sd_generate_params *p, int K) {
+    int k = p->max_new_tokens - L->e.n - 1;
+    k = k < K ? k : K;
+    k = k < L->kv->capacity - L->len ? k : L->kv->capacity - L->len;
+    return k < 0 ? 0 : k;
+}
+
+/* One verify step: the target scores L->batch = [last, d1 .. dk] in one forward; the chain rule
+ * of verify.h keeps a prefix of the drafts (q: their distributions [k][V], NULL when drafts are
+ * deterministic); the kept drafts and the next token are appended to hist and emitted (stopping
+ * where the emitter says), and the target cache rolls back to all but the last token. */
+static sd_status spec_verify(spec_loop *L, int k, const float *q) {
+    const int V = L->m->cfg.vocab_size;
+    sd_batch b = {0};
+    b.n_tokens = k + 1;
+    b.tokens = L->batch;
+    b.n_logits = k + 1;
+    SD_TRY(sd_forward(L->m, L->kv, &b, L->logits));
+    for (int r = 0; r <= k; r++) {
+        sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s, L->iwork);
+    }
+    /* uniforms keyed by the output position they decide: none is ever used twice */
+    double ua[SD_MAX_DRAFT], un[SD_MAX_DRAFT + 1];
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
+    for (int i = 0; i <= k; i++) {
+        if (i < k) {
+            ua[i] = sd_rng_uniform(L->seed, STREAM_ACCEPT, pos + (uint64_t)i);
+        }
+        un[i] = sd_rng_uniform(L->seed, STREAM_EMIT, pos + (uint64_t)i);
+    }
+    int32_t next = 0;
+    const int n_acc = sd_verify_chain(&next, L->probs, q, L->batch + 1, k, V, ua, un, L->fwork);
+    sd_spec_stats *ss = L->ss;
+    ss->steps++;
+    ss->drafted += k;
+    ss->accepted += n_acc;
+    for (int i = 0; i < k; i++) {
+        ss->drafted_at[i]++;
+        ss->accepted_at[i] += i < n_acc;
+    }
+    for (int i = 0; i <= n_acc && !L->e.done; i++) {
+        const int32_t tok = i < n_acc ? L->batch[1 + i] : next;
+        L->hist[L->len++] = tok;
+        SD_TRY(emit(&L->e, tok));
+    }
+    /* roll back: keep last + the accepted drafts that were emitted */
+    return sd_kv_cache_set_length(L->kv, L->len - 1);
+}
+
+/* Starts a speculative call: zeroed stats and outputs, parameters checked, 1 <= K <= max. */
+static sd_status spec_prepare(int *n_out, sd_finish_reason *reason, sd_spec_stats *ss,
+                              const sd_model *m, const int32_t *prompt, int n_prompt,
+                              const sd_generate_params *p, sd_sampling *s, int K) {
     *n_out = 0;
     if (reason != NULL) {
         *reason = SD_FINISH_LENGTH;
     }
+    memset(ss, 0, sizeof(*ss));
+    SD_TRY(check_params(m, prompt, n_prompt, p, s));
+    if (K < 1 || K > SD_MAX_DRAFT) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "k must be in [1, %d], got %d", SD_MAX_DRAFT, K);
+    }
+    return SD_OK;
+}
+
+sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
+                             sd_spec_stats *stats, sd_model *m, const int32_t *prompt, int n_prompt,
+                             const sd_generate_params *p, const sd_prompt_lookup *pl) {
+    const double t_start = now_s();
     sd_spec_stats local;
     sd_spec_stats *ss = stats != NULL ? stats : &local;
-    memset(ss, 0, sizeof(*ss));
     sd_sampling s;
-    SD_TRY(check_params(m, prompt, n_prompt, p, &s));
-    if (pl->k < 1 || pl->k > SD_MAX_DRAFT) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "k must be in [1, %d], got %d", SD_MAX_DRAFT,
-                            pl->k);
-    }
+    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, pl->k));
     if (!(pl->verify_slope >= 0.0f)) {
         return sd_set_error(SD_ERR_INVALID_ARG, "verify_slope must be >= 0, got %g",
                             (double)pl->verify_slope);
@@ -260,106 +389,119 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
     if (p->max_new_tokens == 0) {
         return SD_OK;
     }
-    const int V = m->cfg.vocab_size, K = pl->k, ctx = m->cfg.context_length;
+    const int K = pl->k, ctx = m->cfg.context_length;
+    /* slots: the prompt and output, plus the drafts of the last step beyond them */
     const int total = n_prompt + p->max_new_tokens;
-    emitter e;
-    emitter_init(&e, m, p, out);
-    sd_kv_cache *kv = NULL;
-    int32_t *hist = malloc((size_t)total * sizeof(int32_t));    /* prompt + output */
-    int32_t *batch = malloc((size_t)(K + 1) * sizeof(int32_t)); /* last, d1 .. dK */
-    float *logits = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
-    float *probs = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
-    float *fwork = malloc((size_t)V * sizeof(float));
-    int32_t *iwork = malloc((size_t)V * sizeof(int32_t));
-    sd_status st = SD_OK;
-    if (hist == NULL || batch == NULL || logits == NULL || probs == NULL || fwork == NULL ||
-        iwork == NULL) {
-        st = sd_set_error(SD_ERR_NOMEM, "out of memory");
-    }
-    if (st == SD_OK) {
-        /* slots: the prompt and output, plus the drafts of the last step beyond them */
-        const int cap = total + K < ctx ? total + K : ctx;
-        st = sd_kv_cache_create(&kv, m, cap);
-    }
-    int len = n_prompt; /* tokens in hist; the cache holds all but the last */
-    if (st == SD_OK) {
-        memcpy(hist, prompt, (size_t)n_prompt * sizeof(int32_t));
-        if (n_prompt > 1) {
-            sd_batch b = {0};
-            b.n_tokens = n_prompt - 1;
-            b.tokens = prompt;
-            st = sd_forward(m, kv, &b, NULL);
-        }
-    }
-    while (st == SD_OK && !e.done) {
-        /* draft: no more than can be emitted, nor past the context */
+    const int cap = total + K < ctx ? total + K : ctx;
+    spec_loop L;
+    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, cap, out, ss, t_start);
+    while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
-        int k = p->max_new_tokens - e.n - 1;
-        k = k < K ? k : K;
-        k = k < kv->capacity - len ? k : kv->capacity - len;
+        int k = spec_room(&L, p, K);
         if (pl->verify_slope > 0.0f && k > 0) {
             const int best = adaptive_k(ss, pl->verify_slope, k);
             /* keep measuring: when drafting does not pay, still try one draft every 4th step */
             k = best > 0 ? best : (ss->steps % 4 == 0 ? 1 : 0);
         }
-        k = k > 0 ? lookup_draft(batch + 1, hist, len, pl, k) : 0;
+        k = k > 0 ? lookup_draft(L.batch + 1, L.hist, L.len, pl, k) : 0;
+        L.batch[0] = L.hist[L.len - 1];
         double t1 = now_s();
-        /* verify: one forward over [last, d1 .. dk], a distribution after each */
-        batch[0] = hist[len - 1];
-        sd_batch b = {0};
-        b.n_tokens = k + 1;
-        b.tokens = batch;
-        b.n_logits = k + 1;
-        st = sd_forward(m, kv, &b, logits);
-        if (st != SD_OK) {
-            break;
-        }
-        for (int r = 0; r <= k; r++) {
-            sd_process_logits(probs + (size_t)r * V, logits + (size_t)r * V, V, &s, iwork);
-        }
-        /* accept: the chain rule, drafts deterministic (q one-hot) */
-        /* uniforms keyed by the output position they decide: none is ever used twice */
-        double ua[SD_MAX_DRAFT], un[SD_MAX_DRAFT + 1];
-        const uint64_t pos = (uint64_t)(len - n_prompt); /* output index of d1 */
-        for (int i = 0; i <= k; i++) {
-            ua[i] = sd_rng_uniform(p->seed, STREAM_ACCEPT, pos + (uint64_t)i);
-            un[i] = sd_rng_uniform(p->seed, STREAM_EMIT, pos + (uint64_t)i);
-        }
-        int32_t next = 0;
-        const int n_acc = sd_verify_chain(&next, probs, NULL, batch + 1, k, V, ua, un, fwork);
-        ss->steps++;
-        ss->drafted += k;
-        ss->accepted += n_acc;
-        for (int i = 0; i < k; i++) {
-            ss->drafted_at[i]++;
-            ss->accepted_at[i] += i < n_acc;
-        }
-        /* emit the accepted drafts and the next token, stopping where the emitter says */
-        for (int i = 0; i <= n_acc && st == SD_OK && !e.done; i++) {
-            const int32_t tok = i < n_acc ? batch[1 + i] : next;
-            hist[len++] = tok;
-            st = emit(&e, tok);
-        }
-        /* roll back: keep last + the accepted drafts that were emitted */
-        if (st == SD_OK) {
-            st = sd_kv_cache_set_length(kv, len - 1);
-        }
-        double t2 = now_s();
+        st = spec_verify(&L, k, NULL);
         ss->time_draft_s += t1 - t0;
-        ss->time_verify_s += t2 - t1;
+        ss->time_verify_s += now_s() - t1;
     }
-    *n_out = e.n;
-    if (reason != NULL) {
-        *reason = e.reason;
+    return spec_loop_end(&L, st, n_out, reason);
+}
+
+/* ---- draft model ----------------------------------------------------------------------------- */
+
+/* Brings the draft cache to hist[0 .. len - 2]: it holds last, d1 .. d(k-1) of the step just
+ * verified, so it keeps what was accepted, and when all k were, catches up on dk. */
+static sd_status draft_sync(sd_model *dm, sd_kv_cache *dkv, const int32_t *hist, int len) {
+    const int have = sd_kv_cache_length(dkv);
+    if (have >= len - 1) {
+        return sd_kv_cache_set_length(dkv, len - 1);
     }
-    ss->time_total_s = now_s() - t_start;
-    sd_kv_cache_free(kv);
-    free(hist);
-    free(batch);
-    free(logits);
-    free(probs);
-    free(fwork);
-    free(iwork);
-    free(e.text);
-    return st;
+    sd_batch c = {0};
+    c.n_tokens = (len - 1) - have;
+    c.tokens = hist + have;
+    return sd_forward(dm, dkv, &c, NULL);
+}
+
+sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
+                            sd_spec_stats *stats, sd_model *m, sd_model *dm, int K,
+                            const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
+    const double t_start = now_s();
+    sd_spec_stats local;
+    sd_spec_stats *ss = stats != NULL ? stats : &local;
+    sd_sampling s;
+    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K));
+    if (dm->cfg.vocab_size != m->cfg.vocab_size) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "the draft model's vocabulary (%d tokens) differs from the target's "
+                            "(%d tokens): they must share one tokenizer",
+                            dm->cfg.vocab_size, m->cfg.vocab_size);
+    }
+    if (p->max_new_tokens == 0) {
+        return SD_OK;
+    }
+    const int V = m->cfg.vocab_size;
+    const int total = n_prompt + p->max_new_tokens;
+    const int ctx = m->cfg.context_length < dm->cfg.context_length ? m->cfg.context_length
+                                                                   : dm->cfg.context_length;
+    if (total > ctx) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "prompt (%d tokens) + max_new_tokens (%d) exceeds the context length "
+                            "%d of the draft model",
+                            n_prompt, p->max_new_tokens, dm->cfg.context_length);
+    }
+    const int cap = total + K < ctx ? total + K : ctx;
+    sd_kv_cache *dkv = NULL;
+    float *q = malloc((size_t)K * (size_t)V * sizeof(float)); /* [K][V] draft distributions */
+    float *dlog = malloc((size_t)V * sizeof(float));
+    spec_loop L;
+    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, cap, out, ss, t_start);
+    if (st == SD_OK && (q == NULL || dlog == NULL)) {
+        st = sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    if (st == SD_OK) {
+        st = sd_kv_cache_create(&dkv, dm, cap);
+    }
+    if (st == SD_OK) {
+        st = draft_sync(dm, dkv, L.hist, L.len); /* prefill */
+    }
+    while (st == SD_OK && !L.e.done) {
+        double t0 = now_s();
+        const int k = spec_room(&L, p, K);
+        /* draft: k tokens from the draft model, one forward each */
+        L.batch[0] = L.hist[L.len - 1];
+        const uint64_t pos = (uint64_t)(L.len - n_prompt); /* output index of d1 */
+        for (int i = 0; i < k && st == SD_OK; i++) {
+            sd_batch b = {0};
+            b.n_tokens = 1;
+            b.tokens = &L.batch[i];
+            b.n_logits = 1;
+            st = sd_forward(dm, dkv, &b, dlog);
+            if (st != SD_OK) {
+                break;
+            }
+            float *qi = q + (size_t)i * V;
+            sd_process_logits(qi, dlog, V, &s, L.iwork);
+            const double u = sd_rng_uniform(p->seed, STREAM_DRAFT, pos + (uint64_t)i);
+            L.batch[1 + i] = s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
+        }
+        double t1 = now_s();
+        if (st == SD_OK) {
+            st = spec_verify(&L, k, q);
+        }
+        if (st == SD_OK && !L.e.done) {
+            st = draft_sync(dm, dkv, L.hist, L.len);
+        }
+        ss->time_draft_s += t1 - t0;
+        ss->time_verify_s += now_s() - t1;
+    }
+    sd_kv_cache_free(dkv);
+    free(q);
+    free(dlog);
+    return spec_loop_end(&L, st, n_out, reason);
 }

@@ -426,19 +426,31 @@ static PyObject *stats_dict(const sd_spec_stats *st, int k) {
 }
 
 /* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings, top_k, top_p,
- *          min_p, lookup=(k, max_ngram, min_ngram, verify_slope) or None)
+ *          min_p, lookup=(k, max_ngram, min_ngram, verify_slope) or None,
+ *          draft=(draft Model, k) or None)
  *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string", stats dict or None) */
 static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"prompt",   "max_new_tokens", "temperature", "seed",
                              "stop_ids", "stop_strings",   "top_k",       "top_p",
-                             "min_p",    "lookup",         NULL};
+                             "min_p",    "lookup",         "draft",       NULL};
     PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
-    PyObject *lookup_obj = Py_None;
+    PyObject *lookup_obj = Py_None, *draft_obj = Py_None;
     sd_generate_params p = sd_generate_default_params();
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffO:generate", kwlist, &prompt_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffOO:generate", kwlist, &prompt_obj,
                                      &p.max_new_tokens, &p.temperature, &seed, &stop_obj,
-                                     &strings_obj, &p.top_k, &p.top_p, &p.min_p, &lookup_obj)) {
+                                     &strings_obj, &p.top_k, &p.top_p, &p.min_p, &lookup_obj,
+                                     &draft_obj)) {
+        return NULL;
+    }
+    ModelObject *draft = NULL;
+    int draft_k = 0;
+    if (draft_obj != Py_None &&
+        !PyArg_ParseTuple(draft_obj, "O!i:draft", &ModelType, &draft, &draft_k)) {
+        return NULL;
+    }
+    if (draft != NULL && lookup_obj != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "pass either lookup or draft, not both");
         return NULL;
     }
     sd_prompt_lookup pl = {0, 0, 0, 0.0f};
@@ -472,6 +484,15 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     if (model_enter(self) < 0) {
         goto done;
     }
+    /* the draft may be the target itself (calls are sequential, each with its own cache) */
+    const int enter_draft = draft != NULL && draft != self;
+    if (enter_draft && model_enter(draft) < 0) {
+        model_leave(self);
+        goto done;
+    }
+    if (draft != NULL) {
+        Py_INCREF(draft); /* held while the GIL is released */
+    }
     p.seed = (uint64_t)seed;
     p.stop_ids = stops;
     p.n_stop_ids = (int)n_stops;
@@ -483,8 +504,12 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     sd_spec_stats ss;
     memset(&ss, 0, sizeof(ss));
     sd_status st;
-    const int speculative = lookup_obj != Py_None;
-    Py_BEGIN_ALLOW_THREADS if (speculative) {
+    const int speculative = lookup_obj != Py_None || draft != NULL;
+    Py_BEGIN_ALLOW_THREADS if (draft != NULL) {
+        st = sd_generate_draft(out, &n_out, &reason, &ss, self->model, draft->model, draft_k,
+                               prompt, (int)n_prompt, &p);
+    }
+    else if (speculative) {
         st = sd_generate_lookup(out, &n_out, &reason, &ss, self->model, prompt, (int)n_prompt, &p,
                                 &pl);
     }
@@ -492,6 +517,10 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         st = sd_generate(out, &n_out, &reason, self->model, prompt, (int)n_prompt, &p);
     }
     Py_END_ALLOW_THREADS model_leave(self);
+    if (enter_draft) {
+        model_leave(draft);
+    }
+    Py_XDECREF(draft);
     if (st != SD_OK) {
         raise_status(st);
         goto done;
@@ -506,7 +535,7 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         PyList_SET_ITEM(list, i, v);
     }
     if (speculative) {
-        stats = stats_dict(&ss, pl.k);
+        stats = stats_dict(&ss, draft != NULL ? draft_k : pl.k);
     } else {
         stats = Py_None;
         Py_INCREF(stats);
@@ -648,7 +677,7 @@ static PyMethodDef model_methods[] = {
     {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
     {"generate", (PyCFunction)(void (*)(void))model_generate, METH_VARARGS | METH_KEYWORDS,
      "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None, "
-     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, lookup=None) -> (tokens, "
+     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, lookup=None, draft=None) -> (tokens, "
      "finish_reason, stats)"},
     {"set_token_pieces", (PyCFunction)model_set_token_pieces, METH_O,
      "set_token_pieces(list of bytes): the bytes of every token id, for stop strings"},

@@ -259,6 +259,17 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
                              int n_prompt, const sd_generate_params *params,
                              const sd_prompt_lookup *lookup);
 
+/* Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023): `draft`, a
+ * smaller model with the same vocabulary and its own KV cache, proposes k tokens one at a time
+ * (greedily at temperature 0, else sampled from its processed distribution q); the target scores
+ * [last, d1 .. dk] in one forward and the chain rule of verify.h accepts a prefix with the
+ * probabilities min(1, p/q), correcting from norm(max(0, p - q)). Both caches roll back to the
+ * accepted prefix; when all k are accepted the draft catches up on dk. Same guarantees, arguments
+ * and stopping rules as sd_generate_lookup; 1 <= k <= SD_MAX_DRAFT. */
+sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
+                            sd_spec_stats *stats, sd_model *target, sd_model *draft, int k,
+                            const int32_t *prompt, int n_prompt, const sd_generate_params *params);
+
 /* ---- kernel checks --------------------------------------------------------------------------- */
 
 /* The row kernels, callable on their own so tests and benchmarks can compare them with

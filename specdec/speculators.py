@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import TYPE_CHECKING, List
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import Model
 
 MAX_DRAFT = 32  # SD_MAX_DRAFT in csrc/specdec.h
 
@@ -32,6 +35,62 @@ class PromptLookup:
                 and 1 <= self.min_ngram <= self.max_ngram):
             raise ValueError("n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got "
                              f"min_ngram={self.min_ngram!r}, max_ngram={self.max_ngram!r}")
+
+
+class DraftModel:
+    """A separate small draft model (speculative sampling: Leviathan et al. 2023, Chen et al.
+    2023). Each step it proposes ``k`` tokens one at a time (greedy at temperature 0, else
+    sampled from its own distribution after the same temperature and filters as the target);
+    the target checks them in one forward and keeps a prefix by the rejection rule, so the
+    output is the target's own. Pays off when the draft is much cheaper than the target and
+    agrees with it often.
+
+    The draft must share the target's tokenizer: same vocabulary size, and where both files
+    carry a tokenizer, the same text for every token id (checked at each generate, a ValueError
+    naming the first id that differs otherwise). It may be the target itself, which accepts
+    every draft at temperature 0 (a test of the machinery, not a speed-up). A draft model is
+    busy while a generation uses it: use one per thread.
+    """
+
+    def __init__(self, model: "Model", k: int = 5) -> None:
+        from .model import Model
+
+        if not isinstance(model, Model):
+            raise TypeError(f"model must be a specdec.Model (from specdec.load), got "
+                            f"{type(model).__name__}")
+        if not isinstance(k, int) or not 1 <= k <= MAX_DRAFT:
+            raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {k!r}")
+        self.model = model
+        self.k = k
+
+    def __repr__(self) -> str:
+        return f"DraftModel({self.model.path!r}, k={self.k})"
+
+    def check_compatible(self, target: "Model") -> None:
+        """Raise ValueError unless the draft and ``target`` share one vocabulary."""
+        if target is self.model:
+            return
+        vt, vd = target.config.vocab_size, self.model.config.vocab_size
+        if vt != vd:
+            raise ValueError(f"the draft model {self.model.path} has a vocabulary of {vd} "
+                             f"tokens, the target {target.path} {vt}: speculative decoding "
+                             "needs one shared tokenizer")
+        tt, td = _tokenizer_or_none(target), _tokenizer_or_none(self.model)
+        if tt is not None and td is not None and tt.tokens != td.tokens:
+            i = next((i for i, (a, b) in enumerate(zip(tt.tokens, td.tokens)) if a != b),
+                     min(len(tt.tokens), len(td.tokens)))
+            a = tt.tokens[i] if i < len(tt.tokens) else None
+            b = td.tokens[i] if i < len(td.tokens) else None
+            raise ValueError(f"the draft model {self.model.path} and the target {target.path} "
+                             f"have different tokenizers: token {i} is {b!r} in the draft, "
+                             f"{a!r} in the target")
+
+
+def _tokenizer_or_none(model: "Model"):
+    try:
+        return model.tokenizer
+    except ValueError:
+        return None
 
 
 @dataclass

@@ -1,0 +1,208 @@
+"""Speculative decoding with a separate draft model (sd_generate_draft): at temperature 0 the
+output is the plain greedy output token for token, whatever the draft and k, however the run
+ends; when sampling, the first tokens are distributed as the target's (chi-square against exact
+enumeration) although the draft's distribution differs; a draft with another vocabulary or
+tokenizer is refused by name."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import reference
+import specdec
+import tinymodels as tm
+from specdec import testing
+
+from test_verify import chi2_critical, chi2_stat
+
+CFG = tm.TinyConfig(arch="llama", vocab=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn=64,
+                    context_length=96)
+# a draft of another shape: one layer, narrower, multi-head attention, shorter context
+DRAFT_CFG = tm.TinyConfig(arch="llama", vocab=40, dim=16, n_layers=1, n_heads=2, n_kv_heads=2,
+                          ffn=32, context_length=64)
+
+
+def perturbed(w: dict, scale: float, seed: int) -> dict:
+    """The weights plus relative Gaussian noise: a draft that mostly agrees with the target."""
+    rng = np.random.default_rng(seed)
+    return {k: (v + scale * np.std(v) * rng.standard_normal(v.shape)).astype(v.dtype)
+            for k, v in w.items()}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("draft")
+    w = tm.make_weights(CFG, 21)
+    paths = {}
+    for name, cfg, weights in [("target", CFG, w), ("close", CFG, perturbed(w, 0.05, 1)),
+                               ("far", DRAFT_CFG, tm.make_weights(DRAFT_CFG, 22))]:
+        paths[name] = os.path.join(d, name + ".gguf")
+        testing.write_gguf(paths[name], cfg, weights)
+    return {k: specdec.load(p) for k, p in paths.items()}
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("which", ["close", "far", "target"])
+def test_greedy_identical_to_plain_decoding(pair, which, k):
+    target, draft = pair["target"], specdec.DraftModel(pair[which], k=k)
+    for seed in range(3):
+        prompt = tm.random_tokens(CFG.vocab, 5 + 7 * seed, seed)
+        plain = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[])
+        spec = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[],
+                                speculator=draft)
+        assert spec.tokens == plain.tokens
+        assert spec.finish_reason == "length"
+        st = spec.stats
+        assert 0 <= st.accepted <= st.drafted and st.accepted + st.steps == st.new_tokens == 30
+        if which == "target":  # the target drafting for itself agrees with itself
+            assert st.accepted == st.drafted > 0
+
+
+def test_close_draft_is_accepted_more_than_far(pair):
+    """The acceptance rate tracks how close the draft is: the loop really uses the draft."""
+    rates = {}
+    for which in ("close", "far"):
+        acc = dr = 0
+        for seed in range(4):
+            g = specdec.generate(pair["target"], tm.random_tokens(CFG.vocab, 9, seed),
+                                 max_new_tokens=30, stop_tokens=[],
+                                 speculator=specdec.DraftModel(pair[which], k=4))
+            acc, dr = acc + g.stats.accepted, dr + g.stats.drafted
+        rates[which] = acc / dr
+    assert rates["close"] > 0.5 and rates["close"] > rates["far"] + 0.2, rates
+
+
+def test_stops_in_the_middle_of_a_draft(pair):
+    target = pair["target"]
+    prompt = tm.random_tokens(CFG.vocab, 12, 5)
+    plain = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[])
+    for i in (3, 10, 17):
+        stop = plain.tokens[i]
+        want = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[stop])
+        got = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[stop],
+                               speculator=specdec.DraftModel(pair["close"], k=6))
+        assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
+    for n in (0, 1, 2, 7):  # length limits that cut a draft short
+        got = specdec.generate(target, prompt, max_new_tokens=n, stop_tokens=[],
+                               speculator=specdec.DraftModel(pair["close"], k=6))
+        assert got.tokens == plain.tokens[:n]
+
+
+def test_sampled_is_reproducible_and_self_draft_accepts_all(pair):
+    target = pair["target"]
+    prompt = tm.random_tokens(CFG.vocab, 6, 3)
+    a, b = (specdec.generate(target, prompt, max_new_tokens=20, temperature=0.9, seed=7,
+                             stop_tokens=[], speculator=specdec.DraftModel(pair["far"], k=3))
+            for _ in range(2))
+    assert a.tokens == b.tokens
+    g = specdec.generate(target, prompt, max_new_tokens=20, temperature=1.0, seed=7,
+                         stop_tokens=[], speculator=specdec.DraftModel(target, k=3))
+    assert g.stats.accepted == g.stats.drafted  # p == q: min(1, p/q) = 1
+
+
+def test_sampled_output_is_distributed_as_the_target(tmp_path):
+    """Temperature 1 on a vocabulary of 5 with a draft of other random weights (so drafts are
+    rejected and the residual norm(max(0, p - q)) is sampled): the joint distribution of the
+    first three tokens, enumerated from the reference forward, against 12,000 seeded runs with
+    k = 2 (chi-square, alpha = 0.001)."""
+    cfg = tm.TinyConfig(arch="llama", vocab=5, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                        ffn=32, context_length=32)
+    w, wd = tm.make_weights(cfg, 11), tm.make_weights(cfg, 12)
+    testing.write_gguf(str(tmp_path / "t.gguf"), cfg, w)
+    testing.write_gguf(str(tmp_path / "d.gguf"), cfg, wd)
+    m, dm = specdec.load(str(tmp_path / "t.gguf")), specdec.load(str(tmp_path / "d.gguf"))
+    prompt = [1, 2, 3, 4]
+
+    def probs(seq):
+        l = reference.forward(w, cfg, seq)[-1]
+        e = np.exp(l - l.max())
+        return e / e.sum()
+
+    exact = np.zeros((5, 5, 5))
+    p1 = probs(prompt)
+    for a in range(5):
+        p2 = probs(prompt + [a])
+        for b in range(5):
+            exact[a, b] = p1[a] * p2[b] * probs(prompt + [a, b])
+    N = 12000
+    counts = np.zeros(125)
+    rejected = 0
+    draft = specdec.DraftModel(dm, k=2)
+    for s in range(N):
+        g = specdec.generate(m, prompt, max_new_tokens=3, temperature=1.0, seed=s,
+                             stop_tokens=[], speculator=draft)
+        counts[g.tokens[0] * 25 + g.tokens[1] * 5 + g.tokens[2]] += 1
+        rejected += g.stats.drafted - g.stats.accepted
+    assert rejected > N // 4  # the residual path is exercised
+    stat, df = chi2_stat(counts, exact.ravel())
+    assert stat < chi2_critical(df), (stat, df)
+
+
+def test_vocabulary_size_mismatch_is_refused(pair, tmp_path):
+    cfg = tm.TinyConfig(arch="llama", vocab=41, dim=16, n_layers=1, n_heads=2, n_kv_heads=2,
+                        ffn=32, context_length=64)
+    path = str(tmp_path / "v41.gguf")
+    testing.write_gguf(path, cfg, tm.make_weights(cfg, 3))
+    with pytest.raises(ValueError, match="vocabulary of 41 tokens"):
+        specdec.generate(pair["target"], [1, 2, 3], max_new_tokens=4,
+                         speculator=specdec.DraftModel(specdec.load(path)))
+
+
+def test_different_tokenizer_is_refused(tmp_path):
+    from test_text import gguf_kv
+    from test_tokenizer import _train_bpe, gguf_meta
+
+    meta = gguf_meta(_train_bpe())
+    V = len(meta["tokenizer.ggml.tokens"])
+    cfg = tm.TinyConfig(arch="llama", vocab=V, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                        ffn=32, context_length=64)
+    testing.write_gguf(str(tmp_path / "a.gguf"), cfg, tm.make_weights(cfg, 1),
+                       extra_kv=gguf_kv(meta))
+    swapped = dict(meta)
+    toks = list(meta["tokenizer.ggml.tokens"])
+    toks[-1], toks[-2] = toks[-2], toks[-1]
+    swapped["tokenizer.ggml.tokens"] = toks
+    testing.write_gguf(str(tmp_path / "b.gguf"), cfg, tm.make_weights(cfg, 2),
+                       extra_kv=gguf_kv(swapped))
+    a, b = specdec.load(str(tmp_path / "a.gguf")), specdec.load(str(tmp_path / "b.gguf"))
+    with pytest.raises(ValueError, match=f"different tokenizers: token {V - 2}"):
+        specdec.generate(a, "hello", max_new_tokens=4, speculator=specdec.DraftModel(b))
+    # the same tokenizer in another file is fine
+    testing.write_gguf(str(tmp_path / "c.gguf"), cfg, tm.make_weights(cfg, 3),
+                       extra_kv=gguf_kv(meta))
+    c = specdec.load(str(tmp_path / "c.gguf"))
+    g = specdec.generate(a, "hello", max_new_tokens=4, speculator=specdec.DraftModel(c))
+    assert g.tokens == specdec.generate(a, "hello", max_new_tokens=4).tokens
+
+
+def test_draft_context_overflow_names_the_draft(pair):
+    """The draft's context (64) is shorter than the target's (96)."""
+    with pytest.raises(ValueError, match="context length 64 of the draft model"):
+        specdec.generate(pair["target"], tm.random_tokens(CFG.vocab, 50, 1), max_new_tokens=20,
+                         speculator=specdec.DraftModel(pair["far"]))
+
+
+@pytest.mark.parametrize("args,exc,match", [((None,), TypeError, "specdec.Model"),
+                                            (("x.gguf",), TypeError, "specdec.Model"),
+                                            ((0,), TypeError, "specdec.Model")])
+def test_bad_draft_model_arguments(args, exc, match):
+    with pytest.raises(exc, match=match):
+        specdec.DraftModel(*args)
+
+
+@pytest.mark.parametrize("k", [0, 33, 2.5])
+def test_bad_k(pair, k):
+    with pytest.raises(ValueError, match="k must"):
+        specdec.DraftModel(pair["far"], k=k)
+
+
+def test_smollm2_drafting_for_itself_is_greedy_identical(smollm2_path):
+    m = specdec.load(smollm2_path)
+    msgs = [{"role": "user", "content": "Name three colours."}]
+    plain = specdec.generate(m, msgs, max_new_tokens=24)
+    spec = specdec.generate(m, msgs, max_new_tokens=24, speculator=specdec.DraftModel(m, k=4))
+    assert spec.tokens == plain.tokens and spec.text == plain.text
+    assert spec.stats.accepted == spec.stats.drafted
