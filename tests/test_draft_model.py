@@ -1,7 +1,8 @@
 """Speculative decoding with a separate draft model (sd_generate_draft): at temperature 0 the
 output is the plain greedy output token for token, whatever the draft and k, however the run
-ends; when sampling, the first tokens are distributed as the target's (chi-square against exact
-enumeration) although the draft's distribution differs; a draft with another vocabulary or
+ends; when sampling (temperature, top-k, top-p, min-p), the first three tokens are distributed as
+the target's (chi-square against exact enumeration, with a broken rule shown to fail) although
+the draft's distribution differs; a draft with another vocabulary or
 tokenizer is refused by name."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import specdec
 import tinymodels as tm
 from specdec import testing
 
-from test_verify import chi2_critical, chi2_stat
+from test_verify import chi2_critical, chi2_stat, process_ref
 
 CFG = tm.TinyConfig(arch="llama", vocab=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn=64,
                     context_length=96)
@@ -44,19 +45,19 @@ def pair(tmp_path_factory):
     return {k: specdec.load(p) for k, p in paths.items()}
 
 
-@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 3, 8, 32])
 @pytest.mark.parametrize("which", ["close", "far", "target"])
 def test_greedy_identical_to_plain_decoding(pair, which, k):
     target, draft = pair["target"], specdec.DraftModel(pair[which], k=k)
     for seed in range(3):
         prompt = tm.random_tokens(CFG.vocab, 5 + 7 * seed, seed)
-        plain = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[])
-        spec = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[],
+        plain = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[])
+        spec = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[],
                                 speculator=draft)
         assert spec.tokens == plain.tokens
         assert spec.finish_reason == "length"
         st = spec.stats
-        assert 0 <= st.accepted <= st.drafted and st.accepted + st.steps == st.new_tokens == 30
+        assert 0 <= st.accepted <= st.drafted and st.accepted + st.steps == st.new_tokens == 40
         if which == "target":  # the target drafting for itself agrees with itself
             assert st.accepted == st.drafted > 0
 
@@ -103,42 +104,110 @@ def test_sampled_is_reproducible_and_self_draft_accepts_all(pair):
     assert g.stats.accepted == g.stats.drafted  # p == q: min(1, p/q) = 1
 
 
-def test_sampled_output_is_distributed_as_the_target(tmp_path):
-    """Temperature 1 on a vocabulary of 5 with a draft of other random weights (so drafts are
-    rejected and the residual norm(max(0, p - q)) is sampled): the joint distribution of the
-    first three tokens, enumerated from the reference forward, against 12,000 seeded runs with
-    k = 2 (chi-square, alpha = 0.001)."""
+SETTINGS = {"T1": (1.0, 0, 1.0, 0.0), "T0.7-topk3": (0.7, 3, 1.0, 0.0),
+            "top_p0.9": (1.0, 0, 0.9, 0.0), "min_p0.1": (1.0, 0, 1.0, 0.1)}
+PROMPT = [1, 2, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def v5(tmp_path_factory):
+    """A target and a draft of other random weights over a vocabulary of 5, with the reference
+    forward of each: (target, draft, row(weights, prefix, setting) -> processed row)."""
     cfg = tm.TinyConfig(arch="llama", vocab=5, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
                         ffn=32, context_length=32)
+    d = tmp_path_factory.mktemp("v5")
     w, wd = tm.make_weights(cfg, 11), tm.make_weights(cfg, 12)
-    testing.write_gguf(str(tmp_path / "t.gguf"), cfg, w)
-    testing.write_gguf(str(tmp_path / "d.gguf"), cfg, wd)
-    m, dm = specdec.load(str(tmp_path / "t.gguf")), specdec.load(str(tmp_path / "d.gguf"))
-    prompt = [1, 2, 3, 4]
+    testing.write_gguf(str(d / "t.gguf"), cfg, w)
+    testing.write_gguf(str(d / "d.gguf"), cfg, wd)
+    cache: dict = {}
 
-    def probs(seq):
-        l = reference.forward(w, cfg, seq)[-1]
-        e = np.exp(l - l.max())
-        return e / e.sum()
+    def row(weights, seq, setting):
+        key = (id(weights), tuple(seq), setting)
+        if key not in cache:
+            cache[key] = process_ref(reference.forward(weights, cfg, list(seq))[-1], *setting)
+        return cache[key]
 
+    return specdec.load(str(d / "t.gguf")), specdec.load(str(d / "d.gguf")), w, wd, row
+
+
+def exact_joint(row, w, setting) -> np.ndarray:
+    """P(first three tokens = a, b, c) under plain sampling of the processed target rows."""
     exact = np.zeros((5, 5, 5))
-    p1 = probs(prompt)
+    p1 = row(w, PROMPT, setting)
     for a in range(5):
-        p2 = probs(prompt + [a])
+        p2 = row(w, PROMPT + [a], setting)
         for b in range(5):
-            exact[a, b] = p1[a] * p2[b] * probs(prompt + [a, b])
-    N = 12000
+            exact[a, b] = p1[a] * p2[b] * row(w, PROMPT + [a, b], setting)
+    return exact.ravel()
+
+
+def twin_generate(row, w, wd, setting, k, rng, broken):
+    """The speculative loop in NumPy over the reference rows: three tokens, drafts of k sampled
+    from the draft's rows, the chain rule with (broken=True) the correction drawn from p instead
+    of norm(max(0, p - q))."""
+    out: list = []
+    while len(out) < 3:
+        kk = min(k, 3 - len(out) - 1)
+        drafts, qs = [], []
+        for i in range(kk):
+            q = row(wd, PROMPT + out + drafts, setting)
+            qs.append(q)
+            drafts.append(int(rng.choice(5, p=q)))
+        base = PROMPT + out
+        for i in range(kk + 1):
+            p = row(w, base + drafts[:i], setting)
+            if i == kk:
+                out.append(int(rng.choice(5, p=p)))
+                break
+            d, q = drafts[i], qs[i]
+            if rng.random() * q[d] < p[d]:
+                out.append(d)
+                continue
+            res = p if broken else np.maximum(0.0, p - q)
+            out.append(int(rng.choice(5, p=res / res.sum())))
+            break
+    return out[:3]
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_sampled_output_is_distributed_as_the_target(v5, name):
+    """The joint distribution of the first three emitted tokens (temperature and filters as
+    named), enumerated exactly from the reference forward, against 100,000 seeded runs with a
+    draft of other weights and k = 2, so that drafts are rejected and the residual
+    norm(max(0, p - q)) is sampled (chi-square, alpha = 0.001; see test_verify)."""
+    m, dm, w, wd, row = v5
+    setting = SETTINGS[name]
+    T, top_k, top_p, min_p = setting
+    exact = exact_joint(row, w, setting)
+    N = 100_000
     counts = np.zeros(125)
     rejected = 0
     draft = specdec.DraftModel(dm, k=2)
     for s in range(N):
-        g = specdec.generate(m, prompt, max_new_tokens=3, temperature=1.0, seed=s,
-                             stop_tokens=[], speculator=draft)
+        g = specdec.generate(m, PROMPT, max_new_tokens=3, temperature=T, seed=s,
+                             stop_tokens=[], top_k=top_k, top_p=top_p, min_p=min_p,
+                             speculator=draft)
         counts[g.tokens[0] * 25 + g.tokens[1] * 5 + g.tokens[2]] += 1
         rejected += g.stats.drafted - g.stats.accepted
-    assert rejected > N // 4  # the residual path is exercised
-    stat, df = chi2_stat(counts, exact.ravel())
+    assert rejected > N // 10  # the residual path is exercised
+    stat, df = chi2_stat(counts, exact)
     assert stat < chi2_critical(df), (stat, df)
+
+
+def test_the_end_to_end_test_catches_a_broken_rule(v5):
+    """Power: the same statistic on a NumPy twin of the loop over the same rows passes with the
+    correct rule and fails with the correction drawn from p (which favours the draft)."""
+    _, _, w, wd, row = v5
+    setting = SETTINGS["T1"]
+    exact = exact_joint(row, w, setting)
+    rng = np.random.default_rng(0)
+    for broken, should_pass in ((False, True), (True, False)):
+        counts = np.zeros(125)
+        for _ in range(20_000):
+            a, b, c = twin_generate(row, w, wd, setting, 2, rng, broken)
+            counts[a * 25 + b * 5 + c] += 1
+        stat, df = chi2_stat(counts, exact)
+        assert (stat < chi2_critical(df)) == should_pass, (broken, stat, chi2_critical(df))
 
 
 def test_vocabulary_size_mismatch_is_refused(pair, tmp_path):
