@@ -22,6 +22,10 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
         return sd_set_error(SD_ERR_INVALID_ARG, "n_logits %d is out of range [0, %d]", b->n_logits,
                             T);
     }
+    if (b->n_layers < 0 || b->n_layers > c->n_layers) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "n_layers %d is out of range [0, %d] (0 = all)",
+                            b->n_layers, c->n_layers);
+    }
     int len = kv->length;
     for (int t = 0; t < T; t++) {
         int32_t tok = b->tokens[t];
@@ -159,7 +163,8 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
 
     const size_t cache_stride = (size_t)kv->capacity * (size_t)KVD;
 
-    for (int l = 0; l < c->n_layers; l++) {
+    const int n_layers = b->n_layers > 0 ? b->n_layers : c->n_layers;
+    for (int l = 0; l < n_layers; l++) {
         const sd_layer *L = &m->w.layers[l];
         float *kc = kv->k + (size_t)l * cache_stride;
         float *vc = kv->v + (size_t)l * cache_stride;

@@ -415,6 +415,29 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
 
 /* ---- draft model ----------------------------------------------------------------------------- */
 
+/* Drafts k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all) over the
+ * cache dkv, which must end at the last token's slot: L->batch = [last, d1 .. dk], q[i] the
+ * processed row d(i+1) was taken from (greedy at temperature 0, else sampled). */
+static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers,
+                                      int k, float *q, float *dlog) {
+    const int V = dm->cfg.vocab_size;
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
+    L->batch[0] = L->hist[L->len - 1];
+    for (int i = 0; i < k; i++) {
+        sd_batch b = {0};
+        b.n_tokens = 1;
+        b.tokens = &L->batch[i];
+        b.n_logits = 1;
+        b.n_layers = n_layers;
+        SD_TRY(sd_forward(dm, dkv, &b, dlog));
+        float *qi = q + (size_t)i * V;
+        sd_process_logits(qi, dlog, V, &L->s, L->iwork);
+        const double u = sd_rng_uniform(L->seed, STREAM_DRAFT, pos + (uint64_t)i);
+        L->batch[1 + i] = L->s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
+    }
+    return SD_OK;
+}
+
 /* Brings the draft cache to hist[0 .. len - 2]: it holds last, d1 .. d(k-1) of the step just
  * verified, so it keeps what was accepted, and when all k were, catches up on dk. */
 static sd_status draft_sync(sd_model *dm, sd_kv_cache *dkv, const int32_t *hist, int len) {
@@ -473,23 +496,7 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
         const int k = spec_room(&L, p, K);
-        /* draft: k tokens from the draft model, one forward each */
-        L.batch[0] = L.hist[L.len - 1];
-        const uint64_t pos = (uint64_t)(L.len - n_prompt); /* output index of d1 */
-        for (int i = 0; i < k && st == SD_OK; i++) {
-            sd_batch b = {0};
-            b.n_tokens = 1;
-            b.tokens = &L.batch[i];
-            b.n_logits = 1;
-            st = sd_forward(dm, dkv, &b, dlog);
-            if (st != SD_OK) {
-                break;
-            }
-            float *qi = q + (size_t)i * V;
-            sd_process_logits(qi, dlog, V, &s, L.iwork);
-            const double u = sd_rng_uniform(p->seed, STREAM_DRAFT, pos + (uint64_t)i);
-            L.batch[1 + i] = s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
-        }
+        st = draft_autoregressive(&L, dm, dkv, 0, k, q, dlog);
         double t1 = now_s();
         if (st == SD_OK) {
             st = spec_verify(&L, k, q);
@@ -501,6 +508,56 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
         ss->time_verify_s += now_s() - t1;
     }
     sd_kv_cache_free(dkv);
+    free(q);
+    free(dlog);
+    return spec_loop_end(&L, st, n_out, reason);
+}
+
+/* ---- self-speculation: the target's first layers as the draft -------------------------------- */
+
+sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reason,
+                                sd_spec_stats *stats, sd_model *m, int n_layers, int K,
+                                const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
+    const double t_start = now_s();
+    sd_spec_stats local;
+    sd_spec_stats *ss = stats != NULL ? stats : &local;
+    sd_sampling s;
+    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K));
+    if (n_layers < 1 || n_layers >= m->cfg.n_layers) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "the draft's layers must be in [1, %d) (the target has %d), got %d",
+                            m->cfg.n_layers, m->cfg.n_layers, n_layers);
+    }
+    if (p->max_new_tokens == 0) {
+        return SD_OK;
+    }
+    const int V = m->cfg.vocab_size, ctx = m->cfg.context_length;
+    const int total = n_prompt + p->max_new_tokens;
+    const int cap = total + K < ctx ? total + K : ctx;
+    float *q = malloc((size_t)K * (size_t)V * sizeof(float)); /* [K][V] draft distributions */
+    float *dlog = malloc((size_t)V * sizeof(float));
+    spec_loop L;
+    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, cap, out, ss, t_start);
+    if (st == SD_OK && (q == NULL || dlog == NULL)) {
+        st = sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    while (st == SD_OK && !L.e.done) {
+        double t0 = now_s();
+        const int k = spec_room(&L, p, K);
+        /* draft: one early-exit forward per token, in the target's own cache. The first
+         * n_layers layers of a token compute exactly what the target's do, so the verify
+         * forward below rewrites the same slots; no second cache, no catch-up. */
+        st = draft_autoregressive(&L, m, L.kv, n_layers, k, q, dlog);
+        double t1 = now_s();
+        if (st == SD_OK) {
+            st = sd_kv_cache_set_length(L.kv, L.len - 1);
+        }
+        if (st == SD_OK) {
+            st = spec_verify(&L, k, q);
+        }
+        ss->time_draft_s += t1 - t0;
+        ss->time_verify_s += now_s() - t1;
+    }
     free(q);
     free(dlog);
     return spec_loop_end(&L, st, n_out, reason);

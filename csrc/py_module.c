@@ -427,20 +427,20 @@ static PyObject *stats_dict(const sd_spec_stats *st, int k) {
 
 /* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings, top_k, top_p,
  *          min_p, lookup=(k, max_ngram, min_ngram, verify_slope) or None,
- *          draft=(draft Model, k) or None)
+ *          draft=(draft Model, k) or None, layerskip=(n_layers, k) or None)
  *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string", stats dict or None) */
 static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"prompt",   "max_new_tokens", "temperature", "seed",
-                             "stop_ids", "stop_strings",   "top_k",       "top_p",
-                             "min_p",    "lookup",         "draft",       NULL};
+    static char *kwlist[] = {"prompt",       "max_new_tokens", "temperature", "seed",  "stop_ids",
+                             "stop_strings", "top_k",          "top_p",       "min_p", "lookup",
+                             "draft",        "layerskip",      NULL};
     PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
-    PyObject *lookup_obj = Py_None, *draft_obj = Py_None;
+    PyObject *lookup_obj = Py_None, *draft_obj = Py_None, *skip_obj = Py_None;
     sd_generate_params p = sd_generate_default_params();
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffOO:generate", kwlist, &prompt_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffOOO:generate", kwlist, &prompt_obj,
                                      &p.max_new_tokens, &p.temperature, &seed, &stop_obj,
                                      &strings_obj, &p.top_k, &p.top_p, &p.min_p, &lookup_obj,
-                                     &draft_obj)) {
+                                     &draft_obj, &skip_obj)) {
         return NULL;
     }
     ModelObject *draft = NULL;
@@ -449,8 +449,12 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         !PyArg_ParseTuple(draft_obj, "O!i:draft", &ModelType, &draft, &draft_k)) {
         return NULL;
     }
-    if (draft != NULL && lookup_obj != Py_None) {
-        PyErr_SetString(PyExc_ValueError, "pass either lookup or draft, not both");
+    int skip_layers = 0, skip_k = 0;
+    if (skip_obj != Py_None && !PyArg_ParseTuple(skip_obj, "ii:layerskip", &skip_layers, &skip_k)) {
+        return NULL;
+    }
+    if ((draft != NULL) + (lookup_obj != Py_None) + (skip_obj != Py_None) > 1) {
+        PyErr_SetString(PyExc_ValueError, "pass at most one of lookup, draft and layerskip");
         return NULL;
     }
     sd_prompt_lookup pl = {0, 0, 0, 0.0f};
@@ -504,8 +508,12 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     sd_spec_stats ss;
     memset(&ss, 0, sizeof(ss));
     sd_status st;
-    const int speculative = lookup_obj != Py_None || draft != NULL;
-    Py_BEGIN_ALLOW_THREADS if (draft != NULL) {
+    const int speculative = lookup_obj != Py_None || draft != NULL || skip_obj != Py_None;
+    Py_BEGIN_ALLOW_THREADS if (skip_obj != Py_None) {
+        st = sd_generate_layerskip(out, &n_out, &reason, &ss, self->model, skip_layers, skip_k,
+                                   prompt, (int)n_prompt, &p);
+    }
+    else if (draft != NULL) {
         st = sd_generate_draft(out, &n_out, &reason, &ss, self->model, draft->model, draft_k,
                                prompt, (int)n_prompt, &p);
     }
@@ -535,7 +543,7 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         PyList_SET_ITEM(list, i, v);
     }
     if (speculative) {
-        stats = stats_dict(&ss, draft != NULL ? draft_k : pl.k);
+        stats = stats_dict(&ss, draft != NULL ? draft_k : skip_obj != Py_None ? skip_k : pl.k);
     } else {
         stats = Py_None;
         Py_INCREF(stats);
@@ -677,7 +685,8 @@ static PyMethodDef model_methods[] = {
     {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
     {"generate", (PyCFunction)(void (*)(void))model_generate, METH_VARARGS | METH_KEYWORDS,
      "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None, "
-     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, lookup=None, draft=None) -> (tokens, "
+     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, lookup=None, draft=None, layerskip=None) "
+     "-> (tokens, "
      "finish_reason, stats)"},
     {"set_token_pieces", (PyCFunction)model_set_token_pieces, METH_O,
      "set_token_pieces(list of bytes): the bytes of every token id, for stop strings"},

@@ -171,6 +171,9 @@ typedef struct {
     const uint8_t *mask;
     int n_mask_cols; /* 1 <= n_mask_cols <= new length, when mask != NULL */
     int n_logits;    /* logits are produced for the last n_logits tokens, 0 <= . <= T */
+    /* run only the first n_layers layers, then the final norm and the head (the early-exit
+     * draft of self-speculation); 0 = all. Keys/values are written for those layers only. */
+    int n_layers;
 } sd_batch;
 
 /* Run `batch` through `model`, updating `kv` (its length becomes max(length, max slot + 1)).
@@ -269,6 +272,16 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
 sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
                             sd_spec_stats *stats, sd_model *target, sd_model *draft, int k,
                             const int32_t *prompt, int n_prompt, const sd_generate_params *params);
+
+/* Self-speculation (early exit, as in LayerSkip, Elhoushi et al. 2024, without its training):
+ * the draft is the target's own first n_layers layers followed by its final norm and head, so
+ * it needs no weights or cache of its own: its keys/values for those layers are exactly the
+ * target's, and the verify forward rewrites them. Same guarantees, arguments and stopping rules
+ * as sd_generate_draft; 1 <= n_layers < the target's layer count. */
+sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reason,
+                                sd_spec_stats *stats, sd_model *model, int n_layers, int k,
+                                const int32_t *prompt, int n_prompt,
+                                const sd_generate_params *params);
 
 /* ---- kernel checks --------------------------------------------------------------------------- */
 

@@ -19,8 +19,8 @@ except ImportError as e:  # pragma: no cover - only in a source tree without a b
         "`python setup.py build_ext --inplace`.") from e
 from .generate import Generation, generate
 from .model import Model, ModelConfig, load
-from .speculators import DraftModel, PromptLookup, SpecStats
+from .speculators import DraftModel, LayerSkip, PromptLookup, SpecStats
 
-__all__ = ["DraftModel", "Generation", "KVCache", "Model", "ModelConfig", "PromptLookup", "SpecStats",
-           "generate", "load"]
+__all__ = ["DraftModel", "Generation", "KVCache", "LayerSkip", "Model", "ModelConfig",
+           "PromptLookup", "SpecStats", "generate", "load"]
 __version__ = "0.1.0"

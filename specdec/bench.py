@@ -66,8 +66,10 @@ def run(args: argparse.Namespace) -> dict:
         if name == "lookup":
             methods["lookup"] = specdec.PromptLookup(k=args.k, max_ngram=args.max_ngram,
                                                      min_ngram=1, verify_slope=args.verify_slope)
+        elif name == "layerskip":
+            methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k)
         elif name and name != "plain":
-            raise ValueError(f"unknown method {name!r} (known: lookup)")
+            raise ValueError(f"unknown method {name!r} (known: lookup, layerskip)")
     rows = load_questions(args.data, args.limit)
     results = []
     ctx = model.config.context_length
@@ -125,7 +127,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m specdec.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="Spec-Bench-format JSONL")
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--methods", default="lookup", help="comma-separated: lookup")
+    p.add_argument("--methods", default="lookup", help="comma-separated: lookup, layerskip")
+    p.add_argument("--skip-layers", type=int, default=20,
+                   help="layerskip: the draft exits after this many of the target's layers")
+    p.add_argument("--skip-k", type=int, default=2, help="layerskip: draft length")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--max-ngram", type=int, default=3)
     p.add_argument("--verify-slope", type=float, default=0.3,

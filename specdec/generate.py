@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from .model import Model, TokenIds
-from .speculators import DraftModel, PromptLookup, SpecStats
+from .speculators import DraftModel, LayerSkip, PromptLookup, SpecStats
 
 Messages = List[Dict[str, Any]]
 Prompt = Union[str, Messages, TokenIds]
+Speculator = Union[PromptLookup, DraftModel, LayerSkip]
 
 
 @dataclass
@@ -51,7 +52,7 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
              seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
              stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
              min_p: float = 0.0,
-             speculator: Optional[Union[PromptLookup, DraftModel]] = None) -> Generation:
+             speculator: Optional[Speculator] = None) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
     Args:
@@ -72,8 +73,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         top_k, top_p, min_p: sampling filters applied after the temperature (0, 1 and 0 are
             off): keep the k most probable tokens, then the smallest set with mass >= top_p,
             then drop tokens below min_p times the most probable.
-        speculator: None for plain decoding, or a :class:`specdec.PromptLookup` or
-            :class:`specdec.DraftModel`: speculative decoding whose output is the target's own
+        speculator: None for plain decoding, or a :class:`specdec.PromptLookup`,
+            :class:`specdec.DraftModel` or :class:`specdec.LayerSkip`: speculative decoding whose output is the target's own
             (identical at temperature 0, identically distributed when sampling); ``stats`` then
             reports drafts and acceptance.
     """
@@ -91,9 +92,10 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     if not 0.0 <= min_p < 1.0:
         raise ValueError(f"min_p must be in [0, 1), got {min_p!r}")
-    if speculator is not None and not isinstance(speculator, (PromptLookup, DraftModel)):
-        raise TypeError(f"speculator must be a specdec.PromptLookup, a specdec.DraftModel or "
-                        f"None, got {type(speculator).__name__}")
+    if speculator is not None and not isinstance(speculator, (PromptLookup, DraftModel,
+                                                              LayerSkip)):
+        raise TypeError(f"speculator must be a specdec.PromptLookup, DraftModel or LayerSkip, "
+                        f"or None, got {type(speculator).__name__}")
     if isinstance(speculator, DraftModel):
         speculator.check_compatible(model)
     if isinstance(stop, str):
@@ -113,17 +115,19 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         stop_tokens = sorted(tok.eog_ids) if tok is not None else model.eos_ids()
     ids = encode_prompt(model, prompt)
     t0 = time.perf_counter()
-    lookup = draft = None
+    lookup = draft = layerskip = None
     if isinstance(speculator, PromptLookup):
         lookup = (speculator.k, speculator.max_ngram, speculator.min_ngram,
                   float(speculator.verify_slope))
     elif isinstance(speculator, DraftModel):
         draft = (speculator.model._core, speculator.k)
+    elif isinstance(speculator, LayerSkip):
+        layerskip = (speculator.layers, speculator.k)
     tokens, reason, core_stats = model._core.generate(
         ids, max_new_tokens, float(temperature), seed,
         None if stop_tokens is None else list(stop_tokens),
         None if not stop else [s.encode("utf-8") for s in stop],
-        top_k, float(top_p), float(min_p), lookup, draft)
+        top_k, float(top_p), float(min_p), lookup, draft, layerskip)
     elapsed = time.perf_counter() - t0
     text = None
     if tok is not None:

@@ -37,6 +37,25 @@ class PromptLookup:
                              f"min_ngram={self.min_ngram!r}, max_ngram={self.max_ngram!r}")
 
 
+@dataclass(frozen=True)
+class LayerSkip:
+    """Self-speculation: the target's own first ``layers`` layers, then its final norm and
+    head, draft ``k`` tokens (early exit, as in LayerSkip, Elhoushi et al. 2024, here without
+    the early-exit training). It shares the target's weights and KV cache, so it costs no
+    memory; it pays off when the shallow exit agrees with the full model often enough.
+    ``layers`` must be smaller than the target's layer count (30 for SmolLM2-135M). Only a
+    prefix of the layers is supported, not an arbitrary subset."""
+
+    layers: int
+    k: int = 5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layers, int) or isinstance(self.layers, bool) or self.layers < 1:
+            raise ValueError(f"layers must be a positive integer, got {self.layers!r}")
+        if not isinstance(self.k, int) or not 1 <= self.k <= MAX_DRAFT:
+            raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {self.k!r}")
+
+
 class DraftModel:
     """A separate small draft model (speculative sampling: Leviathan et al. 2023, Chen et al.
     2023). Each step it proposes ``k`` tokens one at a time (greedy at temperature 0, else

@@ -76,20 +76,25 @@ def test_close_draft_is_accepted_more_than_far(pair):
     assert rates["close"] > 0.5 and rates["close"] > rates["far"] + 0.2, rates
 
 
-def test_stops_in_the_middle_of_a_draft(pair):
-    target = pair["target"]
-    prompt = tm.random_tokens(CFG.vocab, 12, 5)
+def assert_stops_like_plain(target, make_speculator) -> None:
+    """Stop tokens and length limits that fall inside a draft end the run exactly where plain
+    greedy decoding ends it."""
+    prompt = tm.random_tokens(target.config.vocab_size, 12, 5)
     plain = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[])
-    for i in (3, 10, 17):
+    for i in (2, 10, 17):
         stop = plain.tokens[i]
         want = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[stop])
         got = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[stop],
-                               speculator=specdec.DraftModel(pair["close"], k=6))
+                               speculator=make_speculator())
         assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
-    for n in (0, 1, 2, 7):  # length limits that cut a draft short
+    for n in (0, 1, 2, 7):
         got = specdec.generate(target, prompt, max_new_tokens=n, stop_tokens=[],
-                               speculator=specdec.DraftModel(pair["close"], k=6))
+                               speculator=make_speculator())
         assert got.tokens == plain.tokens[:n]
+
+
+def test_stops_in_the_middle_of_a_draft(pair):
+    assert_stops_like_plain(pair["target"], lambda: specdec.DraftModel(pair["close"], k=6))
 
 
 def test_sampled_is_reproducible_and_self_draft_accepts_all(pair):
@@ -177,16 +182,18 @@ def test_sampled_output_is_distributed_as_the_target(v5, name):
     norm(max(0, p - q)) is sampled (chi-square, alpha = 0.001; see test_verify)."""
     m, dm, w, wd, row = v5
     setting = SETTINGS[name]
+    assert_joint_matches(m, specdec.DraftModel(dm, k=2), setting, exact_joint(row, w, setting))
+
+
+def assert_joint_matches(m, speculator, setting, exact, N: int = 100_000) -> None:
+    """Chi-square of the first three tokens of N seeded runs against `exact` (125 cells)."""
     T, top_k, top_p, min_p = setting
-    exact = exact_joint(row, w, setting)
-    N = 100_000
     counts = np.zeros(125)
     rejected = 0
-    draft = specdec.DraftModel(dm, k=2)
     for s in range(N):
         g = specdec.generate(m, PROMPT, max_new_tokens=3, temperature=T, seed=s,
                              stop_tokens=[], top_k=top_k, top_p=top_p, min_p=min_p,
-                             speculator=draft)
+                             speculator=speculator)
         counts[g.tokens[0] * 25 + g.tokens[1] * 5 + g.tokens[2]] += 1
         rejected += g.stats.drafted - g.stats.accepted
     assert rejected > N // 10  # the residual path is exercised
