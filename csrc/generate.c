@@ -79,6 +79,11 @@ static sd_status check_params(const sd_model *m, const int32_t *prompt, int n_pr
 static sd_status emit(emitter *e, int32_t tok) {
     const sd_generate_params *p = e->p;
     e->out[e->n++] = tok;
+    if (p->on_token != NULL && p->on_token(p->on_token_user, tok) != 0) {
+        e->reason = SD_FINISH_CANCELLED;
+        e->done = 1;
+        return SD_OK;
+    }
     for (int i = 0; i < p->n_stop_ids; i++) {
         if (p->stop_ids[i] == tok) {
             e->reason = SD_FINISH_STOP_TOKEN;

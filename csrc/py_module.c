@@ -425,28 +425,58 @@ static PyObject *stats_dict(const sd_spec_stats *st, int k) {
                          st->time_verify_s, "time_total_s", st->time_total_s);
 }
 
+/* on_token from C: calls the Python callable with the GIL; a true result cancels, an exception
+ * cancels and is kept to be raised once the loop has returned. */
+typedef struct {
+    PyObject *fn;
+    PyObject *type, *value, *tb; /* a pending exception */
+} token_callback;
+
+static int call_on_token(void *user, int32_t token) {
+    token_callback *cb = user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int stop = 1;
+    PyObject *r = PyObject_CallFunction(cb->fn, "i", (int)token);
+    if (r != NULL) {
+        stop = PyObject_IsTrue(r);
+        Py_DECREF(r);
+    }
+    if (stop < 0 || r == NULL) {
+        PyErr_Fetch(&cb->type, &cb->value, &cb->tb);
+        stop = 1;
+    }
+    PyGILState_Release(g);
+    return stop;
+}
+
 /* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings, top_k, top_p,
  *          min_p, lookup=(k, max_ngram, min_ngram, verify_slope) or None,
- *          draft=(draft Model, k) or None, layerskip=(n_layers, k) or None)
+ *          draft=(draft Model, k) or None, layerskip=(n_layers, k) or None,
+ *          on_token=callable(token) -> bool or None)
  *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string", stats dict or None) */
 static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"prompt",       "max_new_tokens", "temperature", "seed",  "stop_ids",
                              "stop_strings", "top_k",          "top_p",       "min_p", "lookup",
-                             "draft",        "layerskip",      NULL};
+                             "draft",        "layerskip",      "on_token",    NULL};
     PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
     PyObject *lookup_obj = Py_None, *draft_obj = Py_None, *skip_obj = Py_None;
+    PyObject *on_token_obj = Py_None;
     sd_generate_params p = sd_generate_default_params();
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffOOO:generate", kwlist, &prompt_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffOOOO:generate", kwlist, &prompt_obj,
                                      &p.max_new_tokens, &p.temperature, &seed, &stop_obj,
                                      &strings_obj, &p.top_k, &p.top_p, &p.min_p, &lookup_obj,
-                                     &draft_obj, &skip_obj)) {
+                                     &draft_obj, &skip_obj, &on_token_obj)) {
         return NULL;
     }
     ModelObject *draft = NULL;
     int draft_k = 0;
     if (draft_obj != Py_None &&
         !PyArg_ParseTuple(draft_obj, "O!i:draft", &ModelType, &draft, &draft_k)) {
+        return NULL;
+    }
+    if (on_token_obj != Py_None && !PyCallable_Check(on_token_obj)) {
+        PyErr_SetString(PyExc_TypeError, "on_token must be callable or None");
         return NULL;
     }
     int skip_layers = 0, skip_k = 0;
@@ -503,6 +533,11 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     p.stop_strings = strings.ptrs;
     p.stop_lens = strings.lens;
     p.n_stop_strings = (int)strings.n;
+    token_callback cb = {on_token_obj, NULL, NULL, NULL};
+    if (on_token_obj != Py_None) {
+        p.on_token = call_on_token;
+        p.on_token_user = &cb;
+    }
     int n_out = 0;
     sd_finish_reason reason = SD_FINISH_LENGTH;
     sd_spec_stats ss;
@@ -529,6 +564,10 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         model_leave(draft);
     }
     Py_XDECREF(draft);
+    if (cb.type != NULL) { /* the callback raised: that exception is the result */
+        PyErr_Restore(cb.type, cb.value, cb.tb);
+        goto done;
+    }
     if (st != SD_OK) {
         raise_status(st);
         goto done;
@@ -549,7 +588,7 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         Py_INCREF(stats);
     }
     if (list != NULL && stats != NULL) {
-        const char *names[] = {"length", "stop_token", "stop_string"};
+        const char *names[] = {"length", "stop_token", "stop_string", "cancelled"};
         result = Py_BuildValue("(OsO)", list, names[reason], stats);
     }
 done:
@@ -685,7 +724,8 @@ static PyMethodDef model_methods[] = {
     {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
     {"generate", (PyCFunction)(void (*)(void))model_generate, METH_VARARGS | METH_KEYWORDS,
      "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None, "
-     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, lookup=None, draft=None, layerskip=None) "
+     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, lookup=None, draft=None, layerskip=None, "
+     "on_token=None) "
      "-> (tokens, "
      "finish_reason, stats)"},
     {"set_token_pieces", (PyCFunction)model_set_token_pieces, METH_O,

@@ -205,14 +205,20 @@ typedef struct {
     const char *const *stop_strings;
     const size_t *stop_lens;
     int n_stop_strings;
+    /* Called from the generating thread with each token as it is emitted (stop token included),
+     * in order; a nonzero return ends generation after that token (SD_FINISH_CANCELLED). Runs
+     * inside the loop, so it should be quick. NULL = none. */
+    int (*on_token)(void *user, int32_t token);
+    void *on_token_user;
 } sd_generate_params;
 
 sd_generate_params sd_generate_default_params(void);
 
 typedef enum {
-    SD_FINISH_LENGTH = 0,     /* max_new_tokens reached */
-    SD_FINISH_STOP_TOKEN = 1, /* the last token is one of stop_ids */
-    SD_FINISH_STOP_STRING = 2 /* the output text now contains a stop string */
+    SD_FINISH_LENGTH = 0,      /* max_new_tokens reached */
+    SD_FINISH_STOP_TOKEN = 1,  /* the last token is one of stop_ids */
+    SD_FINISH_STOP_STRING = 2, /* the output text now contains a stop string */
+    SD_FINISH_CANCELLED = 3    /* on_token asked to stop */
 } sd_finish_reason;
 
 /* Autoregressive decoding: prefill `prompt` (n_prompt >= 1 tokens) into a fresh cache, then

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> dict:
     model = specdec.load(args.model, threads=args.threads)
     tok = model.require_tokenizer()
     methods = {"plain": None}
+    draft_cost = {"lookup": 0.0}  # one draft token's cost relative to a target forward
     for name in args.methods.split(","):
         name = name.strip()
         if name == "lookup":
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> dict:
                                                      min_ngram=1, verify_slope=args.verify_slope)
         elif name == "layerskip":
             methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k)
+            draft_cost["layerskip"] = args.skip_layers / model.config.n_layers
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup, layerskip)")
     rows = load_questions(args.data, args.limit)
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
         results.append(entry)
     return {"model": model.path, "threads": model.threads, "temperature": args.temperature,
             "max_new_tokens": args.max_new_tokens, "k": args.k, "data": args.data,
-            "questions": results}
+            "draft_cost": draft_cost, "questions": results}
 
 
 def summarize(res: dict) -> str:
@@ -117,8 +119,9 @@ def summarize(res: dict) -> str:
             acc = sum(q["methods"][m]["accepted"] for q in qs)
             alpha = acc / drafted if drafted else 0.0
             k_mean = drafted / steps if steps else 0.0
+            cost = res.get("draft_cost", {}).get(m, 0.0)
             cells += [f"{n / t:.1f}", f"{(pt / pn) / (t / n):.2f}x", f"{n / steps:.2f}",
-                      f"{alpha:.2f}", f"{predicted_speedup(alpha, k_mean):.2f}x"]
+                      f"{alpha:.2f}", f"{predicted_speedup(alpha, k_mean, cost):.2f}x"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

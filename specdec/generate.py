@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Union
 
 from .model import Model, TokenIds
 from .speculators import DraftModel, LayerSkip, PromptLookup, SpecStats
@@ -22,7 +24,7 @@ class Generation:
     tokens: List[int]                 # the new tokens (a final stop token included)
     prompt_tokens: List[int] = field(default_factory=list)
     text: Optional[str] = None        # the new text, when the model has a tokenizer
-    finish_reason: str = "length"     # "length", "stop_token" or "stop_string"
+    finish_reason: str = "length"     # "length", "stop_token", "stop_string" or "cancelled"
     time_s: float = 0.0               # wall time of decoding (prefill included, tokenizing not)
     stats: Optional[SpecStats] = None  # speculative runs: drafts, acceptance, timings
 
@@ -52,7 +54,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
              seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
              stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
              min_p: float = 0.0,
-             speculator: Optional[Speculator] = None) -> Generation:
+             speculator: Optional[Speculator] = None,
+             on_token: Optional[Callable[[int], Any]] = None) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
     Args:
@@ -77,6 +80,10 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
             :class:`specdec.DraftModel` or :class:`specdec.LayerSkip`: speculative decoding whose output is the target's own
             (identical at temperature 0, identically distributed when sampling); ``stats`` then
             reports drafts and acceptance.
+        on_token: called with each new token id as it is emitted (from the thread that called
+            ``generate``, holding the GIL, while the loop waits); a true result ends generation
+            after that token with ``finish_reason`` "cancelled"; an exception it raises ends
+            generation and propagates. See :func:`stream` for an iterator of text.
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
@@ -98,6 +105,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
                         f"or None, got {type(speculator).__name__}")
     if isinstance(speculator, DraftModel):
         speculator.check_compatible(model)
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None and not all(isinstance(s, str) and s for s in stop):
@@ -127,7 +136,7 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         ids, max_new_tokens, float(temperature), seed,
         None if stop_tokens is None else list(stop_tokens),
         None if not stop else [s.encode("utf-8") for s in stop],
-        top_k, float(top_p), float(min_p), lookup, draft, layerskip)
+        top_k, float(top_p), float(min_p), lookup, draft, layerskip, on_token)
     elapsed = time.perf_counter() - t0
     text = None
     if tok is not None:
@@ -141,3 +150,83 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
     stats = None if core_stats is None else SpecStats.from_core(core_stats, len(tokens))
     return Generation(tokens=tokens, prompt_tokens=[int(t) for t in ids], text=text,
                       finish_reason=reason, time_s=elapsed, stats=stats)
+
+
+def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: float = 0.0,
+           seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
+           stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
+           min_p: float = 0.0, speculator: Optional[Speculator] = None
+           ) -> Generator[Union[str, int], None, Generation]:
+    """:func:`generate`, yielding the output as it is accepted: pieces of text for a model with
+    a tokenizer (a character is held back until its UTF-8 bytes are complete, and text that
+    could be the start of a ``stop`` string until it is known not to be), token ids otherwise.
+    The pieces join to ``Generation.text``; the :class:`Generation` is the generator's return
+    value (``g = yield from stream(...)``). Breaking out of the loop (or closing the generator)
+    stops decoding after the current step. Arguments as for :func:`generate`.
+    """
+    try:
+        tok = model.tokenizer
+    except ValueError:
+        tok = None
+    if stop_tokens is None and tok is not None:
+        stop_tokens = sorted(tok.eog_ids)
+    stop_set = set(stop_tokens) if stop_tokens is not None else set(model.eos_ids())
+    stop_list = [stop] if isinstance(stop, str) else list(stop or [])
+    hold = max((len(s) for s in stop_list), default=1) - 1
+    q: "queue.SimpleQueue" = queue.SimpleQueue()
+    cancel = threading.Event()
+    done: Dict[str, Any] = {}
+
+    def on_token(t: int) -> bool:
+        q.put(t)
+        return cancel.is_set()
+
+    def work() -> None:
+        try:
+            done["result"] = generate(model, prompt, max_new_tokens, temperature, seed,
+                                      stop_tokens, stop, top_k=top_k, top_p=top_p, min_p=min_p,
+                                      speculator=speculator, on_token=on_token)
+        except BaseException as e:  # re-raised in the consumer
+            done["error"] = e
+        finally:
+            q.put(None)
+
+    worker = threading.Thread(target=work, name="specdec.stream", daemon=True)
+    worker.start()
+    tokens: List[int] = []
+    sent = ""
+    finished = False
+    try:
+        while True:
+            t = q.get()
+            if t is None:
+                finished = True
+                break
+            if tok is None:
+                yield t
+                continue
+            if t in stop_set:
+                continue  # a stop token ends the text without adding to it
+            tokens.append(t)
+            text = tok.decode(tokens)
+            safe = len(text) - hold
+            for s in stop_list:  # never past a stop string, even one the byte match missed
+                i = text.find(s)
+                safe = min(safe, i) if i >= 0 else safe
+            while safe > 0 and text[safe - 1] == "\ufffd":  # an incomplete character
+                safe -= 1
+            if safe > len(sent) and text.startswith(sent):
+                yield text[len(sent):safe]
+                sent = text[:safe]
+    finally:
+        cancel.set()
+        while not finished:  # let the loop see the cancel and finish
+            finished = q.get() is None
+        worker.join()
+    if "error" in done:
+        raise done["error"]
+    g = done["result"]
+    if tok is not None and g.text is not None and g.text.startswith(sent) and \
+            len(g.text) > len(sent):
+        yield g.text[len(sent):]
+    return g
