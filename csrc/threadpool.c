@@ -58,13 +58,13 @@ static void run_pieces(sd_threadpool *p, uint64_t gen, int thread) {
         sd_task_fn fn = p->fn;
         void *ctx = p->ctx;
         int n = p->n_tasks;
-        int t = (int)(w & 0xffffffffu);
-        if (t >= n) {
+        const uint32_t t = (uint32_t)(w & 0xffffffffu); /* UINT32_MAX: a closed generation */
+        if (n <= 0 || t >= (uint32_t)n) {
             return;
         }
         if (__atomic_compare_exchange_n(&p->work, &w, w + 1, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE)) {
-            fn(ctx, t, thread);
+            fn(ctx, (int)t, thread);
             __atomic_fetch_add(&p->done, 1, __ATOMIC_RELEASE);
         }
     }
@@ -176,7 +176,16 @@ void sd_threadpool_run(sd_threadpool *p, sd_task_fn fn, void *ctx, int n_tasks) 
         }
         return;
     }
-    uint64_t gen = (__atomic_load_n(&p->work, __ATOMIC_RELAXED) >> 32) + 1;
+    /* Close the previous generation before rewriting the job: a worker that loaded its word
+     * (all pieces claimed) and then read this job's n_tasks would otherwise win its
+     * compare-and-swap on the old word and run a piece of the new job outside its generation,
+     * with a stale fn/ctx pair, counting it in `done`. The closing word has its own generation
+     * (no piece can be claimed: next = UINT32_MAX), so workers that see it still wake for the
+     * job published below. */
+    const uint64_t closed = ((__atomic_load_n(&p->work, __ATOMIC_RELAXED) >> 32) + 1) & 0xffffffffu;
+    __atomic_store_n(&p->work, (closed << 32) | 0xffffffffu, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    const uint64_t gen = (closed + 1) & 0xffffffffu;
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
