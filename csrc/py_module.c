@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "specdec.h"
+#include "threadpool.h"
 #include "verify.h"
 
 /* ---- errors ---------------------------------------------------------------------------------- */
@@ -1023,7 +1024,24 @@ done:
     return result;
 }
 
+static PyObject *core_threadpool_selftest(PyObject *mod, PyObject *args) {
+    (void)mod;
+    int n_threads = 0, n_runs = 0;
+    if (!PyArg_ParseTuple(args, "ii:threadpool_selftest", &n_threads, &n_runs)) {
+        return NULL;
+    }
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_threadpool_selftest(n_threads, n_runs);
+    Py_END_ALLOW_THREADS if (st != SD_OK) {
+        return raise_status(st);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
+    {"threadpool_selftest", core_threadpool_selftest, METH_VARARGS,
+     "threadpool_selftest(threads, runs): run jobs of changing sizes on a fresh pool and raise "
+     "RuntimeError unless every piece ran exactly once within its run (a test hook)"},
     {"process_logits", core_process_logits, METH_VARARGS,
      "process_logits(logits, temperature, top_k, top_p, min_p) -> the processed distribution"},
     {"verify_chains", core_verify_chains, METH_VARARGS,

@@ -206,3 +206,74 @@ void sd_threadpool_run(sd_threadpool *p, sd_task_fn fn, void *ctx, int n_tasks) 
         }
     }
 }
+
+/* ---- self-check ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int id;        /* run index, checked by every piece */
+    int n;         /* pieces of this run */
+    int *counts;   /* (n) times each piece ran */
+    int *late;     /* pieces that ran after their run returned, or with a foreign context */
+    int *finished; /* set once sd_threadpool_run has returned for this run */
+} selftest_job;
+
+static void selftest_piece(void *ctx, int task, int thread) {
+    (void)thread;
+    selftest_job *j = ctx;
+    if (task < 0 || task >= j->n || __atomic_load_n(j->finished, __ATOMIC_ACQUIRE)) {
+        __atomic_fetch_add(j->late, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    __atomic_fetch_add(&j->counts[task], 1, __ATOMIC_RELAXED);
+}
+
+sd_status sd_threadpool_selftest(int n_threads, int n_runs) {
+    if (n_threads < 1 || n_threads > 64 || n_runs < 1) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "threads in [1, 64] and runs >= 1, got %d and %d",
+                            n_threads, n_runs);
+    }
+    enum { MAX_PIECES = 9 };
+    /* every run keeps its own context, so a stale piece lands in valid memory and is counted */
+    selftest_job *jobs = calloc((size_t)n_runs, sizeof(*jobs));
+    int *counts = calloc((size_t)n_runs * MAX_PIECES, sizeof(int));
+    int *finished = calloc((size_t)n_runs, sizeof(int));
+    int late = 0;
+    sd_threadpool *pool = NULL;
+    sd_status st = SD_OK;
+    if (jobs == NULL || counts == NULL || finished == NULL) {
+        st = sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    if (st == SD_OK) {
+        st = sd_threadpool_create(&pool, n_threads);
+    }
+    for (int r = 0; st == SD_OK && r < n_runs; r++) {
+        selftest_job *j = &jobs[r];
+        j->id = r;
+        j->n = 1 + (r * 7) % MAX_PIECES; /* piece counts that change from run to run */
+        j->counts = counts + (size_t)r * MAX_PIECES;
+        j->late = &late;
+        j->finished = &finished[r];
+        sd_threadpool_run(pool, selftest_piece, j, j->n);
+        __atomic_store_n(j->finished, 1, __ATOMIC_RELEASE);
+        for (int t = 0; t < j->n; t++) {
+            if (__atomic_load_n(&j->counts[t], __ATOMIC_ACQUIRE) != 1) {
+                st = sd_set_error(SD_ERR_INTERNAL,
+                                  "thread pool: run %d piece %d of %d ran %d times before the run "
+                                  "returned",
+                                  r, t, j->n, j->counts[t]);
+                break;
+            }
+        }
+    }
+    sd_threadpool_free(pool); /* joins the workers: every piece has finished */
+    if (st == SD_OK && late > 0) {
+        st = sd_set_error(SD_ERR_INTERNAL,
+                          "thread pool: %d pieces ran outside their run (after it returned or "
+                          "past its piece count)",
+                          late);
+    }
+    free(jobs);
+    free(counts);
+    free(finished);
+    return st;
+}

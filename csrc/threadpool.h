@@ -18,6 +18,10 @@ void sd_threadpool_free(sd_threadpool *pool);
 int sd_threadpool_size(const sd_threadpool *pool);
 /* Run fn over n_tasks pieces and return when all are done. Not reentrant. */
 void sd_threadpool_run(sd_threadpool *pool, sd_task_fn fn, void *ctx, int n_tasks);
+/* Runs n_runs jobs of changing piece counts on a fresh pool of n_threads and checks that every
+ * piece of every run ran exactly once, within its run: SD_ERR_INTERNAL names the first
+ * violation. A test of the claiming protocol (exposed to Python as _core.threadpool_selftest). */
+sd_status sd_threadpool_selftest(int n_threads, int n_runs);
 /* Number of CPUs this process may run on (affinity mask), at least 1. */
 int sd_available_cpus(void);
 
