@@ -7,6 +7,7 @@
  *   verify — one target forward over [last, d1 .. dK] gives K + 1 distributions at once;
  *   accept — the chain rule of verify.h picks the accepted prefix and one more token;
  *   roll back — the cache keeps the accepted slots, forgets the rest (setting its length). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -358,10 +359,11 @@ static sd_status spec_verify(spec_loop *L, int k, const float *q) {
     return sd_kv_cache_set_length(L->kv, L->len - 1);
 }
 
-/* Starts a speculative call: zeroed stats and outputs, parameters checked, 1 <= K <= max. */
+/* Starts a speculative call: zeroed stats and outputs, parameters checked, 1 <= K <= max,
+ * 0 <= p_min <= 1. */
 static sd_status spec_prepare(int *n_out, sd_finish_reason *reason, sd_spec_stats *ss,
                               const sd_model *m, const int32_t *prompt, int n_prompt,
-                              const sd_generate_params *p, sd_sampling *s, int K) {
+                              const sd_generate_params *p, sd_sampling *s, int K, float p_min) {
     *n_out = 0;
     if (reason != NULL) {
         *reason = SD_FINISH_LENGTH;
@@ -370,6 +372,9 @@ static sd_status spec_prepare(int *n_out, sd_finish_reason *reason, sd_spec_stat
     SD_TRY(check_params(m, prompt, n_prompt, p, s));
     if (K < 1 || K > SD_MAX_DRAFT) {
         return sd_set_error(SD_ERR_INVALID_ARG, "k must be in [1, %d], got %d", SD_MAX_DRAFT, K);
+    }
+    if (!(p_min >= 0.0f && p_min <= 1.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "p_min must be in [0, 1], got %g", (double)p_min);
     }
     return SD_OK;
 }
@@ -381,7 +386,7 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
     sd_spec_stats local;
     sd_spec_stats *ss = stats != NULL ? stats : &local;
     sd_sampling s;
-    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, pl->k));
+    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, pl->k, 0.0f));
     if (!(pl->verify_slope >= 0.0f)) {
         return sd_set_error(SD_ERR_INVALID_ARG, "verify_slope must be >= 0, got %g",
                             (double)pl->verify_slope);
@@ -420,15 +425,27 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
 
 /* ---- draft model ----------------------------------------------------------------------------- */
 
-/* Drafts k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all) over the
- * cache dkv, which must end at the last token's slot: L->batch = [last, d1 .. dk], q[i] the
- * processed row d(i+1) was taken from (greedy at temperature 0, else sampled). */
+/* The largest probability of softmax(logits): how sure a greedy draft is of its token. */
+static double top_prob(const float *logits, int V) {
+    const float mx = logits[sd_argmax(logits, V)];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        sum += exp((double)(logits[i] - mx));
+    }
+    return 1.0 / sum;
+}
+
+/* Drafts up to *k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all)
+ * over the cache dkv, which must end at the last token's slot: L->batch = [last, d1 .. dk],
+ * q[i] the processed row d(i+1) was taken from (greedy at temperature 0, else sampled). With
+ * p_min > 0 drafting stops after a token the draft gave less than p_min (its processed
+ * probability when sampling, its softmax probability when greedy); *k is set to the count. */
 static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers,
-                                      int k, float *q, float *dlog) {
+                                      int *k, float p_min, float *q, float *dlog) {
     const int V = dm->cfg.vocab_size;
     const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
     L->batch[0] = L->hist[L->len - 1];
-    for (int i = 0; i < k; i++) {
+    for (int i = 0; i < *k; i++) {
         sd_batch b = {0};
         b.n_tokens = 1;
         b.tokens = &L->batch[i];
@@ -438,7 +455,13 @@ static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *d
         float *qi = q + (size_t)i * V;
         sd_process_logits(qi, dlog, V, &L->s, L->iwork);
         const double u = sd_rng_uniform(L->seed, STREAM_DRAFT, pos + (uint64_t)i);
-        L->batch[1 + i] = L->s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
+        const int32_t d = L->s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
+        L->batch[1 + i] = d;
+        if (p_min > 0.0f &&
+            (L->s.temperature == 0.0f ? top_prob(dlog, V) : (double)qi[d]) < (double)p_min) {
+            *k = i + 1;
+            break;
+        }
     }
     return SD_OK;
 }
@@ -457,13 +480,13 @@ static sd_status draft_sync(sd_model *dm, sd_kv_cache *dkv, const int32_t *hist,
 }
 
 sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
-                            sd_spec_stats *stats, sd_model *m, sd_model *dm, int K,
+                            sd_spec_stats *stats, sd_model *m, sd_model *dm, int K, float p_min,
                             const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
     const double t_start = now_s();
     sd_spec_stats local;
     sd_spec_stats *ss = stats != NULL ? stats : &local;
     sd_sampling s;
-    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K));
+    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K, p_min));
     if (dm->cfg.vocab_size != m->cfg.vocab_size) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "the draft model's vocabulary (%d tokens) differs from the target's "
@@ -500,8 +523,8 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
     }
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
-        const int k = spec_room(&L, p, K);
-        st = draft_autoregressive(&L, dm, dkv, 0, k, q, dlog);
+        int k = spec_room(&L, p, K);
+        st = draft_autoregressive(&L, dm, dkv, 0, &k, p_min, q, dlog);
         double t1 = now_s();
         if (st == SD_OK) {
             st = spec_verify(&L, k, q);
@@ -521,13 +544,13 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
 /* ---- self-speculation: the target's first layers as the draft -------------------------------- */
 
 sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reason,
-                                sd_spec_stats *stats, sd_model *m, int n_layers, int K,
+                                sd_spec_stats *stats, sd_model *m, int n_layers, int K, float p_min,
                                 const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
     const double t_start = now_s();
     sd_spec_stats local;
     sd_spec_stats *ss = stats != NULL ? stats : &local;
     sd_sampling s;
-    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K));
+    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K, p_min));
     if (n_layers < 1 || n_layers >= m->cfg.n_layers) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "the draft's layers must be in [1, %d) (the target has %d), got %d",
@@ -548,11 +571,11 @@ sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reas
     }
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
-        const int k = spec_room(&L, p, K);
+        int k = spec_room(&L, p, K);
         /* draft: one early-exit forward per token, in the target's own cache. The first
          * n_layers layers of a token compute exactly what the target's do, so the verify
          * forward below rewrites the same slots; no second cache, no catch-up. */
-        st = draft_autoregressive(&L, m, L.kv, n_layers, k, q, dlog);
+        st = draft_autoregressive(&L, m, L.kv, n_layers, &k, p_min, q, dlog);
         double t1 = now_s();
         if (st == SD_OK) {
             st = sd_kv_cache_set_length(L.kv, L.len - 1);

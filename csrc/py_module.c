@@ -452,7 +452,7 @@ static int call_on_token(void *user, int32_t token) {
 
 /* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings, top_k, top_p,
  *          min_p, lookup=(k, max_ngram, min_ngram, verify_slope) or None,
- *          draft=(draft Model, k) or None, layerskip=(n_layers, k) or None,
+ *          draft=(draft Model, k, p_min) or None, layerskip=(n_layers, k, p_min) or None,
  *          on_token=callable(token) -> bool or None)
  *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string", stats dict or None) */
 static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
@@ -472,8 +472,9 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     }
     ModelObject *draft = NULL;
     int draft_k = 0;
+    float draft_p_min = 0.0f, skip_p_min = 0.0f;
     if (draft_obj != Py_None &&
-        !PyArg_ParseTuple(draft_obj, "O!i:draft", &ModelType, &draft, &draft_k)) {
+        !PyArg_ParseTuple(draft_obj, "O!if:draft", &ModelType, &draft, &draft_k, &draft_p_min)) {
         return NULL;
     }
     if (on_token_obj != Py_None && !PyCallable_Check(on_token_obj)) {
@@ -481,7 +482,8 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         return NULL;
     }
     int skip_layers = 0, skip_k = 0;
-    if (skip_obj != Py_None && !PyArg_ParseTuple(skip_obj, "ii:layerskip", &skip_layers, &skip_k)) {
+    if (skip_obj != Py_None &&
+        !PyArg_ParseTuple(skip_obj, "iif:layerskip", &skip_layers, &skip_k, &skip_p_min)) {
         return NULL;
     }
     if ((draft != NULL) + (lookup_obj != Py_None) + (skip_obj != Py_None) > 1) {
@@ -547,11 +549,11 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     const int speculative = lookup_obj != Py_None || draft != NULL || skip_obj != Py_None;
     Py_BEGIN_ALLOW_THREADS if (skip_obj != Py_None) {
         st = sd_generate_layerskip(out, &n_out, &reason, &ss, self->model, skip_layers, skip_k,
-                                   prompt, (int)n_prompt, &p);
+                                   skip_p_min, prompt, (int)n_prompt, &p);
     }
     else if (draft != NULL) {
         st = sd_generate_draft(out, &n_out, &reason, &ss, self->model, draft->model, draft_k,
-                               prompt, (int)n_prompt, &p);
+                               draft_p_min, prompt, (int)n_prompt, &p);
     }
     else if (speculative) {
         st = sd_generate_lookup(out, &n_out, &reason, &ss, self->model, prompt, (int)n_prompt, &p,

@@ -274,10 +274,13 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
  * [last, d1 .. dk] in one forward and the chain rule of verify.h accepts a prefix with the
  * probabilities min(1, p/q), correcting from norm(max(0, p - q)). Both caches roll back to the
  * accepted prefix; when all k are accepted the draft catches up on dk. Same guarantees, arguments
- * and stopping rules as sd_generate_lookup; 1 <= k <= SD_MAX_DRAFT. */
+ * and stopping rules as sd_generate_lookup; 1 <= k <= SD_MAX_DRAFT. p_min in [0, 1): a step's
+ * drafting stops early after a token the draft gave probability below p_min (its processed
+ * probability when sampling, its softmax probability when greedy); 0 = always draft k. */
 sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
                             sd_spec_stats *stats, sd_model *target, sd_model *draft, int k,
-                            const int32_t *prompt, int n_prompt, const sd_generate_params *params);
+                            float p_min, const int32_t *prompt, int n_prompt,
+                            const sd_generate_params *params);
 
 /* Self-speculation (early exit, as in LayerSkip, Elhoushi et al. 2024, without its training):
  * the draft is the target's own first n_layers layers followed by its final norm and head, so
@@ -286,7 +289,7 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
  * as sd_generate_draft; 1 <= n_layers < the target's layer count. */
 sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reason,
                                 sd_spec_stats *stats, sd_model *model, int n_layers, int k,
-                                const int32_t *prompt, int n_prompt,
+                                float p_min, const int32_t *prompt, int n_prompt,
                                 const sd_generate_params *params);
 
 /* ---- kernel checks --------------------------------------------------------------------------- */

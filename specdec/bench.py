@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> dict:
             methods["lookup"] = specdec.PromptLookup(k=args.k, max_ngram=args.max_ngram,
                                                      min_ngram=1, verify_slope=args.verify_slope)
         elif name == "layerskip":
-            methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k)
+            methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k,
+                                                     p_min=args.p_min)
             draft_cost["layerskip"] = args.skip_layers / model.config.n_layers
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup, layerskip)")
@@ -134,6 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-layers", type=int, default=20,
                    help="layerskip: the draft exits after this many of the target's layers")
     p.add_argument("--skip-k", type=int, default=2, help="layerskip: draft length")
+    p.add_argument("--p-min", type=float, default=0.0,
+                   help="layerskip: stop drafting after a token the draft is less sure of")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--max-ngram", type=int, default=3)
     p.add_argument("--verify-slope", type=float, default=0.3,

@@ -282,3 +282,41 @@ def test_smollm2_drafting_for_itself_is_greedy_identical(smollm2_path):
     spec = specdec.generate(m, msgs, max_new_tokens=24, speculator=specdec.DraftModel(m, k=4))
     assert spec.tokens == plain.tokens and spec.text == plain.text
     assert spec.stats.accepted == spec.stats.drafted
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_p_min_shortens_drafts_and_keeps_the_output(pair, temperature):
+    """p_min = 1 stops every step after one draft (no draft is that sure); p_min = 0.3 drafts
+    between 1 and k on average; at temperature 0 the output is the plain output whatever
+    p_min (when sampling, drafts consume different random draws, so only the stats are
+    checked; the distribution tests cover the rule)."""
+    target, prompt = pair["target"], tm.random_tokens(CFG.vocab, 9, 4)
+    plain = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[],
+                             temperature=temperature, seed=1)
+    drafted = {}
+    for p_min in (0.0, 0.3, 1.0):
+        g = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[],
+                             temperature=temperature, seed=1,
+                             speculator=specdec.DraftModel(pair["close"], k=5, p_min=p_min))
+        if temperature == 0.0:
+            assert g.tokens == plain.tokens
+        st = g.stats
+        assert st.accepted + st.steps == st.new_tokens == 30
+        drafted[p_min] = st.drafted / st.steps
+    assert drafted[1.0] <= 1.0 < drafted[0.3] < drafted[0.0]
+
+
+@pytest.mark.parametrize("p_min", [-0.1, 1.5, "0.5", True])
+def test_bad_p_min(pair, p_min):
+    with pytest.raises(ValueError, match="p_min"):
+        specdec.DraftModel(pair["far"], p_min=p_min)
+    with pytest.raises(ValueError, match="p_min"):
+        specdec.LayerSkip(1, p_min=p_min)
+
+
+def test_sampled_output_with_p_min_is_distributed_as_the_target(v5):
+    """Stopping a draft early on the draft's own confidence keeps the output distribution."""
+    m, dm, w, wd, row = v5
+    setting = SETTINGS["T1"]
+    assert_joint_matches(m, specdec.DraftModel(dm, k=3, p_min=0.4), setting,
+                         exact_joint(row, w, setting))
