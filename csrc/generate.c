@@ -249,17 +249,20 @@ typedef struct {
     float *logits;  /* [K + 1][V] */
     float *probs;   /* [K + 1][V] */
     float *fwork;   /* [V] */
+    float *q;       /* [K][V] the drafts' distributions (drafters that have them), else NULL */
+    float *dlog;    /* [V] a draft forward's logits, with q */
     int32_t *iwork; /* [V] */
     emitter e;
     sd_spec_stats *ss;
     double t_start;
 } spec_loop;
 
-/* Allocates a loop for drafts of up to K tokens over a target cache of `cap` slots and prefills
- * all of the prompt but its last token. On failure the loop still needs spec_loop_end. */
+/* Allocates a loop for drafts of up to K tokens (with rows for their distributions when
+ * draft_rows) over a target cache of prompt + output + K slots, at most ctx, and prefills all of
+ * the prompt but its last token. On failure the loop still needs spec_loop_end. */
 static sd_status spec_loop_begin(spec_loop *L, sd_model *m, const int32_t *prompt, int n_prompt,
-                                 const sd_generate_params *p, const sd_sampling *s, int K, int cap,
-                                 int32_t *out, sd_spec_stats *ss, double t_start) {
+                                 const sd_generate_params *p, const sd_sampling *s, int K, int ctx,
+                                 int draft_rows, int32_t *out, sd_spec_stats *ss, double t_start) {
     const int V = m->cfg.vocab_size;
     memset(L, 0, sizeof(*L));
     L->m = m;
@@ -276,11 +279,16 @@ static sd_status spec_loop_begin(spec_loop *L, sd_model *m, const int32_t *promp
     L->probs = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
     L->fwork = malloc((size_t)V * sizeof(float));
     L->iwork = malloc((size_t)V * sizeof(int32_t));
+    if (draft_rows) {
+        L->q = malloc((size_t)K * (size_t)V * sizeof(float));
+        L->dlog = malloc((size_t)V * sizeof(float));
+    }
     if (L->hist == NULL || L->batch == NULL || L->logits == NULL || L->probs == NULL ||
-        L->fwork == NULL || L->iwork == NULL) {
+        L->fwork == NULL || L->iwork == NULL || (draft_rows && (L->q == NULL || L->dlog == NULL))) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
     }
-    SD_TRY(sd_kv_cache_create(&L->kv, m, cap));
+    const int total = n_prompt + p->max_new_tokens;
+    SD_TRY(sd_kv_cache_create(&L->kv, m, total + K < ctx ? total + K : ctx));
     memcpy(L->hist, prompt, (size_t)n_prompt * sizeof(int32_t));
     if (n_prompt > 1) {
         sd_batch b = {0};
@@ -305,6 +313,8 @@ static sd_status spec_loop_end(spec_loop *L, sd_status st, int *n_out, sd_finish
     free(L->probs);
     free(L->fwork);
     free(L->iwork);
+    free(L->q);
+    free(L->dlog);
     free(L->e.text);
     return st;
 }
@@ -399,12 +409,10 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
     if (p->max_new_tokens == 0) {
         return SD_OK;
     }
-    const int K = pl->k, ctx = m->cfg.context_length;
-    /* slots: the prompt and output, plus the drafts of the last step beyond them */
-    const int total = n_prompt + p->max_new_tokens;
-    const int cap = total + K < ctx ? total + K : ctx;
+    const int K = pl->k;
     spec_loop L;
-    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, cap, out, ss, t_start);
+    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, m->cfg.context_length, 0, out,
+                                   ss, t_start);
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
         int k = spec_room(&L, p, K);
@@ -437,11 +445,11 @@ static double top_prob(const float *logits, int V) {
 
 /* Drafts up to *k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all)
  * over the cache dkv, which must end at the last token's slot: L->batch = [last, d1 .. dk],
- * q[i] the processed row d(i+1) was taken from (greedy at temperature 0, else sampled). With
+ * L->q[i] the processed row d(i+1) was taken from (greedy at temperature 0, else sampled). With
  * p_min > 0 drafting stops after a token the draft gave less than p_min (its processed
  * probability when sampling, its softmax probability when greedy); *k is set to the count. */
 static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers,
-                                      int *k, float p_min, float *q, float *dlog) {
+                                      int *k, float p_min) {
     const int V = dm->cfg.vocab_size;
     const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
     L->batch[0] = L->hist[L->len - 1];
@@ -451,14 +459,14 @@ static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *d
         b.tokens = &L->batch[i];
         b.n_logits = 1;
         b.n_layers = n_layers;
-        SD_TRY(sd_forward(dm, dkv, &b, dlog));
-        float *qi = q + (size_t)i * V;
-        sd_process_logits(qi, dlog, V, &L->s, L->iwork);
+        SD_TRY(sd_forward(dm, dkv, &b, L->dlog));
+        float *qi = L->q + (size_t)i * V;
+        sd_process_logits(qi, L->dlog, V, &L->s, L->iwork);
         const double u = sd_rng_uniform(L->seed, STREAM_DRAFT, pos + (uint64_t)i);
         const int32_t d = L->s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
         L->batch[1 + i] = d;
         if (p_min > 0.0f &&
-            (L->s.temperature == 0.0f ? top_prob(dlog, V) : (double)qi[d]) < (double)p_min) {
+            (L->s.temperature == 0.0f ? top_prob(L->dlog, V) : (double)qi[d]) < (double)p_min) {
             *k = i + 1;
             break;
         }
@@ -496,7 +504,6 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
     if (p->max_new_tokens == 0) {
         return SD_OK;
     }
-    const int V = m->cfg.vocab_size;
     const int total = n_prompt + p->max_new_tokens;
     const int ctx = m->cfg.context_length < dm->cfg.context_length ? m->cfg.context_length
                                                                    : dm->cfg.context_length;
@@ -506,17 +513,11 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
                             "%d of the draft model",
                             n_prompt, p->max_new_tokens, dm->cfg.context_length);
     }
-    const int cap = total + K < ctx ? total + K : ctx;
     sd_kv_cache *dkv = NULL;
-    float *q = malloc((size_t)K * (size_t)V * sizeof(float)); /* [K][V] draft distributions */
-    float *dlog = malloc((size_t)V * sizeof(float));
     spec_loop L;
-    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, cap, out, ss, t_start);
-    if (st == SD_OK && (q == NULL || dlog == NULL)) {
-        st = sd_set_error(SD_ERR_NOMEM, "out of memory");
-    }
+    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, ctx, 1, out, ss, t_start);
     if (st == SD_OK) {
-        st = sd_kv_cache_create(&dkv, dm, cap);
+        st = sd_kv_cache_create(&dkv, dm, sd_kv_cache_capacity(L.kv));
     }
     if (st == SD_OK) {
         st = draft_sync(dm, dkv, L.hist, L.len); /* prefill */
@@ -524,10 +525,10 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
         int k = spec_room(&L, p, K);
-        st = draft_autoregressive(&L, dm, dkv, 0, &k, p_min, q, dlog);
+        st = draft_autoregressive(&L, dm, dkv, 0, &k, p_min);
         double t1 = now_s();
         if (st == SD_OK) {
-            st = spec_verify(&L, k, q);
+            st = spec_verify(&L, k, L.q);
         }
         if (st == SD_OK && !L.e.done) {
             st = draft_sync(dm, dkv, L.hist, L.len);
@@ -536,8 +537,6 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
         ss->time_verify_s += now_s() - t1;
     }
     sd_kv_cache_free(dkv);
-    free(q);
-    free(dlog);
     return spec_loop_end(&L, st, n_out, reason);
 }
 
@@ -559,34 +558,25 @@ sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reas
     if (p->max_new_tokens == 0) {
         return SD_OK;
     }
-    const int V = m->cfg.vocab_size, ctx = m->cfg.context_length;
-    const int total = n_prompt + p->max_new_tokens;
-    const int cap = total + K < ctx ? total + K : ctx;
-    float *q = malloc((size_t)K * (size_t)V * sizeof(float)); /* [K][V] draft distributions */
-    float *dlog = malloc((size_t)V * sizeof(float));
     spec_loop L;
-    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, cap, out, ss, t_start);
-    if (st == SD_OK && (q == NULL || dlog == NULL)) {
-        st = sd_set_error(SD_ERR_NOMEM, "out of memory");
-    }
+    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, m->cfg.context_length, 1, out,
+                                   ss, t_start);
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
         int k = spec_room(&L, p, K);
         /* draft: one early-exit forward per token, in the target's own cache. The first
          * n_layers layers of a token compute exactly what the target's do, so the verify
          * forward below rewrites the same slots; no second cache, no catch-up. */
-        st = draft_autoregressive(&L, m, L.kv, n_layers, &k, p_min, q, dlog);
+        st = draft_autoregressive(&L, m, L.kv, n_layers, &k, p_min);
         double t1 = now_s();
         if (st == SD_OK) {
             st = sd_kv_cache_set_length(L.kv, L.len - 1);
         }
         if (st == SD_OK) {
-            st = spec_verify(&L, k, q);
+            st = spec_verify(&L, k, L.q);
         }
         ss->time_draft_s += t1 - t0;
         ss->time_verify_s += now_s() - t1;
     }
-    free(q);
-    free(dlog);
     return spec_loop_end(&L, st, n_out, reason);
 }
