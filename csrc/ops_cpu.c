@@ -38,7 +38,7 @@ void sd_rope(float *x, const float *cs, int T, int n_heads, int head_dim, int ne
     }
 }
 
-void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -193,26 +193,17 @@ typedef struct {
     float *scores;
 } attn_ctx;
 
-static void attn_task(void *ctx, int task, int thread) {
-    const attn_ctx *c = (const attn_ctx *)ctx;
-    const int t = task / c->n_heads, h = task % c->n_heads;
-    const int Dh = c->head_dim;
-    const int kvh = h / (c->n_heads / c->n_kv_heads);
-    const size_t kvd = (size_t)c->n_kv_heads * (size_t)Dh;
-    const float *q = c->q + ((size_t)t * (size_t)c->n_heads + (size_t)h) * (size_t)Dh;
-    const uint8_t *m = c->mask + (size_t)t * (size_t)c->n_attn;
-    float *sc = c->scores + (size_t)thread * (size_t)c->n_attn;
-    float *o = c->out + ((size_t)t * (size_t)c->n_heads + (size_t)h) * (size_t)Dh;
-    const float scale = 1.0f / sqrtf((float)Dh);
+void sd_attend_ref(float *o, const float *q, const float *k, const float *v, size_t ld,
+                   const uint8_t *m, int n_attn, int Dh, float scale, float *sc) {
     float mx = -INFINITY;
-    for (int s = 0; s < c->n_attn; s++) {
+    for (int s = 0; s < n_attn; s++) {
         if (m[s]) {
-            sc[s] = sd_dot_f32(q, c->k + (size_t)s * kvd + (size_t)kvh * (size_t)Dh, Dh) * scale;
+            sc[s] = sd_dot_f32(q, k + (size_t)s * ld, Dh) * scale;
             mx = sc[s] > mx ? sc[s] : mx;
         }
     }
     float sum = 0.0f;
-    for (int s = 0; s < c->n_attn; s++) {
+    for (int s = 0; s < n_attn; s++) {
         if (m[s]) {
             sc[s] = expf(sc[s] - mx);
             sum += sc[s];
@@ -220,11 +211,24 @@ static void attn_task(void *ctx, int task, int thread) {
     }
     memset(o, 0, (size_t)Dh * sizeof(float));
     const float inv = 1.0f / sum;
-    for (int s = 0; s < c->n_attn; s++) {
+    for (int s = 0; s < n_attn; s++) {
         if (m[s]) {
-            sd_axpy_f32(o, sc[s] * inv, c->v + (size_t)s * kvd + (size_t)kvh * (size_t)Dh, Dh);
+            sd_axpy_f32(o, sc[s] * inv, v + (size_t)s * ld, Dh);
         }
     }
+}
+
+static void attn_task(void *ctx, int task, int thread) {
+    const attn_ctx *c = (const attn_ctx *)ctx;
+    const int t = task / c->n_heads, h = task % c->n_heads;
+    const int Dh = c->head_dim;
+    const int kvh = h / (c->n_heads / c->n_kv_heads);
+    const size_t kvd = (size_t)c->n_kv_heads * (size_t)Dh;
+    const size_t off = (size_t)kvh * (size_t)Dh;
+    const size_t qo = ((size_t)t * (size_t)c->n_heads + (size_t)h) * (size_t)Dh;
+    sd_attend(c->out + qo, c->q + qo, c->k + off, c->v + off, kvd,
+              c->mask + (size_t)t * (size_t)c->n_attn, c->n_attn, Dh, 1.0f / sqrtf((float)Dh),
+              c->scores + (size_t)thread * (size_t)c->n_attn);
 }
 
 void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k, const float *v,

@@ -38,8 +38,18 @@ void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const fl
 void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
                      float eps);
 
-/* out (T, F) = silu(gate) * up, elementwise; out may alias gate. */
+/* out (T, F) = silu(gate) * up, elementwise; out may alias gate. sd_swiglu is this CPU's kernel
+ * (quant.c picks it), sd_swiglu_ref the portable one. */
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);
+void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
+
+/* One query row's attention: o (Dh) = softmax(scale * q . k_s over the slots s < n_attn with
+ * m[s] != 0) weighted sum of v_s; k_s = k + s * ld, v_s likewise; at least one slot open.
+ * sc: (n_attn) scratch. sd_attend is this CPU's kernel, sd_attend_ref the portable one. */
+void sd_attend(float *o, const float *q, const float *k, const float *v, size_t ld,
+               const uint8_t *m, int n_attn, int Dh, float scale, float *sc);
+void sd_attend_ref(float *o, const float *q, const float *k, const float *v, size_t ld,
+                   const uint8_t *m, int n_attn, int Dh, float scale, float *sc);
 
 /* Attention of T queries q (T, H*Dh) over cache slots [0, n_attn) of one layer:
  * k, v (n_slots_total, Hkv*Dh); mask (T, n_attn) nonzero = attend. out (T, H*Dh).

@@ -841,6 +841,31 @@ static PyObject *core_cuda_probe(PyObject *mod, PyObject *unused) {
 #endif
 }
 
+/* quantize_q8(x: float32 (n,)) -> bytes: the activation row the integer kernels read
+ * (quant.h: n int8, then the f32 arrays d, s, e of n / 32 each) */
+static PyObject *core_quantize_q8(PyObject *mod, PyObject *arg) {
+    (void)mod;
+    PyArrayObject *x =
+        (PyArrayObject *)PyArray_FROMANY(arg, NPY_FLOAT32, 1, 1, NPY_ARRAY_CARRAY_RO);
+    if (x == NULL) {
+        return NULL;
+    }
+    const int64_t n = (int64_t)PyArray_DIM(x, 0);
+    /* the size is computed only for a valid n; sd_quantize_activations reports the rest */
+    const size_t bytes = n > 0 && n % 32 == 0 ? (size_t)n + 12 * (size_t)(n / 32) : 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
+    if (out != NULL) {
+        sd_status st = sd_quantize_activations((unsigned char *)PyBytes_AS_STRING(out), bytes,
+                                               (const float *)PyArray_DATA(x), n);
+        if (st != SD_OK) {
+            Py_CLEAR(out);
+            raise_status(st);
+        }
+    }
+    Py_DECREF(x);
+    return out;
+}
+
 /* dequantize(type, data: bytes, n) -> float32 (n,) */
 static PyObject *core_dequantize(PyObject *mod, PyObject *args) {
     (void)mod;
@@ -1049,6 +1074,8 @@ static PyMethodDef core_methods[] = {
     {"verify_chains", core_verify_chains, METH_VARARGS,
      "verify_chains(p, q, drafts, u_accept, u_next) -> (n_accepted, next): the chain rule of "
      "speculative sampling over N runs (a test and research hook)"},
+    {"quantize_q8", core_quantize_q8, METH_O,
+     "quantize_q8(x) -> bytes: one float32 row quantized as the integer kernels' activations"},
     {"dequantize", core_dequantize, METH_VARARGS,
      "dequantize(type, data, n) -> float32 array: the row kernels' f32 values of n elements"},
     {"matmul_rows", core_matmul_rows, METH_VARARGS,

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops_cpu.h"
 #include "quant_blocks.h"
 #include "status.h"
 #include "simd.h"
@@ -229,6 +230,10 @@ static sd_type_traits g_types[40] = {
 static int g_repack = 0; /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VNNI */
 
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
+static void (*g_quantize_q8)(unsigned char *, const float *, int64_t) = sd_quantize_q8_ref;
+static void (*g_swiglu)(float *, const float *, const float *, int64_t) = sd_swiglu_ref;
+static void (*g_attend)(float *, const float *, const float *, const float *, size_t,
+                        const uint8_t *, int, int, float, float *) = sd_attend_ref;
 static const char *g_simd_name = "scalar";
 
 static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
@@ -255,6 +260,9 @@ static void kernels_init_once(void) {
         g_types[SD_TYPE_Q6_K].tile = sd_tile_q6_K_avx2;
         g_dot_f32 = sd_dot_f32_avx2;
         g_axpy_f32 = sd_axpy_f32_avx2;
+        g_quantize_q8 = sd_quantize_q8_avx2;
+        g_swiglu = sd_swiglu_avx2;
+        g_attend = sd_attend_avx2;
         g_simd_name = "avx2+fma+f16c";
         g_repack = 1;
         if (force == NULL || strcmp(force, "avx2") != 0) {
@@ -313,6 +321,19 @@ float sd_dot_f32(const float *a, const float *b, int64_t n) {
 
 void sd_axpy_f32(float *y, float a, const float *x, int64_t n) {
     g_axpy_f32(y, a, x, n);
+}
+
+void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n) {
+    g_quantize_q8(dst, x, n);
+}
+
+void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
+    g_swiglu(out, gate, up, n);
+}
+
+void sd_attend(float *o, const float *q, const float *k, const float *v, size_t ld,
+               const uint8_t *m, int n_attn, int Dh, float scale, float *sc) {
+    g_attend(o, q, k, v, ld, m, n_attn, Dh, scale, sc);
 }
 
 /* ---- repacked matrices ------------------------------------------------------------------------
@@ -419,6 +440,21 @@ sd_status sd_dequantize(float *dst, int type, const void *src, size_t src_bytes,
     SD_TRY(check_type(type, n, &tr));
     SD_TRY(check_size(tr, src_bytes, 1, n));
     tr->to_float(dst, src, n);
+    return SD_OK;
+}
+
+sd_status sd_quantize_activations(unsigned char *dst, size_t dst_bytes, const float *x, int64_t n) {
+    sd_kernels_init();
+    if (n <= 0 || n % 32 != 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "length must be a positive multiple of 32, got %lld", (long long)n);
+    }
+    if (dst_bytes != SD_Q8_ROW_BYTES(n)) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "%lld quantized activations take %zu bytes, got %zu", (long long)n,
+                            SD_Q8_ROW_BYTES(n), dst_bytes);
+    }
+    g_quantize_q8(dst, x, n);
     return SD_OK;
 }
 

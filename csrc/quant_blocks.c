@@ -21,7 +21,7 @@ static float round_f16(float x) {
     return sd_f16_to_f32(sd_f32_to_f16(x));
 }
 
-void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n) {
+void sd_quantize_q8_ref(unsigned char *dst, const float *x, int64_t n) {
     int8_t *q = (int8_t *)dst;
     float *d = (float *)(dst + n);
     float *s = d + n / 32;

@@ -15,6 +15,10 @@ typedef struct {
     float m;
 } sd_sub32;
 
+/* The portable quantization of one activation row (sd_quantize_q8 of quant.h picks this or its
+ * AVX2 twin, which gives the same bytes). */
+void sd_quantize_q8_ref(unsigned char *dst, const float *x, int64_t n);
+
 /* Decode sub-block `sub` (0 <= sub < block_size / 32) of the block at `blk`. */
 typedef void (*sd_decode_fn)(sd_sub32 *out, const uint8_t *blk, int sub);
 

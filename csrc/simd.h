@@ -14,6 +14,10 @@ float sd_dot_f32_avx2(const float *a, const float *b, int64_t n);
 void sd_f16_to_f32_avx2(float *dst, const void *src, int64_t n);
 void sd_bf16_to_f32_avx2(float *dst, const void *src, int64_t n);
 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
+/* Twins of sd_swiglu_ref and sd_attend_ref (ops_cpu.h). */
+void sd_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n);
+void sd_attend_avx2(float *o, const float *q, const float *k, const float *v, size_t ld,
+                    const uint8_t *m, int n_attn, int Dh, float scale, float *sc);
 /* y[t*ldy + r] (= or +=) dot(row r of w, x_t) (+ bias[r]) for r < nrows, t < T; w rows of
  * `type` (F32, F16 or BF16), row_bytes apart; x rows ldx floats apart. */
 void sd_matmul_tile_avx2(int type, float *y, int64_t ldy, const void *w, size_t row_bytes,
@@ -34,6 +38,9 @@ SD_DECLARE_AVX2_QTILE(q8_0)
 SD_DECLARE_AVX2_QTILE(q4_K)
 SD_DECLARE_AVX2_QTILE(q5_K)
 SD_DECLARE_AVX2_QTILE(q6_K)
+
+/* The activation quantization of quant.h, byte for byte the portable one's. */
+void sd_quantize_q8_avx2(unsigned char *dst, const float *x, int64_t n);
 
 /* AVX512-VNNI tiles of the 32-element formats (simd_vnni_q.c). */
 int sd_cpu_has_avx512vnni(void);

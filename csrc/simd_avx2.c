@@ -6,8 +6,11 @@
 #ifdef SD_HAVE_X86_SIMD
 
 #include <cpuid.h>
+#include <math.h>
 #include <immintrin.h>
 #include <string.h>
+
+#include "ops_cpu.h"
 
 #define SD_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -96,6 +99,181 @@ SD_AVX2 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     }
 }
 
+/* ---- exp, SwiGLU and attention ----------------------------------------------------------------
+ * exp(x) = 2^n * e^r with n = round(x / ln 2) and |r| <= ln 2 / 2, e^r by its Taylor series to
+ * degree 7 (truncation error below 3e-9 relative), ln 2 split in two parts so r is exact to
+ * float precision: within 2 ulp of expf over the range. Below -87.33 (where 2^n leaves the
+ * normal range) the result is 0, above 88.72 infinity; -inf gives 0 (masked scores). */
+SD_AVX2 static inline __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33f), hi = _mm256_set1_ps(88.72f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* 2^n: n in [-126, 128]; 2^128 overflows the exponent field, so scale by 2^(n-1) twice */
+    const __m256i e = _mm256_cvtps_epi32(_mm256_sub_ps(n, _mm256_set1_ps(1.0f)));
+    const __m256 half_scale =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, half_scale), _mm256_set1_ps(2.0f));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), under);
+    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
+}
+
+/* Lanes i < n of a vector (n in 1..7): the mask of maskload/maskstore for a row's tail. */
+SD_AVX2 static inline __m256i lanes_below(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+SD_AVX2 static inline __m256 swiglu8(__m256 g, __m256 u) {
+    const __m256 den =
+        _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(_mm256_sub_ps(_mm256_setzero_ps(), g)));
+    return _mm256_mul_ps(_mm256_div_ps(g, den), u);
+}
+
+/* Every element takes the same vector path (the tail through masked loads), so a value does not
+ * depend on where a row starts or how many rows a call covers. */
+SD_AVX2 void sd_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    }
+    if (i < n) {
+        const __m256i lm = lanes_below((int)(n - i));
+        _mm256_maskstore_ps(
+            out + i, lm, swiglu8(_mm256_maskload_ps(gate + i, lm), _mm256_maskload_ps(up + i, lm)));
+    }
+}
+
+/* The horizontal sum of dot8_rows for one lane: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
+ * computed by the same instructions. */
+SD_AVX2 static inline float hsum_tree(__m256 a) {
+    const __m256 h = _mm256_hadd_ps(a, a);
+    const __m256 h2 = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
+}
+
+/* Eight dot products of q with the rows k_0..k_7 (Dh floats each, Dh % 8 == 0), as one vector:
+ * eight accumulators, then a tree of horizontal adds. */
+SD_AVX2 static inline __m256 dot8_rows(const float *q, const float *k, size_t ld, int Dh) {
+    __m256 a[8];
+    for (int j = 0; j < 8; j++) {
+        a[j] = _mm256_setzero_ps();
+    }
+    for (int d = 0; d < Dh; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(q + d);
+        for (int j = 0; j < 8; j++) {
+            a[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (size_t)j * ld + (size_t)d), a[j]);
+        }
+    }
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+/* One lane of dot8_rows, bit for bit. */
+SD_AVX2 static inline float dot1_row(const float *q, const float *k, int Dh) {
+    __m256 a = _mm256_setzero_ps();
+    for (int d = 0; d < Dh; d += 8) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
+    }
+    return hsum_tree(a);
+}
+
+/* Every slot's score, weight and contribution is computed the same way whatever n_attn and
+ * wherever the slot falls in a block of eight (dot1_row for the tail, masked vectors for the
+ * softmax tail, the exp-sum in lanes by slot mod 8), so a query's output does not depend on
+ * how many slots beyond its own a batch covers: a verify batch gives the bits one-token decoding
+ * gives. */
+SD_AVX2 void sd_attend_avx2(float *o, const float *q, const float *k, const float *v, size_t ld,
+                            const uint8_t *m, int n_attn, int Dh, float scale, float *sc) {
+    if (Dh % 8 != 0) {
+        sd_attend_ref(o, q, k, v, ld, m, n_attn, Dh, scale, sc);
+        return;
+    }
+    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax = ninf;
+    int s = 0;
+    for (; s + 8 <= n_attn; s += 8) {
+        uint64_t m8;
+        memcpy(&m8, m + s, 8);
+        if (m8 == 0) {
+            _mm256_storeu_ps(sc + s, ninf);
+            continue;
+        }
+        const __m128i mb = _mm_cvtsi64_si128((long long)m8);
+        const __m256 shut = _mm256_castsi256_ps(
+            _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(mb), _mm256_setzero_si256()));
+        const __m256 d8 = _mm256_mul_ps(dot8_rows(q, k + (size_t)s * ld, ld, Dh), vscale);
+        const __m256 x = _mm256_blendv_ps(d8, ninf, shut);
+        _mm256_storeu_ps(sc + s, x);
+        vmax = _mm256_max_ps(vmax, x);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float mx = _mm_cvtss_f32(m4);
+    for (int t = s; t < n_attn; t++) {
+        sc[t] = m[t] ? dot1_row(q, k + (size_t)t * ld, Dh) * scale : -INFINITY;
+        mx = sc[t] > mx ? sc[t] : mx;
+    }
+    /* softmax: exp(-inf - mx) = 0 for the shut slots (the caller guarantees one is open) */
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (s = 0; s + 8 <= n_attn; s += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + s), vmx));
+        _mm256_storeu_ps(sc + s, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    if (s < n_attn) {
+        const __m256i lm = lanes_below(n_attn - s);
+        const __m256 x =
+            _mm256_blendv_ps(ninf, _mm256_maskload_ps(sc + s, lm), _mm256_castsi256_ps(lm));
+        const __m256 e = exp256(_mm256_sub_ps(x, vmx));
+        _mm256_maskstore_ps(sc + s, lm, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    const float inv = 1.0f / hsum256(vsum);
+    /* out = sum_s p_s v_s in slot order, 64 dimensions at a time held in registers */
+    for (int d0 = 0; d0 < Dh; d0 += 64) {
+        const int nv = Dh - d0 >= 64 ? 8 : (Dh - d0) / 8;
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) {
+            acc[j] = _mm256_setzero_ps();
+        }
+        for (s = 0; s < n_attn; s++) {
+            if (sc[s] == 0.0f) {
+                continue;
+            }
+            const __m256 p = _mm256_set1_ps(sc[s] * inv);
+            const float *vs = v + (size_t)s * ld + (size_t)d0;
+            if (nv == 8) {
+                for (int j = 0; j < 8; j++) {
+                    acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vs + 8 * j), acc[j]);
+                }
+            } else {
+                for (int j = 0; j < nv; j++) {
+                    acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vs + 8 * j), acc[j]);
+                }
+            }
+        }
+        for (int j = 0; j < nv; j++) {
+            _mm256_storeu_ps(o + d0 + 8 * j, acc[j]);
+        }
+    }
+}
+
 /* ---- batched rows x tokens tile (the verify batch) ------------------------------------------
  * y[t * ldy] (= or +=) dot(w, x_t) + bias for one weight row and TT tokens at once: each
  * weight vector is loaded and widened once for TT tokens and the accumulators stay in
@@ -128,9 +306,10 @@ SD_AVX2 static inline float load_w1(int type, const void *w, int64_t i) {
 SD_AVX2 static inline __attribute__((always_inline)) void
 tile_kernel(const int TT, int type, float *y, int64_t ldy, const unsigned char *w, const float *x,
             int64_t ldx, int64_t n, float bias, int accumulate) {
-    /* Two accumulator sets (even and odd 8-element steps) when few tokens leave the FMA
-     * latency exposed; one set otherwise. */
-    const int S = TT <= 2 ? 2 : 1;
+    /* Two accumulator sets (even and odd 8-element steps) hide the FMA latency when few
+     * tokens share a row. Every token count uses both: a token's sums must not depend on how
+     * many tokens share the tile (a verify batch has to reproduce one-token decoding). */
+    const int S = 2;
     __m256 acc[2][4];
     for (int k = 0; k < S; k++) {
         for (int t = 0; t < TT; t++) {

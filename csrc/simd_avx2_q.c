@@ -202,4 +202,48 @@ SD_AVX2_QTILE(q4_K, F_Q4_K, 256, 144)
 SD_AVX2_QTILE(q5_K, F_Q5_K, 256, 176)
 SD_AVX2_QTILE(q6_K, F_Q6_K, 256, 210)
 
+/* ---- activation quantization ------------------------------------------------------------------
+ * The twin of sd_quantize_q8_ref, byte for byte: the same IEEE divisions and products, rounding
+ * to nearest even (cvtps_epi32 under the default MXCSR, as nearbyintf), f16 rounding by F16C. */
+SD_AVX2 void sd_quantize_q8_avx2(unsigned char *dst, const float *x, int64_t n) {
+    int8_t *q = (int8_t *)dst;
+    float *d = (float *)(dst + n);
+    float *s = d + n / 32;
+    float *e = s + n / 32;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < n / 32; b++) {
+        const float *xb = x + 32 * b;
+        const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 mx =
+            _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                          _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float db = amax / 127.0f;
+        const float id = db != 0.0f ? 1.0f / db : 0.0f;
+        const __m256 iv = _mm256_set1_ps(id);
+        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, iv));
+        const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv));
+        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, iv));
+        const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv));
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        const int isum = _mm_cvtsi128_si32(s4);
+        /* packs work within 128-bit lanes: 32-bit groups come out as 0 2 4 6 1 3 5 7 (in units
+         * of four elements); the permutation restores element order */
+        const __m256i p16a = _mm256_packs_epi32(i0, i1), p16b = _mm256_packs_epi32(i2, i3);
+        const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), _mm256_permutevar8x32_epi32(p8, order));
+        d[b] = _cvtsh_ss(_cvtss_sh(db, 0));
+        s[b] = _cvtsh_ss(_cvtss_sh(db * (float)isum, 0));
+        e[b] = d[b] * (float)isum;
+    }
+}
+
 #endif /* SD_HAVE_X86_SIMD */

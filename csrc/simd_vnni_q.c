@@ -31,11 +31,6 @@ int sd_cpu_has_avx512vnni(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
-/* Below this batch size the AVX2 kernels, which stream each row once in file order, are as fast
- * or faster: unpacking eight rows does not pay for itself over one to three tokens (measured on
- * SmolLM2-135M, benchmarks/RESULTS.md). */
-#define SD_VNNI_MIN_TOKENS 4
-
 enum { V_Q4_0, V_Q4_1, V_Q5_0, V_Q5_1, V_Q8_0 };
 
 /* One 32-element block of a row, as unsigned bytes, its scale, and the offset that multiplies
@@ -180,11 +175,13 @@ SD_VNNI SD_INLINE void vtile(const int f, float *y, int64_t ldy, const void *w, 
     }
 }
 
+/* Every batch size takes the same kernel (the AVX2 tiles sum in another order): a token's
+ * result must not depend on how many tokens share the call. */
 #define SD_VNNI_TILE(sfx, f)                                                                       \
     SD_VNNI void sd_tile_##sfx##_vnni(float *y, int64_t ldy, const void *w, size_t row_bytes,      \
                                       int64_t nrows, const sd_acts *a, int T, int64_t n,           \
                                       const float *bias, int accumulate) {                         \
-        if (n > SD_VNNI_MAX_ROW || T < SD_VNNI_MIN_TOKENS) {                                       \
+        if (n > SD_VNNI_MAX_ROW) {                                                                 \
             sd_tile_##sfx##_avx2(y, ldy, w, row_bytes, nrows, a, T, n, bias, accumulate);          \
             return;                                                                                \
         }                                                                                          \
@@ -267,16 +264,46 @@ SD_Q_AVX2 int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes
     return 1;
 }
 
-/* Eight packed rows against TT tokens: out[t] lane k = dot(row k, token t). */
+/* The activations of up to eight tokens, interleaved block by block for the packed kernels:
+ * per block of 32 elements, XI_BYTES bytes = the 32 quants of tokens 0..7 (token t at 32 t),
+ * then their f32 scales d (at 256 + 4 t), then the f32 values the weight offsets multiply
+ * (at 288 + 4 t: s for Q4_1, e for the formats shifted to unsigned). One pointer and immediate
+ * offsets address every token, so eight tokens do not need 24 address registers. Slots past
+ * the batch are left as they are: the kernels read only the first tt. */
+#define XI_BYTES 320
+
+SD_Q_AVX2 SD_INLINE void interleave_acts(uint8_t *xi, const int f, const sd_acts *a, int t0, int tt,
+                                         int64_t n) {
+    const int64_t nb = n / 32;
+    for (int i = 0; i < tt; i++) {
+        const sd_q8_row x = sd_q8_row_at(a->xq, n, t0 + i);
+        const float *xo = f == V_Q4_1 ? x.s : x.e;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *blk = xi + (size_t)b * XI_BYTES;
+            memcpy(blk + 32 * i, x.q + 32 * b, 32);
+            memcpy(blk + 256 + 4 * i, &x.d[b], 4);
+            memcpy(blk + 288 + 4 * i, &xo[b], 4);
+        }
+    }
+}
+
+/* The 4 activation bytes of group g of token t in the interleaved block X, broadcast. */
+#define XIB(X, t, g) _mm256_set1_epi32(*(const int32_t *)((X) + 32 * (t) + 4 * (g)))
+#define XID(X, t) _mm256_set1_ps(*(const float *)((X) + 256 + 4 * (t)))
+#define XIO(X, t) _mm256_set1_ps(*(const float *)((X) + 288 + 4 * (t)))
+
+/* Eight packed rows against TT <= 8 tokens: out[t] lane k = dot(row k, token t). The unpacked
+ * block (8 registers) and one accumulator per token fit the 32 registers AVX-512 gives, so a
+ * verify batch of up to eight tokens unpacks each weight block once. */
 SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const uint8_t *P,
-                                   int64_t nb, const sd_q8_row *x) {
+                                   int64_t nb, const uint8_t *X) {
     const int bb = f == V_Q8_0 ? 272 : 160;
-    __m256 acc[4], accm[4];
+    __m256 acc[8];
     for (int t = 0; t < TT; t++) {
-        acc[t] = accm[t] = _mm256_setzero_ps();
+        acc[t] = _mm256_setzero_ps();
     }
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; b++, P += bb) {
+    for (int64_t b = 0; b < nb; b++, P += bb, X += XI_BYTES) {
         __m256i g[8];
         __m256 dw, mw;
         if (f == V_Q8_0) {
@@ -295,37 +322,36 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
             mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 144)));
         }
         for (int t = 0; t < TT; t++) {
-            __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[0], XB(x[t], b, 0));
-            __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[1], XB(x[t], b, 1));
-            s0 = _mm256_dpbusd_epi32(s0, g[2], XB(x[t], b, 2));
-            s1 = _mm256_dpbusd_epi32(s1, g[3], XB(x[t], b, 3));
-            s0 = _mm256_dpbusd_epi32(s0, g[4], XB(x[t], b, 4));
-            s1 = _mm256_dpbusd_epi32(s1, g[5], XB(x[t], b, 5));
-            s0 = _mm256_dpbusd_epi32(s0, g[6], XB(x[t], b, 6));
-            s1 = _mm256_dpbusd_epi32(s1, g[7], XB(x[t], b, 7));
+            __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[0], XIB(X, t, 0));
+            __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[1], XIB(X, t, 1));
+            s0 = _mm256_dpbusd_epi32(s0, g[2], XIB(X, t, 2));
+            s1 = _mm256_dpbusd_epi32(s1, g[3], XIB(X, t, 3));
+            s0 = _mm256_dpbusd_epi32(s0, g[4], XIB(X, t, 4));
+            s1 = _mm256_dpbusd_epi32(s1, g[5], XIB(X, t, 5));
+            s0 = _mm256_dpbusd_epi32(s0, g[6], XIB(X, t, 6));
+            s1 = _mm256_dpbusd_epi32(s1, g[7], XIB(X, t, 7));
             const __m256 sf = _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1));
-            acc[t] = _mm256_fmadd_ps(sf, _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
-            const float *xo = f == V_Q4_1 ? x[t].s : x[t].e;
-            accm[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xo[b]), accm[t]);
+            acc[t] = _mm256_fmadd_ps(mw, XIO(X, t), acc[t]);
+            acc[t] = _mm256_fmadd_ps(sf, _mm256_mul_ps(dw, XID(X, t)), acc[t]);
         }
     }
     for (int t = 0; t < TT; t++) {
-        out[t] = _mm256_add_ps(acc[t], accm[t]);
+        out[t] = acc[t];
     }
 }
 
 /* ---- the repacked tiles on AVX2 (no VNNI): maddubs + madd per group of 4 --------------------- */
 
 SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out, const uint8_t *P,
-                                          int64_t nb, const sd_q8_row *x) {
+                                          int64_t nb, const uint8_t *X) {
     const int bb = f == V_Q8_0 ? 272 : 160;
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[4], accm[4];
+    __m256 acc[8]; /* TT <= 4 at run time (16 registers); sized for the shared dispatch */
     for (int t = 0; t < TT; t++) {
-        acc[t] = accm[t] = _mm256_setzero_ps();
+        acc[t] = _mm256_setzero_ps();
     }
-    for (int64_t b = 0; b < nb; b++, P += bb) {
+    for (int64_t b = 0; b < nb; b++, P += bb, X += XI_BYTES) {
         __m256i g[8], sg[8];
         __m256 dw, mw = _mm256_setzero_ps();
         if (f == V_Q8_0) { /* stored + 128: back to signed, |q| for maddubs, sign for x */
@@ -347,49 +373,53 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
         for (int t = 0; t < TT; t++) {
             __m256i s = _mm256_setzero_si256();
             for (int k = 0; k < 8; k++) {
-                __m256i xb = XB(x[t], b, k);
+                __m256i xb = XIB(X, t, k);
                 if (f == V_Q8_0) {
                     xb = _mm256_sign_epi8(xb, sg[k]);
                 }
                 s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(g[k], xb), ones));
             }
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
-                                     _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
             if (f != V_Q8_0) {
-                const float *xo = f == V_Q4_1 ? x[t].s : x[t].e;
-                accm[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xo[b]), accm[t]);
+                acc[t] = _mm256_fmadd_ps(mw, XIO(X, t), acc[t]);
             }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, XID(X, t)), acc[t]);
         }
     }
     for (int t = 0; t < TT; t++) {
-        out[t] = _mm256_add_ps(acc[t], accm[t]);
+        out[t] = acc[t];
     }
 }
 
-/* The tile over repacked rows, for one instruction set: eight rows at a time, tokens four at a
- * time, with that set's packed8 kernel. One body, two instantiations (VNNI and AVX2 alone), each
- * compiled for its own target. */
-#define PACKED_TILE(name, attr, dot)                                                               \
+/* The tile over repacked rows, for one instruction set: blocks of PACKED_ROW_BLOCK rows (small
+ * enough to stay in L2 while every token passes over them); within a block TS tokens at a time
+ * (interleaved once when T <= TS), eight rows at a time, with that set's packed8 kernel. One
+ * body, two instantiations (VNNI with TS = 8, AVX2 alone with TS = 4), each compiled for its
+ * own target. */
+#define PACKED_ROW_BLOCK 64
+#define PACKED_TILE(name, attr, dot, TS)                                                           \
     attr void name(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,             \
                    const sd_acts *a, int T, int64_t n, const float *bias, int accumulate) {        \
         const int f = type == 2 ? V_Q4_0 : type == 3 ? V_Q4_1 : V_Q8_0;                            \
         const int bb = f == V_Q8_0 ? 272 : 160;                                                    \
         const int64_t nb = n / 32;                                                                 \
-        for (int64_t r0 = 0; r0 < nrows; r0 += 8) {                                                \
-            const uint8_t *P =                                                                     \
-                (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;              \
-            const float *bv = bias != NULL ? bias + r0 : NULL;                                     \
-            for (int t = 0; t < T; t += 4) {                                                       \
-                const int tt = T - t < 4 ? T - t : 4;                                              \
-                sd_q8_row x[4];                                                                    \
-                __m256 out[4];                                                                     \
-                for (int i = 0; i < tt; i++) {                                                     \
-                    x[i] = sd_q8_row_at(a->xq, n, t + i);                                          \
+        uint8_t xi[(SD_VNNI_MAX_ROW / 32) * XI_BYTES] __attribute__((aligned(32)));                \
+        for (int64_t rb = 0; rb < nrows; rb += PACKED_ROW_BLOCK) {                                 \
+            const int64_t re = nrows - rb < PACKED_ROW_BLOCK ? nrows : rb + PACKED_ROW_BLOCK;      \
+            for (int t = 0; t < T; t += (TS)) {                                                    \
+                const int tt = T - t < (TS) ? T - t : (TS);                                        \
+                if (rb == 0 || T > (TS)) {                                                         \
+                    interleave_acts(xi, f, a, t, tt, n);                                           \
                 }                                                                                  \
-                PACKED_DISPATCH(dot, f, tt, out, P, nb, x);                                        \
-                for (int i = 0; i < tt; i++) {                                                     \
-                    store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv,          \
-                           accumulate);                                                            \
+                for (int64_t r0 = rb; r0 < re; r0 += 8) {                                          \
+                    const uint8_t *P =                                                             \
+                        (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;      \
+                    const float *bv = bias != NULL ? bias + r0 : NULL;                             \
+                    __m256 out[8];                                                                 \
+                    PACKED_DISPATCH(dot, f, tt, out, P, nb, xi);                                   \
+                    for (int i = 0; i < tt; i++) {                                                 \
+                        store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv,      \
+                               accumulate);                                                        \
+                    }                                                                              \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
@@ -408,13 +438,17 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
     } while (0)
 #define PACKED_TT(dot, F, tt, out, P, nb, x)                                                       \
     switch (tt) {                                                                                  \
+    case 8: dot(F, 8, out, P, nb, x); break;                                                       \
+    case 7: dot(F, 7, out, P, nb, x); break;                                                       \
+    case 6: dot(F, 6, out, P, nb, x); break;                                                       \
+    case 5: dot(F, 5, out, P, nb, x); break;                                                       \
     case 4: dot(F, 4, out, P, nb, x); break;                                                       \
     case 3: dot(F, 3, out, P, nb, x); break;                                                       \
     case 2: dot(F, 2, out, P, nb, x); break;                                                       \
     default: dot(F, 1, out, P, nb, x); break;                                                      \
     }
 
-PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot)
-PACKED_TILE(sd_tile_packed_avx2, SD_Q_AVX2, packed8_dot_avx2)
+PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot, 8)
+PACKED_TILE(sd_tile_packed_avx2, SD_Q_AVX2, packed8_dot_avx2, 4)
 
 #endif /* SD_HAVE_X86_SIMD */

@@ -300,6 +300,11 @@ sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reas
 /* Convert n elements (a whole number of blocks) of `type` at `src` (src_bytes long) to f32. */
 sd_status sd_dequantize(float *dst, int type, const void *src, size_t src_bytes, int64_t n);
 
+/* Quantize n floats (n a positive multiple of 32) as the integer kernels' activations into
+ * dst (dst_bytes long): n int8 quants, then n / 32 f32 scales d, n / 32 f16-rounded d * sum(q),
+ * n / 32 unrounded d * sum(q). Ties round to even. */
+sd_status sd_quantize_activations(unsigned char *dst, size_t dst_bytes, const float *x, int64_t n);
+
 /* Which kernel sd_matmul_rows runs. */
 typedef enum {
     SD_KERNEL_FORWARD = 0,  /* what the forward pass uses on this CPU (repacked where it repacks) */

@@ -20,6 +20,7 @@ CACHE_MODELS = [
     ("qwen2", "hf-f32"),
     ("llama_odd", "hf-bf16"),
     ("qwen2_odd_tied", "gguf-f16-v3-align64"),
+    ("llama_wide_heads", "gguf-f32-v3"),
 ]
 
 
@@ -280,3 +281,37 @@ def test_small_cache_capacity(llama_gguf, ref_logits):
     got = np.concatenate([m.forward(cache, seq[:5])] + [m.forward(cache, [x]) for x in seq[5:]])
     assert cache.length == cache.capacity == 8
     assert rel_err(got, ref_logits(t, seq)) <= F32_TOL
+
+
+def _batch_vs_steps(m, prefix, batch):
+    """Logits of `batch` forwarded in one call after `prefix`, and the same rows forwarded one
+    token at a time after the same prefix."""
+    c1 = m.new_cache(len(prefix) + len(batch) + 1)
+    m.forward(c1, prefix, n_logits=1)
+    together = m.forward(c1, batch)
+    c2 = m.new_cache(len(prefix) + len(batch) + 1)
+    m.forward(c2, prefix, n_logits=1)
+    apart = np.concatenate([m.forward(c2, [t]) for t in batch])
+    return together, apart
+
+
+@pytest.mark.parametrize("P", [1, 7, 8, 13, 16])
+def test_batch_rows_equal_one_token_steps_bitwise(cm, P):
+    """A row of a batched forward has exactly the bits of the same token forwarded alone: what
+    makes greedy speculative decoding (verify in one batch) emit what plain decoding emits.
+    Prefix lengths around multiples of 8 move the slots between the kernels' full and partial
+    blocks."""
+    m = load(cm)
+    seq = random_tokens(cm.cfg.vocab, P + 9, seed=P)
+    together, apart = _batch_vs_steps(m, seq[:P], seq[P:])
+    np.testing.assert_array_equal(together, apart)
+
+
+@pytest.mark.parametrize("P", [5, 16, 21])
+def test_batch_rows_equal_one_token_steps_bitwise_smollm2(smollm2_path, P):
+    """The same for the quantized SmolLM2 (repacked integer kernels, 8-token tiles and their
+    remainders: batches of 9)."""
+    m = specdec.load(smollm2_path)
+    seq = random_tokens(49152, P + 9, seed=P)
+    together, apart = _batch_vs_steps(m, seq[:P], seq[P:])
+    np.testing.assert_array_equal(together, apart)

@@ -169,3 +169,100 @@ def test_avx2_kernels_where_wider_ones_exist():
         got = np.array(out["y"][key], dtype=np.float32)
         np.testing.assert_allclose(got, port, rtol=1e-5, atol=1e-5 * float(np.abs(port).max()),
                                    err_msg=key)
+
+
+@pytest.mark.parametrize("nrows", [7, 16])
+@pytest.mark.parametrize("type_id", [0, 1, 30] + TYPES,
+                         ids=["F32", "F16", "BF16"] + [quantref.FORMATS[t][0] for t in TYPES])
+def test_batch_rows_match_single_token_bitwise(type_id, nrows):
+    """Row t of a batched matmul has exactly the bits of token t multiplied alone, for the
+    forward pass's kernel and the portable one: the kernels may pick tiles by batch size, but
+    not change a token's arithmetic with it. Greedy speculative decoding relies on this (its
+    verify batch must reproduce one-token decoding)."""
+    n = 512
+    rng = np.random.default_rng(7 + type_id + nrows)
+    if type_id in (0, 1, 30):
+        w = rng.standard_normal((nrows, n)).astype(np.float32)
+        data = {0: w, 1: w.astype(np.float16), 30: (w.view(np.uint32) >> 16).astype(np.uint16)}
+        data = data[type_id].tobytes()
+    else:
+        blocks, rng = make_row_data(type_id, nrows, n, seed=300 + type_id + nrows)
+        data = blocks.tobytes()
+    x = rng.standard_normal((11, n)).astype(np.float32)
+    x[:, 3] *= 20.0
+    for kernel in (0, 1):
+        for T in (2, 3, 4, 5, 8, 9, 11):
+            batch = _core.matmul_rows(type_id, data, nrows, n, x[:T], kernel)
+            for t in range(T):
+                alone = _core.matmul_rows(type_id, data, nrows, n, x[t:t + 1], kernel)
+                np.testing.assert_array_equal(batch[t], alone[0], err_msg=f"kernel {kernel} T {T} t {t}")
+
+
+def _activation_rows():
+    """Rows that probe the quantizer: scales from tiny to large, exact ties (x / d = k + 0.5),
+    zero blocks, one huge outlier."""
+    rng = np.random.default_rng(11)
+    rows = [rng.standard_normal(512).astype(np.float32) * s for s in (1e-30, 1e-6, 1.0, 300.0, 3e4)]
+    ties = np.tile(np.float32([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 63.5, -126.5]), 64)
+    rows.append(ties)  # amax 127 -> d = 1: every half-integer is a tie
+    z = rng.standard_normal(512).astype(np.float32)
+    z[32:96] = 0.0
+    z[200] = 1e5
+    rows.append(z)
+    return rows
+
+
+def _decode_q8(b: bytes, n: int):
+    q = np.frombuffer(b[:n], dtype=np.int8).astype(np.int64)
+    d, s, e = np.frombuffer(b[n:], dtype=np.float32).reshape(3, n // 32)
+    return q, d, s, e
+
+
+def test_activation_quantization_matches_its_definition():
+    """quantize_q8 (this CPU's kernel): q = round-half-even(x / d) with d = amax / 127 per block
+    of 32, d and s = d * sum(q) rounded to f16 as llama.cpp's Q8_0/Q8_1 activations, e unrounded."""
+    for x in _activation_rows():
+        n = x.size
+        q, d, s, e = _decode_q8(_core.quantize_q8(x), n)
+        xb = x.reshape(-1, 32)
+        db = np.abs(xb).max(axis=1) / np.float32(127.0)
+        inv = np.where(db != 0, np.float32(1.0) / np.where(db != 0, db, 1), 0).astype(np.float32)
+        want_q = np.rint(xb * inv[:, None]).astype(np.int64)  # rint: ties to even
+        np.testing.assert_array_equal(q.reshape(-1, 32), want_q)
+        np.testing.assert_array_equal(d, db.astype(np.float16).astype(np.float32))
+        sums = want_q.sum(axis=1).astype(np.float32)
+        with np.errstate(over="ignore"):  # beyond f16's range both sides hold inf
+            np.testing.assert_array_equal(s, (db * sums).astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(e, d * sums)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _core.quantize_q8(np.zeros(40, np.float32))
+
+
+QUANT_SCRIPT = r"""
+import json, sys
+import numpy as np
+from specdec import _core
+rows = json.loads(sys.stdin.read())
+print(json.dumps({"simd": _core.simd_name(),
+                  "q": [_core.quantize_q8(np.array(r, dtype=np.float32)).hex() for r in rows]}))
+"""
+
+
+def test_activation_quantization_portable_twin_gives_the_same_bytes():
+    """SPECDEC_SIMD=scalar runs the portable quantizer: byte for byte the SIMD one's output."""
+    import json
+    import subprocess
+    import sys
+
+    from test_robustness import HERE, child_env
+
+    rows = _activation_rows()
+    res = subprocess.run([sys.executable, "-c", QUANT_SCRIPT],
+                         input=json.dumps([r.tolist() for r in rows]),
+                         env=child_env(SPECDEC_SIMD="scalar"), capture_output=True, text=True,
+                         timeout=300, cwd=HERE)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["simd"] == "scalar"
+    for r, hexed in zip(rows, out["q"]):
+        assert _core.quantize_q8(r) == bytes.fromhex(hexed)

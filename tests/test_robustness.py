@@ -115,7 +115,7 @@ def test_scalar_kernels_agree_with_simd_and_reference(tiny, ref_logits):
     """SPECDEC_SIMD=scalar runs the portable C kernels (the twins of the AVX2 ones): they must
     meet the same reference tolerance, and agree with the SIMD run to float32 rounding."""
     models = [tiny("llama_odd", "hf-f32"), tiny("llama_odd", "gguf-f16-v3-align64"),
-              tiny("qwen2_odd_tied", "hf-bf16")]
+              tiny("qwen2_odd_tied", "hf-bf16"), tiny("llama_wide_heads", "gguf-f32-v3")]
     env = child_env(SPECDEC_SIMD="scalar")
     res = subprocess.run([sys.executable, "-c", SCALAR_SCRIPT] + [str(m.path) for m in models],
                          env=env, capture_output=True, text=True, timeout=300, cwd=HERE)

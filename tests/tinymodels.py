@@ -218,6 +218,10 @@ CONFIGS: dict[str, TinyConfig] = {
     # qwen2: q/k/v biases, rotate-half in GGUF too
     "qwen2": TinyConfig(arch="qwen2", vocab=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn=64,
                         rope_theta=1000000.0, rms_eps=1e-6),
+    # heads of 72 (the SIMD attention's 64-wide chunk plus a remainder), ffn 100 (not a multiple
+    # of 8: the vector SwiGLU's masked tail)
+    "llama_wide_heads": TinyConfig(arch="llama", vocab=64, dim=144, n_layers=2, n_heads=2, n_kv_heads=1,
+                                   ffn=100),
     "qwen2_odd_tied": TinyConfig(arch="qwen2", vocab=97, dim=48, n_layers=2, n_heads=4, n_kv_heads=1, ffn=80,
                                  tied=True),
 }
