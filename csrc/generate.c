@@ -255,7 +255,47 @@ typedef struct {
     emitter e;
     sd_spec_stats *ss;
     double t_start;
+    int check_cache; /* sd_generate_params.check_cache */
 } spec_loop;
+
+/* The check_cache self-check: kv must hold toks[0 .. n) in slots [0, n) exactly as a fresh
+ * forward over them writes it (which, the kernels' results not depending on the batch size,
+ * is bit for bit what any sequence of correct steps leaves). `n_layers` limits the compared
+ * layers (0 = all); `who` and `step` name the failure. */
+static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *toks, int n,
+                             const char *who, int step) {
+    if (kv->length != n) {
+        return sd_set_error(SD_ERR_INTERNAL,
+                            "cache check after step %d: the %s cache holds %d slots, expected %d",
+                            step, who, kv->length, n);
+    }
+    if (n == 0) {
+        return SD_OK;
+    }
+    sd_kv_cache *fresh = NULL;
+    SD_TRY(sd_kv_cache_create(&fresh, m, n));
+    sd_batch b = {0};
+    b.n_tokens = n;
+    b.tokens = toks;
+    sd_status st = sd_forward(m, fresh, &b, NULL);
+    const size_t row = (size_t)kv->kv_dim * sizeof(float);
+    for (int l = 0; st == SD_OK && l < kv->n_layers; l++) {
+        for (int i = 0; i < n; i++) {
+            const size_t a = ((size_t)l * (size_t)kv->capacity + (size_t)i) * (size_t)kv->kv_dim;
+            const size_t f = ((size_t)l * (size_t)n + (size_t)i) * (size_t)kv->kv_dim;
+            if (memcmp(kv->k + a, fresh->k + f, row) != 0 ||
+                memcmp(kv->v + a, fresh->v + f, row) != 0 || kv->pos[i] != fresh->pos[i]) {
+                st = sd_set_error(SD_ERR_INTERNAL,
+                                  "cache check after step %d: the %s cache's slot %d (token %d) "
+                                  "differs from a fresh forward in layer %d",
+                                  step, who, i, (int)toks[i], l);
+                break;
+            }
+        }
+    }
+    sd_kv_cache_free(fresh);
+    return st;
+}
 
 /* Allocates a loop for drafts of up to K tokens (with rows for their distributions when
  * draft_rows) over a target cache of prompt + output + K slots, at most ctx, and prefills all of
@@ -272,6 +312,7 @@ static sd_status spec_loop_begin(spec_loop *L, sd_model *m, const int32_t *promp
     L->len = n_prompt;
     L->ss = ss;
     L->t_start = t_start;
+    L->check_cache = p->check_cache;
     emitter_init(&L->e, m, p, out);
     L->hist = malloc((size_t)(n_prompt + p->max_new_tokens) * sizeof(int32_t));
     L->batch = malloc((size_t)(K + 1) * sizeof(int32_t));
@@ -366,7 +407,9 @@ static sd_status spec_verify(spec_loop *L, int k, const float *q) {
         SD_TRY(emit(&L->e, tok));
     }
     /* roll back: keep last + the accepted drafts that were emitted */
-    return sd_kv_cache_set_length(L->kv, L->len - 1);
+    SD_TRY(sd_kv_cache_set_length(L->kv, L->len - 1));
+    return L->check_cache ? check_cache(L->m, L->kv, L->hist, L->len - 1, "target", ss->steps)
+                          : SD_OK;
 }
 
 /* Starts a speculative call: zeroed stats and outputs, parameters checked, 1 <= K <= max,
@@ -532,6 +575,9 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
         }
         if (st == SD_OK && !L.e.done) {
             st = draft_sync(dm, dkv, L.hist, L.len);
+        }
+        if (st == SD_OK && !L.e.done && L.check_cache) {
+            st = check_cache(dm, dkv, L.hist, L.len - 1, "draft model", ss->steps);
         }
         ss->time_draft_s += t1 - t0;
         ss->time_verify_s += now_s() - t1;

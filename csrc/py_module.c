@@ -453,21 +453,23 @@ static int call_on_token(void *user, int32_t token) {
 /* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings, top_k, top_p,
  *          min_p, lookup=(k, max_ngram, min_ngram, verify_slope) or None,
  *          draft=(draft Model, k, p_min) or None, layerskip=(n_layers, k, p_min) or None,
- *          on_token=callable(token) -> bool or None)
+ *          on_token=callable(token) -> bool or None, check_cache=False (a test hook: see
+ *          sd_generate_params.check_cache))
  *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string", stats dict or None) */
 static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"prompt",       "max_new_tokens", "temperature", "seed",  "stop_ids",
-                             "stop_strings", "top_k",          "top_p",       "min_p", "lookup",
-                             "draft",        "layerskip",      "on_token",    NULL};
+    static char *kwlist[] = {"prompt",   "max_new_tokens", "temperature", "seed",
+                             "stop_ids", "stop_strings",   "top_k",       "top_p",
+                             "min_p",    "lookup",         "draft",       "layerskip",
+                             "on_token", "check_cache",    NULL};
     PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
     PyObject *lookup_obj = Py_None, *draft_obj = Py_None, *skip_obj = Py_None;
     PyObject *on_token_obj = Py_None;
     sd_generate_params p = sd_generate_default_params();
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffOOOO:generate", kwlist, &prompt_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ifKOOiffOOOOp:generate", kwlist, &prompt_obj,
                                      &p.max_new_tokens, &p.temperature, &seed, &stop_obj,
                                      &strings_obj, &p.top_k, &p.top_p, &p.min_p, &lookup_obj,
-                                     &draft_obj, &skip_obj, &on_token_obj)) {
+                                     &draft_obj, &skip_obj, &on_token_obj, &p.check_cache)) {
         return NULL;
     }
     ModelObject *draft = NULL;

@@ -210,6 +210,11 @@ typedef struct {
      * inside the loop, so it should be quick. NULL = none. */
     int (*on_token)(void *user, int32_t token);
     void *on_token_user;
+    /* A self-check for tests (slow): after every speculative step, the target's cache (and a
+     * draft model's) must hold exactly the keys, values and positions a fresh forward over the
+     * tokens it stands for writes, bit for bit; any difference ends the call with
+     * SD_ERR_INTERNAL naming the step, layer and slot. 0 = off. */
+    int check_cache;
 } sd_generate_params;
 
 sd_generate_params sd_generate_default_params(void);

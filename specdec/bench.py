@@ -57,6 +57,27 @@ def load_questions(path: str, limit: int) -> List[dict]:
     return rows
 
 
+def load_draft(args: argparse.Namespace, model) -> "specdec.Model":
+    """The draft model of the "draft" method: --draft, or the target's first --draft-layers
+    layers written to a temporary GGUF (specdec.gguf_edit) when no smaller model sharing its
+    tokenizer is at hand."""
+    if args.draft:
+        return specdec.load(args.draft, threads=args.threads)
+    if not model.path.endswith(".gguf"):
+        raise ValueError("--draft-layers needs a GGUF target; pass --draft for other formats")
+    import os
+    import tempfile
+
+    from .gguf_edit import truncate_layers
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, f"first{args.draft_layers}.gguf")
+        truncate_layers(model.path, path, args.draft_layers)
+        draft = specdec.load(path, threads=args.threads)
+        # the model maps the file; on POSIX systems the mapping outlives the file's name
+    return draft
+
+
 def run(args: argparse.Namespace) -> dict:
     model = specdec.load(args.model, threads=args.threads)
     tok = model.require_tokenizer()
@@ -71,8 +92,13 @@ def run(args: argparse.Namespace) -> dict:
             methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k,
                                                      p_min=args.p_min)
             draft_cost["layerskip"] = args.skip_layers / model.config.n_layers
+        elif name == "draft":
+            draft = load_draft(args, model)
+            methods["draft"] = specdec.DraftModel(draft, k=args.draft_k, p_min=args.p_min)
+            # a draft forward reads the draft's weights as a target forward reads the target's
+            draft_cost["draft"] = draft.weight_bytes / model.weight_bytes
         elif name and name != "plain":
-            raise ValueError(f"unknown method {name!r} (known: lookup, layerskip)")
+            raise ValueError(f"unknown method {name!r} (known: lookup, layerskip, draft)")
     rows = load_questions(args.data, args.limit)
     results = []
     ctx = model.config.context_length
@@ -131,12 +157,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m specdec.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="Spec-Bench-format JSONL")
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--methods", default="lookup", help="comma-separated: lookup, layerskip")
+    p.add_argument("--methods", default="lookup",
+                   help="comma-separated: lookup, layerskip, draft")
+    p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
+    p.add_argument("--draft-layers", type=int, default=20,
+                   help="draft without --draft: the target's first this many layers as a "
+                        "separate model")
+    p.add_argument("--draft-k", type=int, default=3, help="draft: draft length")
     p.add_argument("--skip-layers", type=int, default=20,
                    help="layerskip: the draft exits after this many of the target's layers")
     p.add_argument("--skip-k", type=int, default=2, help="layerskip: draft length")
     p.add_argument("--p-min", type=float, default=0.0,
-                   help="layerskip: stop drafting after a token the draft is less sure of")
+                   help="layerskip, draft: stop drafting after a token the draft is less sure "
+                        "of")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--max-ngram", type=int, default=3)
     p.add_argument("--verify-slope", type=float, default=0.3,

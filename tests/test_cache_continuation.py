@@ -1,0 +1,91 @@
+"""After any speculative step the caches are what a fresh forward over the tokens they stand for
+would write, bit for bit: the target's (all drafters, LayerSkip's early-exit drafts included,
+which write into it) and a draft model's own. The C loop checks this itself after every step
+when asked (`check_cache`, a test hook that ends the call with RuntimeError naming the step,
+layer and slot on the first difference); these tests run it over every drafter, k in
+{1, 3, 8}, greedy and sampling, and many run lengths, so every kind of step ending (all drafts
+accepted, a rejection, a draft cut short by max_new_tokens or a stop token) is checked. Tests
+of the kernels that make a batch and one-token steps give the same bits are in test_cache.py
+and test_quant.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import specdec
+import tinymodels as tm
+from specdec import testing
+
+from test_draft_model import CFG, DRAFT_CFG, perturbed
+
+SAMPLING = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cont")
+    w = tm.make_weights(CFG, 31)
+    paths = {}
+    for name, cfg, weights in [("target", CFG, w), ("close", CFG, perturbed(w, 0.05, 2)),
+                               ("far", DRAFT_CFG, tm.make_weights(DRAFT_CFG, 32))]:
+        paths[name] = os.path.join(d, name + ".gguf")
+        testing.write_gguf(paths[name], cfg, weights)
+    return {k: specdec.load(p) for k, p in paths.items()}
+
+
+def run_checked(target, prompt, n, temperature, top_k, top_p, *, lookup=None, draft=None,
+                layerskip=None, stop_ids=(), seed=5):
+    """Model.generate with the cache self-check on; returns (tokens, reason, stats)."""
+    return target._core.generate(prompt, n, temperature, seed, list(stop_ids), None, top_k,
+                                 top_p, 0.0, lookup, draft, layerskip, None, check_cache=True)
+
+
+def drafters(models, k):
+    yield "lookup", dict(lookup=(k, 3, 1, 0.0))
+    yield "draft-close", dict(draft=(models["close"]._core, k, 0.0))
+    yield "draft-far", dict(draft=(models["far"]._core, k, 0.0))
+    yield "layerskip", dict(layerskip=(1, k, 0.0))
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("sampling", SAMPLING, ids=["greedy", "T1", "T0.8-topk-topp"])
+def test_caches_equal_fresh_forward_after_every_step(models, k, sampling):
+    target = models["target"]
+    temperature, top_k, top_p = sampling
+    # a repetitive prompt, so prompt lookup finds drafts
+    prompt = tm.random_tokens(CFG.vocab, 6, 3) * 3
+    for name, kw in drafters(models, k):
+        steps = 0
+        for n in (1, 2, 5, 9, 23):
+            tokens, reason, stats = run_checked(target, prompt, n, temperature, top_k, top_p, **kw)
+            assert len(tokens) == n and reason == "length", name
+            steps += stats["steps"]
+        assert steps > 0, name
+
+
+def test_caches_checked_when_a_stop_token_ends_a_draft(models):
+    """A stop token in the middle of accepted drafts ends the run there; every step before was
+    checked (the final state is freed, never continued)."""
+    target = models["target"]
+    prompt = tm.random_tokens(CFG.vocab, 6, 3) * 3
+    plain, _, _ = run_checked(target, prompt, 30, 0.0, 0, 1.0)
+    stop = plain[12]
+    for name, kw in drafters(models, 8):
+        tokens, reason, _ = run_checked(target, prompt, 30, 0.0, 0, 1.0, stop_ids=[stop], **kw)
+        assert reason == "stop_token" and tokens[-1] == stop, name
+        assert tokens == plain[:plain.index(stop) + 1], name
+
+
+def test_cache_check_on_smollm2(smollm2_path):
+    """The same on the quantized SmolLM2 (repacked integer kernels, 8-token verify tiles),
+    greedy and sampling, prompt lookup and self-speculation."""
+    m = specdec.load(smollm2_path)
+    text = ("The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the "
+            "lazy dog. Repeat it:")
+    prompt = m.tokenizer.encode(text)
+    for temperature in (0.0, 1.0):
+        for kw in (dict(lookup=(5, 3, 1, 0.0)), dict(layerskip=(20, 3, 0.0))):
+            tokens, _, stats = run_checked(m, prompt, 24, temperature, 0, 1.0, **kw)
+            assert len(tokens) == 24 and stats["steps"] > 0
