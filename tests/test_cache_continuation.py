@@ -10,29 +10,20 @@ and test_quant.py."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import specdec
 import tinymodels as tm
-from specdec import testing
 
-from test_draft_model import CFG, DRAFT_CFG, perturbed
+from test_draft_model import CFG, pair  # noqa: F401 (pair: the fixture)
 
 SAMPLING = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cont")
-    w = tm.make_weights(CFG, 31)
-    paths = {}
-    for name, cfg, weights in [("target", CFG, w), ("close", CFG, perturbed(w, 0.05, 2)),
-                               ("far", DRAFT_CFG, tm.make_weights(DRAFT_CFG, 32))]:
-        paths[name] = os.path.join(d, name + ".gguf")
-        testing.write_gguf(paths[name], cfg, weights)
-    return {k: specdec.load(p) for k, p in paths.items()}
+def models(pair):
+    """test_draft_model's target and drafts (a perturbed copy, a smaller model)."""
+    return pair
 
 
 def run_checked(target, prompt, n, temperature, top_k, top_p, *, lookup=None, draft=None,
