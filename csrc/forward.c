@@ -111,7 +111,8 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
     if (b == NULL || kv == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG, "sd_forward needs a batch and a cache");
     }
-    if (kv->n_layers != c->n_layers || kv->kv_dim != c->n_kv_heads * c->head_dim) {
+    if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
+        kv->head_dim != c->head_dim) {
         return sd_set_error(SD_ERR_INVALID_ARG, "the cache was made for a different model");
     }
     if (b->n_logits > 0 && logits == NULL) {
@@ -161,13 +162,11 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
                      D);
     }
 
-    const size_t cache_stride = (size_t)kv->capacity * (size_t)KVD;
-
     const int n_layers = b->n_layers > 0 ? b->n_layers : c->n_layers;
     for (int l = 0; l < n_layers; l++) {
         const sd_layer *L = &m->w.layers[l];
-        float *kc = kv->k + (size_t)l * cache_stride;
-        float *vc = kv->v + (size_t)l * cache_stride;
+        float *kc = kv->k + sd_kv_row(kv, l, 0, 0);
+        float *vc = kv->v + sd_kv_row(kv, l, 0, 0);
 
         /* attention block: x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n), n = rmsnorm(x) */
         sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps);
@@ -180,12 +179,16 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
         sd_rope(s->q, s->rope_cs, T, H, Dh, c->rope_neox);
         sd_rope(s->k, s->rope_cs, T, Hkv, Dh, c->rope_neox);
         for (int t = 0; t < T; t++) {
-            memcpy(kc + (size_t)slots[t] * (size_t)KVD, s->k + (size_t)t * (size_t)KVD,
-                   (size_t)KVD * sizeof(float));
-            memcpy(vc + (size_t)slots[t] * (size_t)KVD, s->v + (size_t)t * (size_t)KVD,
-                   (size_t)KVD * sizeof(float));
+            for (int h = 0; h < Hkv; h++) {
+                const size_t src = (size_t)t * (size_t)KVD + (size_t)h * (size_t)Dh;
+                memcpy(kv->k + sd_kv_row(kv, l, h, slots[t]), s->k + src,
+                       (size_t)Dh * sizeof(float));
+                memcpy(kv->v + sd_kv_row(kv, l, h, slots[t]), s->v + src,
+                       (size_t)Dh * sizeof(float));
+            }
         }
-        sd_attention(m->pool, s->xb, s->q, kc, vc, s->mask, T, n_attn, H, Hkv, Dh, s->scores);
+        sd_attention(m->pool, s->xb, s->q, kc, vc, sd_kv_row(kv, 0, 1, 0), s->mask, T, n_attn, H,
+                     Hkv, Dh, s->scores);
         sd_matmul_job o = {s->x, s->xb, &L->wo, NULL, 1};
         sd_matmul(m->pool, T, &o, 1, s->xq);
 

@@ -278,17 +278,16 @@ static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *
     b.n_tokens = n;
     b.tokens = toks;
     sd_status st = sd_forward(m, fresh, &b, NULL);
-    const size_t row = (size_t)kv->kv_dim * sizeof(float);
-    for (int l = 0; st == SD_OK && l < kv->n_layers; l++) {
+    const size_t row = (size_t)kv->head_dim * sizeof(float);
+    for (int l = 0; st == SD_OK && l < kv->n_layers * kv->n_kv_heads; l++) {
         for (int i = 0; i < n; i++) {
-            const size_t a = ((size_t)l * (size_t)kv->capacity + (size_t)i) * (size_t)kv->kv_dim;
-            const size_t f = ((size_t)l * (size_t)n + (size_t)i) * (size_t)kv->kv_dim;
+            const size_t a = sd_kv_row(kv, 0, l, i), f = sd_kv_row(fresh, 0, l, i);
             if (memcmp(kv->k + a, fresh->k + f, row) != 0 ||
                 memcmp(kv->v + a, fresh->v + f, row) != 0 || kv->pos[i] != fresh->pos[i]) {
                 st = sd_set_error(SD_ERR_INTERNAL,
                                   "cache check after step %d: the %s cache's slot %d (token %d) "
                                   "differs from a fresh forward in layer %d",
-                                  step, who, i, (int)toks[i], l);
+                                  step, who, i, (int)toks[i], l / kv->n_kv_heads);
                 break;
             }
         }

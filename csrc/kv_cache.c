@@ -22,10 +22,12 @@ sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) 
     }
     kv->capacity = n_slots;
     kv->n_layers = c->n_layers;
-    kv->kv_dim = c->n_kv_heads * c->head_dim;
-    size_t n = (size_t)c->n_layers * (size_t)n_slots * (size_t)kv->kv_dim;
-    kv->k = malloc(n * sizeof(float));
-    kv->v = malloc(n * sizeof(float));
+    kv->n_kv_heads = c->n_kv_heads;
+    kv->head_dim = c->head_dim;
+    size_t n = (size_t)c->n_layers * (size_t)n_slots * (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    /* zeroed: a slot never written (attended only by a caller's mask) holds finite values */
+    kv->k = calloc(n, sizeof(float));
+    kv->v = calloc(n, sizeof(float));
     kv->pos = calloc((size_t)n_slots, sizeof(int32_t));
     if (kv->k == NULL || kv->v == NULL || kv->pos == NULL) {
         sd_kv_cache_free(kv);
@@ -74,13 +76,12 @@ sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
     if (dst == src) {
         return SD_OK;
     }
-    size_t row = (size_t)kv->kv_dim;
+    const size_t row = (size_t)kv->head_dim * sizeof(float);
     for (int l = 0; l < kv->n_layers; l++) {
-        size_t base = (size_t)l * (size_t)kv->capacity * row;
-        memcpy(kv->k + base + (size_t)dst * row, kv->k + base + (size_t)src * row,
-               row * sizeof(float));
-        memcpy(kv->v + base + (size_t)dst * row, kv->v + base + (size_t)src * row,
-               row * sizeof(float));
+        for (int h = 0; h < kv->n_kv_heads; h++) {
+            memcpy(kv->k + sd_kv_row(kv, l, h, dst), kv->k + sd_kv_row(kv, l, h, src), row);
+            memcpy(kv->v + sd_kv_row(kv, l, h, dst), kv->v + sd_kv_row(kv, l, h, src), row);
+        }
     }
     kv->pos[dst] = kv->pos[src];
     return SD_OK;

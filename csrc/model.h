@@ -58,7 +58,7 @@ typedef struct {
     float *hb2;        /* (T, F) up */
     float *rope_cs;    /* (T, Dh) cos/sin pairs per position */
     uint8_t *mask;     /* (T, cap_attn) effective attention mask */
-    float *scores;     /* (n_threads, cap_attn) */
+    float *scores;     /* (n_threads, SD_ATTN_GROUP, cap_attn) */
     unsigned char *xq; /* T rows of SD_Q8_ROW_BYTES(max(D, H*Dh, F)): quantized activations */
     float *rowbuf;     /* (n_threads, max row length) dequantized weight rows */
 } sd_scratch;
@@ -82,11 +82,20 @@ struct sd_kv_cache {
     int capacity; /* slots */
     int length;   /* live slots [0, length) */
     int n_layers;
-    int kv_dim;   /* Hkv*Dh */
-    float *k;     /* (L, capacity, kv_dim) post-RoPE keys */
-    float *v;     /* (L, capacity, kv_dim) */
+    int n_kv_heads;
+    int head_dim;
+    /* (L, Hkv, capacity, Dh): each KV head's rows are contiguous, so attention streams them */
+    float *k;     /* post-RoPE keys */
+    float *v;     /* values */
     int32_t *pos; /* (capacity) RoPE position of each slot */
 };
+
+/* Offset (in floats) of the key/value row of `slot` in KV head `head` of `layer`. */
+static inline size_t sd_kv_row(const sd_kv_cache *kv, int layer, int head, int slot) {
+    return (((size_t)layer * (size_t)kv->n_kv_heads + (size_t)head) * (size_t)kv->capacity +
+            (size_t)slot) *
+           (size_t)kv->head_dim;
+}
 
 /* Grow scratch buffers for a batch of n_tokens attending n_attn columns. */
 sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn);

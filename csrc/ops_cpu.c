@@ -188,13 +188,17 @@ void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const floa
 typedef struct {
     float *out;
     const float *q, *k, *v;
+    size_t head_stride;
     const uint8_t *mask;
     int T, n_attn, n_heads, n_kv_heads, head_dim;
     float *scores;
+    int group; /* queries per task, <= SD_ATTN_GROUP */
 } attn_ctx;
 
-void sd_attend_ref(float *o, const float *q, const float *k, const float *v, size_t ld,
-                   const uint8_t *m, int n_attn, int Dh, float scale, float *sc) {
+/* One query: the portable twin of the SIMD kernel's per-query work. */
+static void attend_one(float *o, const float *q, const uint8_t *m, const float *k, const float *v,
+                       int n_attn, int Dh, float scale, float *sc) {
+    const size_t ld = (size_t)Dh;
     float mx = -INFINITY;
     for (int s = 0; s < n_attn; s++) {
         if (m[s]) {
@@ -218,22 +222,49 @@ void sd_attend_ref(float *o, const float *q, const float *k, const float *v, siz
     }
 }
 
+void sd_attend_ref(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+                   float scale, float *sc) {
+    for (int i = 0; i < g->n; i++) {
+        attend_one(g->o[i], g->q[i], g->m[i], k, v, n_attn, Dh, scale,
+                   sc + (size_t)i * (size_t)n_attn);
+    }
+}
+
+/* Task = one group of up to `group` queries of one KV head: the queries (token t, head h)
+ * with h in the KV head's G = H / Hkv heads, numbered t * G + (h mod G), cut into groups. KV
+ * heads are the outer order, so the threads work on one head's keys and values at a time. */
 static void attn_task(void *ctx, int task, int thread) {
     const attn_ctx *c = (const attn_ctx *)ctx;
-    const int t = task / c->n_heads, h = task % c->n_heads;
+    const int G = c->n_heads / c->n_kv_heads;
+    const int nq = c->T * G;
+    const int per_kvh = (nq + c->group - 1) / c->group;
+    const int kvh = task / per_kvh, i0 = (task % per_kvh) * c->group;
     const int Dh = c->head_dim;
-    const int kvh = h / (c->n_heads / c->n_kv_heads);
-    const size_t kvd = (size_t)c->n_kv_heads * (size_t)Dh;
-    const size_t off = (size_t)kvh * (size_t)Dh;
-    const size_t qo = ((size_t)t * (size_t)c->n_heads + (size_t)h) * (size_t)Dh;
-    sd_attend(c->out + qo, c->q + qo, c->k + off, c->v + off, kvd,
-              c->mask + (size_t)t * (size_t)c->n_attn, c->n_attn, Dh, 1.0f / sqrtf((float)Dh),
-              c->scores + (size_t)thread * (size_t)c->n_attn);
+    sd_attn_group g;
+    g.n = nq - i0 < c->group ? nq - i0 : c->group;
+    for (int i = 0; i < g.n; i++) {
+        const int t = (i0 + i) / G, h = kvh * G + (i0 + i) % G;
+        const size_t qo = ((size_t)t * (size_t)c->n_heads + (size_t)h) * (size_t)Dh;
+        g.q[i] = c->q + qo;
+        g.o[i] = c->out + qo;
+        g.m[i] = c->mask + (size_t)t * (size_t)c->n_attn;
+    }
+    const size_t off = (size_t)kvh * c->head_stride;
+    sd_attend(&g, c->k + off, c->v + off, c->n_attn, Dh, 1.0f / sqrtf((float)Dh),
+              c->scores + (size_t)thread * SD_ATTN_GROUP * (size_t)c->n_attn);
 }
 
 void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k, const float *v,
-                  const uint8_t *mask, int T, int n_attn, int n_heads, int n_kv_heads, int head_dim,
-                  float *scores) {
-    attn_ctx c = {out, q, k, v, mask, T, n_attn, n_heads, n_kv_heads, head_dim, scores};
-    sd_threadpool_run(pool, attn_task, &c, T * n_heads);
+                  size_t head_stride, const uint8_t *mask, int T, int n_attn, int n_heads,
+                  int n_kv_heads, int head_dim, float *scores) {
+    attn_ctx c = {out,    q,       k,          v,        head_stride, mask, T,
+                  n_attn, n_heads, n_kv_heads, head_dim, scores,      0};
+    /* groups as large as they can be (a block of keys is loaded once per group) while leaving
+     * about four tasks per thread; the size changes no query's arithmetic */
+    const int nq = T * (n_heads / n_kv_heads);
+    const int nt = sd_threadpool_size(pool);
+    int group = (nq * n_kv_heads + 4 * nt - 1) / (4 * nt);
+    group = group < 1 ? 1 : group > SD_ATTN_GROUP ? SD_ATTN_GROUP : group;
+    c.group = group;
+    sd_threadpool_run(pool, attn_task, &c, n_kv_heads * ((nq + group - 1) / group));
 }

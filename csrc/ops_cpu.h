@@ -43,19 +43,31 @@ void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const floa
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);
 void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
 
-/* One query row's attention: o (Dh) = softmax(scale * q . k_s over the slots s < n_attn with
- * m[s] != 0) weighted sum of v_s; k_s = k + s * ld, v_s likewise; at least one slot open.
- * sc: (n_attn) scratch. sd_attend is this CPU's kernel, sd_attend_ref the portable one. */
-void sd_attend(float *o, const float *q, const float *k, const float *v, size_t ld,
-               const uint8_t *m, int n_attn, int Dh, float scale, float *sc);
-void sd_attend_ref(float *o, const float *q, const float *k, const float *v, size_t ld,
-                   const uint8_t *m, int n_attn, int Dh, float scale, float *sc);
+/* Queries that attend over the same keys and values (heads sharing a KV head, tokens of a
+ * batch), up to SD_ATTN_GROUP of them. */
+#define SD_ATTN_GROUP 8
+typedef struct {
+    int n;                           /* 1 <= n <= SD_ATTN_GROUP */
+    float *o[SD_ATTN_GROUP];         /* (Dh) outputs */
+    const float *q[SD_ATTN_GROUP];   /* (Dh) queries */
+    const uint8_t *m[SD_ATTN_GROUP]; /* (n_attn) masks: nonzero = attend, at least one */
+} sd_attn_group;
 
-/* Attention of T queries q (T, H*Dh) over cache slots [0, n_attn) of one layer:
- * k, v (n_slots_total, Hkv*Dh); mask (T, n_attn) nonzero = attend. out (T, H*Dh).
- * scores: (n_threads, n_attn) scratch. */
+/* Attention of each query of g: o = the softmax(scale * q . k_s over the slots s < n_attn its
+ * mask opens) weighted sum of v_s; k, v (n_attn, Dh): one KV head's rows, contiguous. sc:
+ * (SD_ATTN_GROUP, n_attn)
+ * scratch. sd_attend is this CPU's kernel, sd_attend_ref the portable one. */
+void sd_attend(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+               float scale, float *sc);
+void sd_attend_ref(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+                   float scale, float *sc);
+
+/* Attention of T queries q (T, H*Dh) over cache slots [0, n_attn) of one layer: k, v
+ * (Hkv, head_stride / Dh, Dh), KV head h's rows at k + h * head_stride; mask (T, n_attn)
+ * nonzero = attend. out (T, H*Dh).
+ * scores: (n_threads, SD_ATTN_GROUP, n_attn) scratch. */
 void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k, const float *v,
-                  const uint8_t *mask, int T, int n_attn, int n_heads, int n_kv_heads, int head_dim,
-                  float *scores);
+                  size_t head_stride, const uint8_t *mask, int T, int n_attn, int n_heads,
+                  int n_kv_heads, int head_dim, float *scores);
 
 #endif /* SD_OPS_CPU_H */

@@ -232,8 +232,8 @@ static int g_repack = 0; /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VN
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
 static void (*g_quantize_q8)(unsigned char *, const float *, int64_t) = sd_quantize_q8_ref;
 static void (*g_swiglu)(float *, const float *, const float *, int64_t) = sd_swiglu_ref;
-static void (*g_attend)(float *, const float *, const float *, const float *, size_t,
-                        const uint8_t *, int, int, float, float *) = sd_attend_ref;
+static void (*g_attend)(const sd_attn_group *, const float *, const float *, int, int, float,
+                        float *) = sd_attend_ref;
 static const char *g_simd_name = "scalar";
 
 static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
@@ -331,9 +331,9 @@ void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
     g_swiglu(out, gate, up, n);
 }
 
-void sd_attend(float *o, const float *q, const float *k, const float *v, size_t ld,
-               const uint8_t *m, int n_attn, int Dh, float scale, float *sc) {
-    g_attend(o, q, k, v, ld, m, n_attn, Dh, scale, sc);
+void sd_attend(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+               float scale, float *sc) {
+    g_attend(g, k, v, n_attn, Dh, scale, sc);
 }
 
 /* ---- repacked matrices ------------------------------------------------------------------------

@@ -191,44 +191,23 @@ SD_AVX2 static inline float dot1_row(const float *q, const float *k, int Dh) {
     return hsum_tree(a);
 }
 
-/* Every slot's score, weight and contribution is computed the same way whatever n_attn and
- * wherever the slot falls in a block of eight (dot1_row for the tail, masked vectors for the
- * softmax tail, the exp-sum in lanes by slot mod 8), so a query's output does not depend on
- * how many slots beyond its own a batch covers: a verify batch gives the bits one-token decoding
- * gives. */
-SD_AVX2 void sd_attend_avx2(float *o, const float *q, const float *k, const float *v, size_t ld,
-                            const uint8_t *m, int n_attn, int Dh, float scale, float *sc) {
-    if (Dh % 8 != 0) {
-        sd_attend_ref(o, q, k, v, ld, m, n_attn, Dh, scale, sc);
-        return;
-    }
-    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+/* Softmax in place over one query's scores sc[0 .. n_attn) (-inf for shut slots, at least one
+ * open): the weights p_s, 0 for shut slots. */
+SD_AVX2 static void softmax_row(float *sc, int n_attn) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax = ninf;
     int s = 0;
     for (; s + 8 <= n_attn; s += 8) {
-        uint64_t m8;
-        memcpy(&m8, m + s, 8);
-        if (m8 == 0) {
-            _mm256_storeu_ps(sc + s, ninf);
-            continue;
-        }
-        const __m128i mb = _mm_cvtsi64_si128((long long)m8);
-        const __m256 shut = _mm256_castsi256_ps(
-            _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(mb), _mm256_setzero_si256()));
-        const __m256 d8 = _mm256_mul_ps(dot8_rows(q, k + (size_t)s * ld, ld, Dh), vscale);
-        const __m256 x = _mm256_blendv_ps(d8, ninf, shut);
-        _mm256_storeu_ps(sc + s, x);
-        vmax = _mm256_max_ps(vmax, x);
+        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sc + s));
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     float mx = _mm_cvtss_f32(m4);
-    for (int t = s; t < n_attn; t++) {
-        sc[t] = m[t] ? dot1_row(q, k + (size_t)t * ld, Dh) * scale : -INFINITY;
-        mx = sc[t] > mx ? sc[t] : mx;
+    for (; s < n_attn; s++) {
+        mx = sc[s] > mx ? sc[s] : mx;
     }
-    /* softmax: exp(-inf - mx) = 0 for the shut slots (the caller guarantees one is open) */
+    /* exp(-inf - mx) = 0 for the shut slots; the sum in lanes by slot mod 8 */
     const __m256 vmx = _mm256_set1_ps(mx);
     __m256 vsum = _mm256_setzero_ps();
     for (s = 0; s + 8 <= n_attn; s += 8) {
@@ -236,41 +215,98 @@ SD_AVX2 void sd_attend_avx2(float *o, const float *q, const float *k, const floa
         _mm256_storeu_ps(sc + s, e);
         vsum = _mm256_add_ps(vsum, e);
     }
+    const __m256i lm = lanes_below(n_attn - s);
     if (s < n_attn) {
-        const __m256i lm = lanes_below(n_attn - s);
         const __m256 x =
             _mm256_blendv_ps(ninf, _mm256_maskload_ps(sc + s, lm), _mm256_castsi256_ps(lm));
         const __m256 e = exp256(_mm256_sub_ps(x, vmx));
         _mm256_maskstore_ps(sc + s, lm, e);
         vsum = _mm256_add_ps(vsum, e);
     }
-    const float inv = 1.0f / hsum256(vsum);
-    /* out = sum_s p_s v_s in slot order, 64 dimensions at a time held in registers */
+    const __m256 inv = _mm256_set1_ps(1.0f / hsum256(vsum));
+    for (s = 0; s + 8 <= n_attn; s += 8) {
+        _mm256_storeu_ps(sc + s, _mm256_mul_ps(_mm256_loadu_ps(sc + s), inv));
+    }
+    if (s < n_attn) {
+        _mm256_maskstore_ps(sc + s, lm, _mm256_mul_ps(_mm256_maskload_ps(sc + s, lm), inv));
+    }
+}
+
+/* o[0 .. Dh) = sum_s p[s] v_s (v_s = v + s * Dh, contiguous rows), slot after slot into one
+ * accumulator per 8 dimensions, 64 dimensions at a time: the value rows stream in order, eight
+ * independent FMA chains keep the unit busy. Shut slots add 0 * v_s, which changes nothing, so
+ * the sums do not depend on n_attn. */
+SD_AVX2 static void weighted_sum(float *o, const float *p, const float *v, int n_attn, int Dh) {
     for (int d0 = 0; d0 < Dh; d0 += 64) {
         const int nv = Dh - d0 >= 64 ? 8 : (Dh - d0) / 8;
-        __m256 acc[8];
+        __m256 a[8];
         for (int j = 0; j < 8; j++) {
-            acc[j] = _mm256_setzero_ps();
+            a[j] = _mm256_setzero_ps();
         }
-        for (s = 0; s < n_attn; s++) {
-            if (sc[s] == 0.0f) {
-                continue;
-            }
-            const __m256 p = _mm256_set1_ps(sc[s] * inv);
-            const float *vs = v + (size_t)s * ld + (size_t)d0;
-            if (nv == 8) {
+        const float *vs = v + d0;
+        if (nv == 8) {
+            for (int s = 0; s < n_attn; s++, vs += Dh) {
+                const __m256 ps = _mm256_set1_ps(p[s]);
                 for (int j = 0; j < 8; j++) {
-                    acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vs + 8 * j), acc[j]);
+                    a[j] = _mm256_fmadd_ps(ps, _mm256_loadu_ps(vs + 8 * j), a[j]);
                 }
-            } else {
+            }
+        } else {
+            for (int s = 0; s < n_attn; s++, vs += Dh) {
+                const __m256 ps = _mm256_set1_ps(p[s]);
                 for (int j = 0; j < nv; j++) {
-                    acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vs + 8 * j), acc[j]);
+                    a[j] = _mm256_fmadd_ps(ps, _mm256_loadu_ps(vs + 8 * j), a[j]);
                 }
             }
         }
         for (int j = 0; j < nv; j++) {
-            _mm256_storeu_ps(o + d0 + 8 * j, acc[j]);
+            _mm256_storeu_ps(o + d0 + 8 * j, a[j]);
         }
+    }
+}
+
+/* The queries of a group share the keys and values (heads of one KV head, tokens of a batch):
+ * each block of eight keys is loaded once for all of them and stays in L1, the values of one
+ * KV head stay in L2 while every query sums them. A query's arithmetic is the same whatever
+ * group it is in and whatever n_attn (dot1_row equals a lane of dot8_rows, the softmax takes
+ * every slot the same way), so a verify batch gives the bits one-token decoding gives. */
+SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float *v, int n_attn,
+                            int Dh, float scale, float *sc) {
+    if (Dh % 8 != 0) {
+        sd_attend_ref(g, k, v, n_attn, Dh, scale, sc);
+        return;
+    }
+    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    int s = 0;
+    for (; s + 8 <= n_attn; s += 8) {
+        const float *ks = k + (size_t)s * (size_t)Dh;
+        for (int i = 0; i < g->n; i++) {
+            float *row = sc + (size_t)i * (size_t)n_attn + (size_t)s;
+            uint64_t m8;
+            memcpy(&m8, g->m[i] + s, 8);
+            if (m8 == 0) {
+                _mm256_storeu_ps(row, ninf);
+                continue;
+            }
+            const __m256 shut = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)), _mm256_setzero_si256()));
+            const __m256 d8 = _mm256_mul_ps(dot8_rows(g->q[i], ks, (size_t)Dh, Dh), vscale);
+            _mm256_storeu_ps(row, _mm256_blendv_ps(d8, ninf, shut));
+        }
+    }
+    for (; s < n_attn; s++) {
+        for (int i = 0; i < g->n; i++) {
+            sc[(size_t)i * (size_t)n_attn + (size_t)s] =
+                g->m[i][s] ? dot1_row(g->q[i], k + (size_t)s * (size_t)Dh, Dh) * scale : -INFINITY;
+        }
+    }
+    const float *p[SD_ATTN_GROUP];
+    for (int i = 0; i < g->n; i++) {
+        p[i] = sc + (size_t)i * (size_t)n_attn;
+        softmax_row(sc + (size_t)i * (size_t)n_attn, n_attn);
+    }
+    for (int i = 0; i < g->n; i++) {
+        weighted_sum(g->o[i], p[i], v, n_attn, Dh);
     }
 }
 
