@@ -276,11 +276,26 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
         sd_attend_ref(g, k, v, n_attn, Dh, scale, sc);
         return;
     }
+    /* each query's slots end at its last open one: past it everything is shut (a causal
+     * prefill's later keys, a verify batch's later drafts), and stopping there leaves the
+     * bits unchanged (shut slots weigh exactly 0) */
+    int hi[SD_ATTN_GROUP], hi_max = 0;
+    for (int i = 0; i < g->n; i++) {
+        int h = n_attn;
+        while (h > 0 && g->m[i][h - 1] == 0) {
+            h--;
+        }
+        hi[i] = h;
+        hi_max = h > hi_max ? h : hi_max;
+    }
     const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     int s = 0;
-    for (; s + 8 <= n_attn; s += 8) {
+    for (; s + 8 <= hi_max; s += 8) {
         const float *ks = k + (size_t)s * (size_t)Dh;
         for (int i = 0; i < g->n; i++) {
+            if (s >= hi[i]) {
+                continue;
+            }
             float *row = sc + (size_t)i * (size_t)n_attn + (size_t)s;
             uint64_t m8;
             memcpy(&m8, g->m[i] + s, 8);
@@ -294,19 +309,17 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
             _mm256_storeu_ps(row, _mm256_blendv_ps(d8, ninf, shut));
         }
     }
-    for (; s < n_attn; s++) {
+    for (; s < hi_max; s++) {
         for (int i = 0; i < g->n; i++) {
             sc[(size_t)i * (size_t)n_attn + (size_t)s] =
-                g->m[i][s] ? dot1_row(g->q[i], k + (size_t)s * (size_t)Dh, Dh) * scale : -INFINITY;
+                s < hi[i] && g->m[i][s] ? dot1_row(g->q[i], k + (size_t)s * (size_t)Dh, Dh) * scale
+                                        : -INFINITY;
         }
     }
-    const float *p[SD_ATTN_GROUP];
     for (int i = 0; i < g->n; i++) {
-        p[i] = sc + (size_t)i * (size_t)n_attn;
-        softmax_row(sc + (size_t)i * (size_t)n_attn, n_attn);
-    }
-    for (int i = 0; i < g->n; i++) {
-        weighted_sum(g->o[i], p[i], v, n_attn, Dh);
+        float *p = sc + (size_t)i * (size_t)n_attn;
+        softmax_row(p, hi[i]);
+        weighted_sum(g->o[i], p, v, hi[i], Dh);
     }
 }
 
