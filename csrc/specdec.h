@@ -247,8 +247,9 @@ typedef struct {
     int min_ngram; /* >= 1 */
     /* Adaptive draft length: 0 = always draft up to k; > 0 = draft the k that maximises the
      * expected tokens per unit of verify cost, (1 - a^(k+1)) / ((1 - a)(1 + verify_slope k)),
-     * with a the acceptance rate measured so far in this request (starting at 0.5) and
-     * verify_slope the cost of one more token in a verify batch relative to one token. */
+     * with a the acceptance rate measured so far in this request after matches of the same
+     * n-gram size (starting at 0.5) and verify_slope the cost of one more token in a verify
+     * batch relative to one token. */
     float verify_slope;
 } sd_prompt_lookup;
 

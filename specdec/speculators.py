@@ -18,13 +18,14 @@ class PromptLookup:
     followed. Needs no second model; pays off where the output repeats its input
     (summarization, editing, retrieval-augmented answers, code)."""
 
-    k: int = 5
-    max_ngram: int = 3
+    k: int = 8
+    max_ngram: int = 4
     min_ngram: int = 1
     #: adaptive draft length: the extra cost of one more token in a verify batch relative to a
-    #: single token (about 0.3 on a 2-core CPU with SmolLM2, benchmarks/RESULTS.md); drafts are
-    #: then sized to the acceptance rate measured so far in the request. 0 = always draft k.
-    verify_slope: float = 0.3
+    #: single token (about 0.2 on a 2-core CPU with SmolLM2, benchmarks/RESULTS.md; a few
+    #: hundredths on a GPU); each draft is then sized to the acceptance rate measured so far in
+    #: the request after matches of the same n-gram size. 0 = always draft up to k.
+    verify_slope: float = 0.2
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or not 1 <= self.k <= MAX_DRAFT:
