@@ -418,7 +418,8 @@ static sd_status spec_verify(spec_loop *L, int k, const float *q) {
  * 0 <= p_min <= 1. */
 static sd_status spec_prepare(int *n_out, sd_finish_reason *reason, sd_spec_stats *ss,
                               const sd_model *m, const int32_t *prompt, int n_prompt,
-                              const sd_generate_params *p, sd_sampling *s, int K, float p_min) {
+                              const sd_generate_params *p, sd_sampling *s, int K, float p_min,
+                              float verify_slope) {
     *n_out = 0;
     if (reason != NULL) {
         *reason = SD_FINISH_LENGTH;
@@ -431,6 +432,10 @@ static sd_status spec_prepare(int *n_out, sd_finish_reason *reason, sd_spec_stat
     if (!(p_min >= 0.0f && p_min <= 1.0f)) {
         return sd_set_error(SD_ERR_INVALID_ARG, "p_min must be in [0, 1], got %g", (double)p_min);
     }
+    if (!(verify_slope >= 0.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "verify_slope must be >= 0, got %g",
+                            (double)verify_slope);
+    }
     return SD_OK;
 }
 
@@ -441,11 +446,8 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
     sd_spec_stats local;
     sd_spec_stats *ss = stats != NULL ? stats : &local;
     sd_sampling s;
-    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, pl->k, 0.0f));
-    if (!(pl->verify_slope >= 0.0f)) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "verify_slope must be >= 0, got %g",
-                            (double)pl->verify_slope);
-    }
+    SD_TRY(
+        spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, pl->k, 0.0f, pl->verify_slope));
     if (pl->min_ngram < 1 || pl->max_ngram < pl->min_ngram) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got %d and %d",
@@ -501,19 +503,23 @@ static double top_prob(const float *logits, int V) {
 }
 
 /* Drafts up to *k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all)
- * over the cache dkv, which must end at the last token's slot: L->batch = [last, d1 .. dk],
- * L->q[i] the processed row d(i+1) was taken from (greedy at temperature 0, else sampled). With
- * p_min > 0 drafting stops after a token the draft gave less than p_min (its processed
- * probability when sampling, its softmax probability when greedy); *k is set to the count. */
+ * over the cache dkv, which holds a prefix of hist (at most all but the last token): the first
+ * forward feeds the rest of hist in one batch (the tokens the draft has not seen: the prompt at
+ * the first step, the last draft of a step that accepted all, the last token), the others one
+ * draft each. L->batch = [last, d1 .. dk], L->q[i] the processed row d(i+1) was taken from
+ * (greedy at temperature 0, else sampled). With p_min > 0 drafting stops after a token the
+ * draft gave less than p_min (its processed probability when sampling, its softmax probability
+ * when greedy); *k is set to the count. With *k == 0 nothing is fed. */
 static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers,
                                       int *k, float p_min) {
     const int V = dm->cfg.vocab_size;
     const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
+    const int have = sd_kv_cache_length(dkv);
     L->batch[0] = L->hist[L->len - 1];
     for (int i = 0; i < *k; i++) {
         sd_batch b = {0};
-        b.n_tokens = 1;
-        b.tokens = &L->batch[i];
+        b.n_tokens = i == 0 ? L->len - have : 1;
+        b.tokens = i == 0 ? L->hist + have : &L->batch[i];
         b.n_logits = 1;
         b.n_layers = n_layers;
         SD_TRY(sd_forward(dm, dkv, &b, L->dlog));
@@ -531,27 +537,37 @@ static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *d
     return SD_OK;
 }
 
-/* Brings the draft cache to hist[0 .. len - 2]: it holds last, d1 .. d(k-1) of the step just
- * verified, so it keeps what was accepted, and when all k were, catches up on dk. */
-static sd_status draft_sync(sd_model *dm, sd_kv_cache *dkv, const int32_t *hist, int len) {
+/* Rolls the draft cache back to what hist still holds after a verify step: it was fed up to
+ * d(k-1), so it keeps what was accepted; when all k were, dk is left for the next step's first
+ * draft forward, which feeds it together with the new last token. */
+static sd_status draft_rollback(sd_kv_cache *dkv, int len) {
     const int have = sd_kv_cache_length(dkv);
-    if (have >= len - 1) {
-        return sd_kv_cache_set_length(dkv, len - 1);
+    return have > len - 1 ? sd_kv_cache_set_length(dkv, len - 1) : SD_OK;
+}
+
+/* The draft length of a model drafter's step: up to `room`, sized by dp's adaptive rule when
+ * it is on (draft_cost: one draft token relative to a target forward). */
+static int model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double draft_cost,
+                         int room) {
+    if (dp->verify_slope <= 0.0f || room == 0) {
+        return room;
     }
-    sd_batch c = {0};
-    c.n_tokens = (len - 1) - have;
-    c.tokens = hist + have;
-    return sd_forward(dm, dkv, &c, NULL);
+    const int best =
+        adaptive_k(ss->accepted, ss->drafted, (float)(dp->verify_slope + draft_cost), room);
+    return best > 0 ? best : (ss->steps % 4 == 0 ? 1 : 0);
 }
 
 sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
-                            sd_spec_stats *stats, sd_model *m, sd_model *dm, int K, float p_min,
-                            const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
+                            sd_spec_stats *stats, sd_model *m, sd_model *dm,
+                            const sd_draft_params *dp, const int32_t *prompt, int n_prompt,
+                            const sd_generate_params *p) {
     const double t_start = now_s();
     sd_spec_stats local;
     sd_spec_stats *ss = stats != NULL ? stats : &local;
     sd_sampling s;
-    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K, p_min));
+    const int K = dp->k;
+    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K, dp->p_min,
+                        dp->verify_slope));
     if (dm->cfg.vocab_size != m->cfg.vocab_size) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "the draft model's vocabulary (%d tokens) differs from the target's "
@@ -576,22 +592,27 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
     if (st == SD_OK) {
         st = sd_kv_cache_create(&dkv, dm, sd_kv_cache_capacity(L.kv));
     }
-    if (st == SD_OK) {
-        st = draft_sync(dm, dkv, L.hist, L.len); /* prefill */
-    }
+    const double draft_cost = (double)sd_model_weight_bytes(dm) / (double)sd_model_weight_bytes(m);
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
-        int k = spec_room(&L, p, K);
-        st = draft_autoregressive(&L, dm, dkv, 0, &k, p_min);
+        int k = model_draft_k(dp, ss, draft_cost, spec_room(&L, p, K));
+        st = draft_autoregressive(&L, dm, dkv, 0, &k, dp->p_min);
         double t1 = now_s();
         if (st == SD_OK) {
             st = spec_verify(&L, k, L.q);
         }
         if (st == SD_OK && !L.e.done) {
-            st = draft_sync(dm, dkv, L.hist, L.len);
+            st = draft_rollback(dkv, L.len);
         }
         if (st == SD_OK && !L.e.done && L.check_cache) {
-            st = check_cache(dm, dkv, L.hist, L.len - 1, "draft model", ss->steps);
+            /* the draft may lag (tokens it has not been fed yet) but never hold more than
+             * all but the last token */
+            const int n = sd_kv_cache_length(dkv);
+            st = n > L.len - 1 ? sd_set_error(SD_ERR_INTERNAL,
+                                              "cache check after step %d: the draft model "
+                                              "cache holds %d slots, more than %d",
+                                              ss->steps, n, L.len - 1)
+                               : check_cache(dm, dkv, L.hist, n, "draft model", ss->steps);
         }
         ss->time_draft_s += t1 - t0;
         ss->time_verify_s += now_s() - t1;
@@ -603,13 +624,16 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
 /* ---- self-speculation: the target's first layers as the draft -------------------------------- */
 
 sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reason,
-                                sd_spec_stats *stats, sd_model *m, int n_layers, int K, float p_min,
-                                const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
+                                sd_spec_stats *stats, sd_model *m, int n_layers,
+                                const sd_draft_params *dp, const int32_t *prompt, int n_prompt,
+                                const sd_generate_params *p) {
     const double t_start = now_s();
     sd_spec_stats local;
     sd_spec_stats *ss = stats != NULL ? stats : &local;
     sd_sampling s;
-    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K, p_min));
+    const int K = dp->k;
+    SD_TRY(spec_prepare(n_out, reason, ss, m, prompt, n_prompt, p, &s, K, dp->p_min,
+                        dp->verify_slope));
     if (n_layers < 1 || n_layers >= m->cfg.n_layers) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "the draft's layers must be in [1, %d) (the target has %d), got %d",
@@ -621,13 +645,14 @@ sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reas
     spec_loop L;
     sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, m->cfg.context_length, 1, out,
                                    ss, t_start);
+    const double draft_cost = (double)n_layers / (double)m->cfg.n_layers;
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
-        int k = spec_room(&L, p, K);
+        int k = model_draft_k(dp, ss, draft_cost, spec_room(&L, p, K));
         /* draft: one early-exit forward per token, in the target's own cache. The first
          * n_layers layers of a token compute exactly what the target's do, so the verify
          * forward below rewrites the same slots; no second cache, no catch-up. */
-        st = draft_autoregressive(&L, m, L.kv, n_layers, &k, p_min);
+        st = draft_autoregressive(&L, m, L.kv, n_layers, &k, dp->p_min);
         double t1 = now_s();
         if (st == SD_OK) {
             st = sd_kv_cache_set_length(L.kv, L.len - 1);

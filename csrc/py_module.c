@@ -452,7 +452,8 @@ static int call_on_token(void *user, int32_t token) {
 
 /* generate(prompt, max_new_tokens, temperature, seed, stop_ids, stop_strings, top_k, top_p,
  *          min_p, lookup=(k, max_ngram, min_ngram, verify_slope) or None,
- *          draft=(draft Model, k, p_min) or None, layerskip=(n_layers, k, p_min) or None,
+ *          draft=(draft Model, k, p_min, verify_slope) or None,
+ *          layerskip=(n_layers, k, p_min, verify_slope) or None,
  *          on_token=callable(token) -> bool or None, check_cache=False (a test hook: see
  *          sd_generate_params.check_cache))
  *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string", stats dict or None) */
@@ -473,19 +474,18 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         return NULL;
     }
     ModelObject *draft = NULL;
-    int draft_k = 0;
-    float draft_p_min = 0.0f, skip_p_min = 0.0f;
-    if (draft_obj != Py_None &&
-        !PyArg_ParseTuple(draft_obj, "O!if:draft", &ModelType, &draft, &draft_k, &draft_p_min)) {
+    sd_draft_params dp = {0, 0.0f, 0.0f};
+    if (draft_obj != Py_None && !PyArg_ParseTuple(draft_obj, "O!iff:draft", &ModelType, &draft,
+                                                  &dp.k, &dp.p_min, &dp.verify_slope)) {
         return NULL;
     }
     if (on_token_obj != Py_None && !PyCallable_Check(on_token_obj)) {
         PyErr_SetString(PyExc_TypeError, "on_token must be callable or None");
         return NULL;
     }
-    int skip_layers = 0, skip_k = 0;
-    if (skip_obj != Py_None &&
-        !PyArg_ParseTuple(skip_obj, "iif:layerskip", &skip_layers, &skip_k, &skip_p_min)) {
+    int skip_layers = 0;
+    if (skip_obj != Py_None && !PyArg_ParseTuple(skip_obj, "iiff:layerskip", &skip_layers, &dp.k,
+                                                 &dp.p_min, &dp.verify_slope)) {
         return NULL;
     }
     if ((draft != NULL) + (lookup_obj != Py_None) + (skip_obj != Py_None) > 1) {
@@ -550,12 +550,12 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
     sd_status st;
     const int speculative = lookup_obj != Py_None || draft != NULL || skip_obj != Py_None;
     Py_BEGIN_ALLOW_THREADS if (skip_obj != Py_None) {
-        st = sd_generate_layerskip(out, &n_out, &reason, &ss, self->model, skip_layers, skip_k,
-                                   skip_p_min, prompt, (int)n_prompt, &p);
+        st = sd_generate_layerskip(out, &n_out, &reason, &ss, self->model, skip_layers, &dp, prompt,
+                                   (int)n_prompt, &p);
     }
     else if (draft != NULL) {
-        st = sd_generate_draft(out, &n_out, &reason, &ss, self->model, draft->model, draft_k,
-                               draft_p_min, prompt, (int)n_prompt, &p);
+        st = sd_generate_draft(out, &n_out, &reason, &ss, self->model, draft->model, &dp, prompt,
+                               (int)n_prompt, &p);
     }
     else if (speculative) {
         st = sd_generate_lookup(out, &n_out, &reason, &ss, self->model, prompt, (int)n_prompt, &p,
@@ -587,7 +587,7 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         PyList_SET_ITEM(list, i, v);
     }
     if (speculative) {
-        stats = stats_dict(&ss, draft != NULL ? draft_k : skip_obj != Py_None ? skip_k : pl.k);
+        stats = stats_dict(&ss, draft != NULL || skip_obj != Py_None ? dp.k : pl.k);
     } else {
         stats = Py_None;
         Py_INCREF(stats);

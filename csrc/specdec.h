@@ -274,18 +274,31 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
                              int n_prompt, const sd_generate_params *params,
                              const sd_prompt_lookup *lookup);
 
+/* How a model drafter (a draft model, or the target's first layers) sizes its drafts. */
+typedef struct {
+    int k;       /* 1 <= k <= SD_MAX_DRAFT: the most drafts per step */
+    float p_min; /* in [0, 1]: a step's drafting stops after a token the draft gave probability
+                  * below p_min (its processed probability when sampling, its softmax
+                  * probability when greedy); 0 = off */
+    /* Adaptive draft length, as sd_prompt_lookup's, with the drafting cost counted: each step
+     * drafts the k that maximises (1 - a^(k+1)) / ((1 - a)(1 + (verify_slope + c) k)), a the
+     * acceptance rate measured so far in the request, c one draft token's cost relative to a
+     * target forward (weights read: the draft's over the target's, or n_layers over the
+     * layer count); where no k pays, one token is still drafted every fourth step to keep
+     * measuring. 0 = off (always draft up to k, or until p_min). */
+    float verify_slope;
+} sd_draft_params;
+
 /* Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023): `draft`, a
  * smaller model with the same vocabulary and its own KV cache, proposes k tokens one at a time
  * (greedily at temperature 0, else sampled from its processed distribution q); the target scores
  * [last, d1 .. dk] in one forward and the chain rule of verify.h accepts a prefix with the
  * probabilities min(1, p/q), correcting from norm(max(0, p - q)). Both caches roll back to the
  * accepted prefix; when all k are accepted the draft catches up on dk. Same guarantees, arguments
- * and stopping rules as sd_generate_lookup; 1 <= k <= SD_MAX_DRAFT. p_min in [0, 1): a step's
- * drafting stops early after a token the draft gave probability below p_min (its processed
- * probability when sampling, its softmax probability when greedy); 0 = always draft k. */
+ * and stopping rules as sd_generate_lookup; the draft length as `dp` says. */
 sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
-                            sd_spec_stats *stats, sd_model *target, sd_model *draft, int k,
-                            float p_min, const int32_t *prompt, int n_prompt,
+                            sd_spec_stats *stats, sd_model *target, sd_model *draft,
+                            const sd_draft_params *dp, const int32_t *prompt, int n_prompt,
                             const sd_generate_params *params);
 
 /* Self-speculation (early exit, as in LayerSkip, Elhoushi et al. 2024, without its training):
@@ -294,8 +307,8 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
  * target's, and the verify forward rewrites them. Same guarantees, arguments and stopping rules
  * as sd_generate_draft; 1 <= n_layers < the target's layer count. */
 sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reason,
-                                sd_spec_stats *stats, sd_model *model, int n_layers, int k,
-                                float p_min, const int32_t *prompt, int n_prompt,
+                                sd_spec_stats *stats, sd_model *model, int n_layers,
+                                const sd_draft_params *dp, const int32_t *prompt, int n_prompt,
                                 const sd_generate_params *params);
 
 /* ---- kernel checks --------------------------------------------------------------------------- */

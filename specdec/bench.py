@@ -91,11 +91,13 @@ def run(args: argparse.Namespace) -> dict:
                                                      min_ngram=1, verify_slope=args.verify_slope)
         elif name == "layerskip":
             methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k,
-                                                     p_min=args.p_min)
+                                                     p_min=args.p_min,
+                                                     verify_slope=args.model_slope)
             draft_cost["layerskip"] = args.skip_layers / model.config.n_layers
         elif name == "draft":
             draft = load_draft(args, model)
-            methods["draft"] = specdec.DraftModel(draft, k=args.draft_k, p_min=args.p_min)
+            methods["draft"] = specdec.DraftModel(draft, k=args.draft_k, p_min=args.p_min,
+                                                  verify_slope=args.model_slope)
             # a draft forward reads the draft's weights as a target forward reads the target's
             draft_cost["draft"] = draft.weight_bytes / model.weight_bytes
         elif name and name != "plain":
@@ -181,6 +183,8 @@ def main(argv=None) -> int:
     p.add_argument("--p-min", type=float, default=0.0,
                    help="layerskip, draft: stop drafting after a token the draft is less sure "
                         "of")
+    p.add_argument("--model-slope", type=float, default=0.0,
+                   help="layerskip, draft: adaptive draft length's verify slope (0 = off)")
     p.add_argument("--k", type=int, default=8, help="lookup: the most drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--verify-slope", type=float, default=0.2,

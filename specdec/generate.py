@@ -129,9 +129,11 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         lookup = (speculator.k, speculator.max_ngram, speculator.min_ngram,
                   float(speculator.verify_slope))
     elif isinstance(speculator, DraftModel):
-        draft = (speculator.model._core, speculator.k, speculator.p_min)
+        draft = (speculator.model._core, speculator.k, speculator.p_min,
+                 speculator.verify_slope)
     elif isinstance(speculator, LayerSkip):
-        layerskip = (speculator.layers, speculator.k, float(speculator.p_min))
+        layerskip = (speculator.layers, speculator.k, float(speculator.p_min),
+                     float(speculator.verify_slope))
     tokens, reason, core_stats = model._core.generate(
         ids, max_new_tokens, float(temperature), seed,
         None if stop_tokens is None else list(stop_tokens),

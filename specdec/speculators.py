@@ -30,8 +30,7 @@ class PromptLookup:
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or not 1 <= self.k <= MAX_DRAFT:
             raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {self.k!r}")
-        if not (isinstance(self.verify_slope, (int, float)) and self.verify_slope >= 0):
-            raise ValueError(f"verify_slope must be >= 0, got {self.verify_slope!r}")
+        _check_slope(self.verify_slope)
         if not (isinstance(self.min_ngram, int) and isinstance(self.max_ngram, int)
                 and 1 <= self.min_ngram <= self.max_ngram):
             raise ValueError("n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got "
@@ -52,6 +51,8 @@ class LayerSkip:
     #: stop a step's drafting after a token the draft is less sure of than this (see
     #: :class:`DraftModel`); 0 = always draft k
     p_min: float = 0.0
+    #: adaptive draft length (see :class:`DraftModel`); 0 = off
+    verify_slope: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, int) or isinstance(self.layers, bool) or self.layers < 1:
@@ -59,6 +60,7 @@ class LayerSkip:
         if not isinstance(self.k, int) or not 1 <= self.k <= MAX_DRAFT:
             raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {self.k!r}")
         _check_p_min(self.p_min)
+        _check_slope(self.verify_slope)
 
 
 class DraftModel:
@@ -78,9 +80,16 @@ class DraftModel:
     ``p_min`` > 0 shortens a step's draft: drafting stops after a token to which the draft gave
     probability below ``p_min`` (its processed probability when sampling, its softmax
     probability at temperature 0), since unsure drafts are rarely accepted.
+
+    ``verify_slope`` > 0 sizes each step's draft to the acceptance rate measured so far in the
+    request: the k that maximises expected tokens per unit of time, counting one more verified
+    token as ``verify_slope`` of a target forward and one drafted token as the draft's weights
+    over the target's; when no draft pays, a single token is still drafted every fourth step to
+    keep measuring. A draft that does not pay thus costs little instead of slowing decoding.
     """
 
-    def __init__(self, model: "Model", k: int = 5, p_min: float = 0.0) -> None:
+    def __init__(self, model: "Model", k: int = 5, p_min: float = 0.0,
+                 verify_slope: float = 0.0) -> None:
         from .model import Model
 
         if not isinstance(model, Model):
@@ -89,12 +98,15 @@ class DraftModel:
         if not isinstance(k, int) or not 1 <= k <= MAX_DRAFT:
             raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {k!r}")
         _check_p_min(p_min)
+        _check_slope(verify_slope)
         self.model = model
         self.k = k
         self.p_min = float(p_min)
+        self.verify_slope = float(verify_slope)
 
     def __repr__(self) -> str:
-        return f"DraftModel({self.model.path!r}, k={self.k}, p_min={self.p_min})"
+        return (f"DraftModel({self.model.path!r}, k={self.k}, p_min={self.p_min}, "
+                f"verify_slope={self.verify_slope})")
 
     def check_compatible(self, target: "Model") -> None:
         """Raise ValueError unless the draft and ``target`` share one vocabulary."""
@@ -114,6 +126,11 @@ class DraftModel:
             raise ValueError(f"the draft model {self.model.path} and the target {target.path} "
                              f"have different tokenizers: token {i} is {b!r} in the draft, "
                              f"{a!r} in the target")
+
+
+def _check_slope(slope: float) -> None:
+    if isinstance(slope, bool) or not isinstance(slope, (int, float)) or not slope >= 0:
+        raise ValueError(f"verify_slope must be a number >= 0, got {slope!r}")
 
 
 def _check_p_min(p_min: float) -> None:

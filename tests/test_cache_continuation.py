@@ -35,9 +35,12 @@ def run_checked(target, prompt, n, temperature, top_k, top_p, *, lookup=None, dr
 
 def drafters(models, k):
     yield "lookup", dict(lookup=(k, 3, 1, 0.0))
-    yield "draft-close", dict(draft=(models["close"]._core, k, 0.0))
-    yield "draft-far", dict(draft=(models["far"]._core, k, 0.0))
-    yield "layerskip", dict(layerskip=(1, k, 0.0))
+    yield "draft-close", dict(draft=(models["close"]._core, k, 0.0, 0.0))
+    yield "draft-far", dict(draft=(models["far"]._core, k, 0.0, 0.0))
+    yield "layerskip", dict(layerskip=(1, k, 0.0, 0.0))
+    # adaptive lengths: steps without drafts, after which the draft model catches up in a batch
+    yield "draft-far-adaptive", dict(draft=(models["far"]._core, k, 0.0, 0.5))
+    yield "layerskip-adaptive", dict(layerskip=(1, k, 0.3, 0.5))
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
@@ -77,6 +80,6 @@ def test_cache_check_on_smollm2(smollm2_path):
             "lazy dog. Repeat it:")
     prompt = m.tokenizer.encode(text)
     for temperature in (0.0, 1.0):
-        for kw in (dict(lookup=(5, 3, 1, 0.0)), dict(layerskip=(20, 3, 0.0))):
+        for kw in (dict(lookup=(5, 3, 1, 0.0)), dict(layerskip=(20, 3, 0.0, 0.0))):
             tokens, _, stats = run_checked(m, prompt, 24, temperature, 0, 1.0, **kw)
             assert len(tokens) == 24 and stats["steps"] > 0

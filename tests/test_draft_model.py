@@ -320,3 +320,71 @@ def test_sampled_output_with_p_min_is_distributed_as_the_target(v5):
     setting = SETTINGS["T1"]
     assert_joint_matches(m, specdec.DraftModel(dm, k=3, p_min=0.4), setting,
                          exact_joint(row, w, setting))
+
+
+@pytest.fixture(scope="module")
+def deep_target(tmp_path_factory):
+    """A 6-layer target whose last 4 layers add nothing (zero output projections): it computes
+    exactly what the 2-layer `pair["target"]` computes, at three times the weights, so that
+    model is a cheap draft that is always right at temperature 0."""
+    w = tm.make_weights(CFG, 21)  # the weights of pair["target"]
+    cfg6 = tm.TinyConfig(**{**CFG.__dict__, "n_layers": 6})
+    w6 = tm.make_weights(cfg6, 5)
+    for name in w6:
+        if name in w:
+            w6[name] = w[name]
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            w6[name] = np.zeros_like(w6[name])
+    path = os.path.join(tmp_path_factory.mktemp("deep"), "deep.gguf")
+    testing.write_gguf(path, cfg6, w6)
+    return specdec.load(path)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_adaptive_length_drafts_what_pays(pair, deep_target, temperature):
+    """verify_slope > 0: a draft that is cheap and always right keeps drafting; a draft of the
+    target's own size never pays (each drafted token costs a target forward, even when all are
+    accepted), so drafting nearly stops (one token every fourth step to keep measuring); the
+    output stays the plain output at temperature 0."""
+    prompt = tm.random_tokens(CFG.vocab, 9, 4)
+
+    def per_step(target, draft):
+        plain = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[],
+                                 temperature=temperature, seed=2)
+        g = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[],
+                             temperature=temperature, seed=2, speculator=draft)
+        if temperature == 0.0:
+            assert g.tokens == plain.tokens
+        st = g.stats
+        assert st.accepted + st.steps == st.new_tokens == 40
+        return st.drafted / st.steps
+
+    ds = lambda m: specdec.DraftModel(m, k=4, verify_slope=0.1)  # noqa: E731
+    if temperature == 0.0:
+        assert per_step(deep_target, ds(pair["target"])) > 2.0
+    assert per_step(pair["target"], ds(pair["target"])) <= 0.5
+    assert per_step(deep_target, specdec.LayerSkip(2, k=4, verify_slope=0.1)) > (
+        2.0 if temperature == 0.0 else 0.0)
+
+
+@pytest.mark.parametrize("slope", [-0.1, "0.5", True, float("nan")])
+def test_bad_verify_slope(pair, slope):
+    with pytest.raises(ValueError, match="verify_slope"):
+        specdec.DraftModel(pair["far"], verify_slope=slope)
+    with pytest.raises(ValueError, match="verify_slope"):
+        specdec.LayerSkip(1, verify_slope=slope)
+    with pytest.raises(ValueError, match="verify_slope"):
+        specdec.PromptLookup(verify_slope=slope)
+    if isinstance(slope, float):  # the C core checks too
+        with pytest.raises(ValueError, match="verify_slope"):
+            pair["target"]._core.generate([1, 2], 4, 0.0, 0, [], None, 0, 1.0, 0.0, None,
+                                          (pair["far"]._core, 3, 0.0, slope), None, None)
+
+
+def test_sampled_output_with_adaptive_length_is_distributed_as_the_target(v5):
+    """Sizing each draft from the acceptance seen so far (a function of earlier random draws)
+    keeps the output distribution: the length is fixed before the step's draws are used."""
+    m, dm, w, wd, row = v5
+    setting = SETTINGS["T1"]
+    assert_joint_matches(m, specdec.DraftModel(dm, k=3, verify_slope=0.05), setting,
+                         exact_joint(row, w, setting))
