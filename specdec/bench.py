@@ -183,7 +183,7 @@ def main(argv=None) -> int:
     p.add_argument("--p-min", type=float, default=0.0,
                    help="layerskip, draft: stop drafting after a token the draft is less sure "
                         "of")
-    p.add_argument("--model-slope", type=float, default=0.0,
+    p.add_argument("--model-slope", type=float, default=0.2,
                    help="layerskip, draft: adaptive draft length's verify slope (0 = off)")
     p.add_argument("--k", type=int, default=8, help="lookup: the most drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)

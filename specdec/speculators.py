@@ -52,7 +52,7 @@ class LayerSkip:
     #: :class:`DraftModel`); 0 = always draft k
     p_min: float = 0.0
     #: adaptive draft length (see :class:`DraftModel`); 0 = off
-    verify_slope: float = 0.0
+    verify_slope: float = 0.2
 
     def __post_init__(self) -> None:
         if not isinstance(self.layers, int) or isinstance(self.layers, bool) or self.layers < 1:
@@ -85,11 +85,13 @@ class DraftModel:
     request: the k that maximises expected tokens per unit of time, counting one more verified
     token as ``verify_slope`` of a target forward and one drafted token as the draft's weights
     over the target's; when no draft pays, a single token is still drafted every fourth step to
-    keep measuring. A draft that does not pay thus costs little instead of slowing decoding.
+    keep measuring. A draft that does not pay thus costs little instead of slowing decoding
+    (self-speculation on SmolLM2: 0.89x of plain speed with it, 0.52x without, and 0.63x with
+    ``p_min`` = 0.6 alone; benchmarks/RESULTS.md). 0 = always draft up to k (or until p_min).
     """
 
     def __init__(self, model: "Model", k: int = 5, p_min: float = 0.0,
-                 verify_slope: float = 0.0) -> None:
+                 verify_slope: float = 0.2) -> None:
         from .model import Model
 
         if not isinstance(model, Model):

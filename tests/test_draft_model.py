@@ -48,7 +48,7 @@ def pair(tmp_path_factory):
 @pytest.mark.parametrize("k", [1, 3, 8, 32])
 @pytest.mark.parametrize("which", ["close", "far", "target"])
 def test_greedy_identical_to_plain_decoding(pair, which, k):
-    target, draft = pair["target"], specdec.DraftModel(pair[which], k=k)
+    target, draft = pair["target"], specdec.DraftModel(pair[which], k=k, verify_slope=0)
     for seed in range(3):
         prompt = tm.random_tokens(CFG.vocab, 5 + 7 * seed, seed)
         plain = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[])
@@ -70,7 +70,7 @@ def test_close_draft_is_accepted_more_than_far(pair):
         for seed in range(4):
             g = specdec.generate(pair["target"], tm.random_tokens(CFG.vocab, 9, seed),
                                  max_new_tokens=30, stop_tokens=[],
-                                 speculator=specdec.DraftModel(pair[which], k=4))
+                                 speculator=specdec.DraftModel(pair[which], k=4, verify_slope=0))
             acc, dr = acc + g.stats.accepted, dr + g.stats.drafted
         rates[which] = acc / dr
     assert rates["close"] > 0.5 and rates["close"] > rates["far"] + 0.2, rates
@@ -94,18 +94,18 @@ def assert_stops_like_plain(target, make_speculator) -> None:
 
 
 def test_stops_in_the_middle_of_a_draft(pair):
-    assert_stops_like_plain(pair["target"], lambda: specdec.DraftModel(pair["close"], k=6))
+    assert_stops_like_plain(pair["target"], lambda: specdec.DraftModel(pair["close"], k=6, verify_slope=0))
 
 
 def test_sampled_is_reproducible_and_self_draft_accepts_all(pair):
     target = pair["target"]
     prompt = tm.random_tokens(CFG.vocab, 6, 3)
     a, b = (specdec.generate(target, prompt, max_new_tokens=20, temperature=0.9, seed=7,
-                             stop_tokens=[], speculator=specdec.DraftModel(pair["far"], k=3))
+                             stop_tokens=[], speculator=specdec.DraftModel(pair["far"], k=3, verify_slope=0))
             for _ in range(2))
     assert a.tokens == b.tokens
     g = specdec.generate(target, prompt, max_new_tokens=20, temperature=1.0, seed=7,
-                         stop_tokens=[], speculator=specdec.DraftModel(target, k=3))
+                         stop_tokens=[], speculator=specdec.DraftModel(target, k=3, verify_slope=0))
     assert g.stats.accepted == g.stats.drafted  # p == q: min(1, p/q) = 1
 
 
@@ -182,7 +182,7 @@ def test_sampled_output_is_distributed_as_the_target(v5, name):
     norm(max(0, p - q)) is sampled (chi-square, alpha = 0.001; see test_verify)."""
     m, dm, w, wd, row = v5
     setting = SETTINGS[name]
-    assert_joint_matches(m, specdec.DraftModel(dm, k=2), setting, exact_joint(row, w, setting))
+    assert_joint_matches(m, specdec.DraftModel(dm, k=2, verify_slope=0), setting, exact_joint(row, w, setting))
 
 
 def assert_joint_matches(m, speculator, setting, exact, N: int = 100_000) -> None:
@@ -272,14 +272,14 @@ def test_bad_draft_model_arguments(args, exc, match):
 @pytest.mark.parametrize("k", [0, 33, 2.5])
 def test_bad_k(pair, k):
     with pytest.raises(ValueError, match="k must"):
-        specdec.DraftModel(pair["far"], k=k)
+        specdec.DraftModel(pair["far"], k=k, verify_slope=0)
 
 
 def test_smollm2_drafting_for_itself_is_greedy_identical(smollm2_path):
     m = specdec.load(smollm2_path)
     msgs = [{"role": "user", "content": "Name three colours."}]
     plain = specdec.generate(m, msgs, max_new_tokens=24)
-    spec = specdec.generate(m, msgs, max_new_tokens=24, speculator=specdec.DraftModel(m, k=4))
+    spec = specdec.generate(m, msgs, max_new_tokens=24, speculator=specdec.DraftModel(m, k=4, verify_slope=0))
     assert spec.tokens == plain.tokens and spec.text == plain.text
     assert spec.stats.accepted == spec.stats.drafted
 
@@ -297,7 +297,8 @@ def test_p_min_shortens_drafts_and_keeps_the_output(pair, temperature):
     for p_min in (0.0, 0.3, 1.0):
         g = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[],
                              temperature=temperature, seed=1,
-                             speculator=specdec.DraftModel(pair["close"], k=5, p_min=p_min))
+                             speculator=specdec.DraftModel(pair["close"], k=5, p_min=p_min,
+                                                           verify_slope=0.0))
         if temperature == 0.0:
             assert g.tokens == plain.tokens
         st = g.stats
@@ -318,7 +319,7 @@ def test_sampled_output_with_p_min_is_distributed_as_the_target(v5):
     """Stopping a draft early on the draft's own confidence keeps the output distribution."""
     m, dm, w, wd, row = v5
     setting = SETTINGS["T1"]
-    assert_joint_matches(m, specdec.DraftModel(dm, k=3, p_min=0.4), setting,
+    assert_joint_matches(m, specdec.DraftModel(dm, k=3, p_min=0.4, verify_slope=0), setting,
                          exact_joint(row, w, setting))
 
 

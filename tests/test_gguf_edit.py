@@ -46,9 +46,9 @@ def test_truncated_draft_drafts_what_layerskip_drafts(files):
     target, draft = specdec.load(str(full)), specdec.load(str(cut))
     prompt = tm.random_tokens(CFG.vocab, 9, 4)
     a = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[],
-                         speculator=specdec.DraftModel(draft, k=3))
+                         speculator=specdec.DraftModel(draft, k=3, verify_slope=0))
     b = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[],
-                         speculator=specdec.LayerSkip(1, k=3))
+                         speculator=specdec.LayerSkip(1, k=3, verify_slope=0))
     assert a.tokens == b.tokens
     assert (a.stats.steps, a.stats.drafted, a.stats.accepted) == \
         (b.stats.steps, b.stats.drafted, b.stats.accepted)
@@ -75,8 +75,8 @@ def test_truncated_smollm2_loads_and_agrees_with_layerskip(smollm2_path, tmp_pat
     target, draft = specdec.load(smollm2_path), specdec.load(str(cut))
     assert draft.config.n_layers == 20 and draft.tokenizer is not None
     msgs = [{"role": "user", "content": "Name three colours."}]
-    a = specdec.generate(target, msgs, max_new_tokens=20, speculator=specdec.DraftModel(draft, k=3))
-    b = specdec.generate(target, msgs, max_new_tokens=20, speculator=specdec.LayerSkip(20, k=3))
+    a = specdec.generate(target, msgs, max_new_tokens=20, speculator=specdec.DraftModel(draft, k=3, verify_slope=0))
+    b = specdec.generate(target, msgs, max_new_tokens=20, speculator=specdec.LayerSkip(20, k=3, verify_slope=0))
     plain = specdec.generate(target, msgs, max_new_tokens=20)
     assert a.tokens == b.tokens == plain.tokens
     assert (a.stats.drafted, a.stats.accepted) == (b.stats.drafted, b.stats.accepted)

@@ -28,7 +28,7 @@ def text_model(tmp_path_factory):
 
 PROMPT = "the cat sat on the mat the cat sat on the mat the cat"
 SPECULATORS = {"plain": lambda: None, "lookup": lambda: specdec.PromptLookup(k=4),
-               "layerskip": lambda: specdec.LayerSkip(1, k=3)}
+               "layerskip": lambda: specdec.LayerSkip(1, k=3, verify_slope=0)}
 
 
 @pytest.mark.parametrize("spec", list(SPECULATORS))
