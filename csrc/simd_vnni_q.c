@@ -402,7 +402,8 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
         const int f = type == 2 ? V_Q4_0 : type == 3 ? V_Q4_1 : V_Q8_0;                            \
         const int bb = f == V_Q8_0 ? 272 : 160;                                                    \
         const int64_t nb = n / 32;                                                                 \
-        uint8_t xi[(SD_VNNI_MAX_ROW / 32) * XI_BYTES] __attribute__((aligned(32)));                \
+        /* sized to the row: 5.6 KB for n = 576, at most 80 KB (n <= SD_VNNI_MAX_ROW) */           \
+        uint8_t xi[nb * XI_BYTES] __attribute__((aligned(32)));                                    \
         for (int64_t rb = 0; rb < nrows; rb += PACKED_ROW_BLOCK) {                                 \
             const int64_t re = nrows - rb < PACKED_ROW_BLOCK ? nrows : rb + PACKED_ROW_BLOCK;      \
             for (int t = 0; t < T; t += (TS)) {                                                    \
