@@ -263,8 +263,8 @@ typedef struct {
 
 /* The check_cache self-check: kv must hold toks[0 .. n) in slots [0, n) exactly as a fresh
  * forward over them writes it (which, the kernels' results not depending on the batch size,
- * is bit for bit what any sequence of correct steps leaves). `n_layers` limits the compared
- * layers (0 = all); `who` and `step` name the failure. */
+ * is bit for bit what any sequence of correct steps leaves); `who` and `step` name the
+ * failure. */
 static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *toks, int n,
                              const char *who, int step) {
     if (kv->length != n) {
