@@ -222,8 +222,9 @@ static int lookup_draft(int32_t *draft, int *n_match, const int32_t *h, int len,
 }
 
 /* The draft length that maximises expected tokens per verify cost given an acceptance rate
- * measured as `accepted` of `drafted` (a Beta(1, 1)-smoothed count, so it starts at 0.5). */
-static int adaptive_k(double accepted, double drafted, float slope, int kmax) {
+ * measured as `accepted` of `drafted` (a Beta(1, 1)-smoothed count, so it starts at 0.5); when
+ * no length pays, 1 on every fourth step (`step`), to keep measuring, else 0. */
+static int adaptive_k(double accepted, double drafted, float slope, int kmax, int step) {
     const double a = (accepted + 1.0) / (drafted + 2.0);
     double best_v = 1.0, ak = a; /* k = 0: one token per unit cost */
     int best = 0;
@@ -235,7 +236,7 @@ static int adaptive_k(double accepted, double drafted, float slope, int kmax) {
             best = k;
         }
     }
-    return best;
+    return best > 0 ? best : (step % 4 == 0 ? 1 : 0);
 }
 
 /* The state shared by the speculative loops: the target and its cache, the text so far, the
@@ -473,9 +474,7 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
         int k = spec_room(&L, p, K), n = 0;
         k = k > 0 ? lookup_draft(L.batch + 1, &n, L.hist, L.len, pl, k) : 0;
         if (pl->verify_slope > 0.0f && k > 0) {
-            const int best = adaptive_k(acc_n[n], drafted_n[n], pl->verify_slope, k);
-            /* keep measuring: when drafting does not pay, still try one draft every 4th step */
-            k = best > 0 ? best : (ss->steps % 4 == 0 ? 1 : 0);
+            k = adaptive_k(acc_n[n], drafted_n[n], pl->verify_slope, k, ss->steps);
         }
         L.batch[0] = L.hist[L.len - 1];
         double t1 = now_s();
@@ -552,9 +551,8 @@ static int model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, dou
     if (dp->verify_slope <= 0.0f || room == 0) {
         return room;
     }
-    const int best =
-        adaptive_k(ss->accepted, ss->drafted, (float)(dp->verify_slope + draft_cost), room);
-    return best > 0 ? best : (ss->steps % 4 == 0 ? 1 : 0);
+    return adaptive_k(ss->accepted, ss->drafted, (float)(dp->verify_slope + draft_cost), room,
+                      ss->steps);
 }
 
 sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,

@@ -854,7 +854,7 @@ static PyObject *core_quantize_q8(PyObject *mod, PyObject *arg) {
     }
     const int64_t n = (int64_t)PyArray_DIM(x, 0);
     /* the size is computed only for a valid n; sd_quantize_activations reports the rest */
-    const size_t bytes = n > 0 && n % 32 == 0 ? (size_t)n + 12 * (size_t)(n / 32) : 0;
+    const size_t bytes = n > 0 && n % 32 == 0 ? sd_quantized_activation_bytes(n) : 0;
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
     if (out != NULL) {
         sd_status st = sd_quantize_activations((unsigned char *)PyBytes_AS_STRING(out), bytes,

@@ -443,6 +443,10 @@ sd_status sd_dequantize(float *dst, int type, const void *src, size_t src_bytes,
     return SD_OK;
 }
 
+size_t sd_quantized_activation_bytes(int64_t n) {
+    return SD_Q8_ROW_BYTES(n);
+}
+
 sd_status sd_quantize_activations(unsigned char *dst, size_t dst_bytes, const float *x, int64_t n) {
     sd_kernels_init();
     if (n <= 0 || n % 32 != 0) {

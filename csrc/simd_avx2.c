@@ -162,9 +162,9 @@ SD_AVX2 static inline float hsum_tree(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
 }
 
-/* Eight dot products of q with the rows k_0..k_7 (Dh floats each, Dh % 8 == 0), as one vector:
- * eight accumulators, then a tree of horizontal adds. */
-SD_AVX2 static inline __m256 dot8_rows(const float *q, const float *k, size_t ld, int Dh) {
+/* Eight dot products of q with the consecutive rows k_0..k_7 (Dh floats each, Dh % 8 == 0), as
+ * one vector: eight accumulators, then a tree of horizontal adds. */
+SD_AVX2 static inline __m256 dot8_rows(const float *q, const float *k, int Dh) {
     __m256 a[8];
     for (int j = 0; j < 8; j++) {
         a[j] = _mm256_setzero_ps();
@@ -172,7 +172,7 @@ SD_AVX2 static inline __m256 dot8_rows(const float *q, const float *k, size_t ld
     for (int d = 0; d < Dh; d += 8) {
         const __m256 qd = _mm256_loadu_ps(q + d);
         for (int j = 0; j < 8; j++) {
-            a[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (size_t)j * ld + (size_t)d), a[j]);
+            a[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (size_t)(j * Dh + d)), a[j]);
         }
     }
     const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
@@ -305,7 +305,7 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
             }
             const __m256 shut = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
                 _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)), _mm256_setzero_si256()));
-            const __m256 d8 = _mm256_mul_ps(dot8_rows(g->q[i], ks, (size_t)Dh, Dh), vscale);
+            const __m256 d8 = _mm256_mul_ps(dot8_rows(g->q[i], ks, Dh), vscale);
             _mm256_storeu_ps(row, _mm256_blendv_ps(d8, ninf, shut));
         }
     }
@@ -358,16 +358,15 @@ tile_kernel(const int TT, int type, float *y, int64_t ldy, const unsigned char *
     /* Two accumulator sets (even and odd 8-element steps) hide the FMA latency when few
      * tokens share a row. Every token count uses both: a token's sums must not depend on how
      * many tokens share the tile (a verify batch has to reproduce one-token decoding). */
-    const int S = 2;
     __m256 acc[2][4];
-    for (int k = 0; k < S; k++) {
+    for (int k = 0; k < 2; k++) {
         for (int t = 0; t < TT; t++) {
             acc[k][t] = _mm256_setzero_ps();
         }
     }
     int64_t i = 0;
-    for (; i + 8 * S <= n; i += 8 * S) {
-        for (int k = 0; k < S; k++) {
+    for (; i + 16 <= n; i += 16) {
+        for (int k = 0; k < 2; k++) {
             __m256 wv = load_w8(type, w, i + 8 * k);
             for (int t = 0; t < TT; t++) {
                 __m256 xv = _mm256_loadu_ps(x + (size_t)t * (size_t)ldx + i + 8 * k);
@@ -383,8 +382,7 @@ tile_kernel(const int TT, int type, float *y, int64_t ldy, const unsigned char *
         }
     }
     for (int t = 0; t < TT; t++) {
-        __m256 sum = S == 2 ? _mm256_add_ps(acc[0][t], acc[1][t]) : acc[0][t];
-        float v = hsum256(sum);
+        float v = hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
         for (int64_t k = i; k < n; k++) {
             v += load_w1(type, w, k) * x[(size_t)t * (size_t)ldx + k];
         }

@@ -292,6 +292,20 @@ SD_Q_AVX2 SD_INLINE void interleave_acts(uint8_t *xi, const int f, const sd_acts
 #define XID(X, t) _mm256_set1_ps(*(const float *)((X) + 256 + 4 * (t)))
 #define XIO(X, t) _mm256_set1_ps(*(const float *)((X) + 288 + 4 * (t)))
 
+/* One 160-byte block of 8 packed Q4_0/Q4_1 rows: the eight group vectors (nibbles as bytes,
+ * groups h and h + 4 from vector h), the rows' scales d and offsets m. */
+SD_Q_AVX2 SD_INLINE void unpack_packed_nibbles(__m256i *g, __m256 *dw, __m256 *mw,
+                                               const uint8_t *P) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int h = 0; h < 4; h++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(P + 32 * h));
+        g[h] = _mm256_and_si256(v, lo4);
+        g[h + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+    }
+    *dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 128)));
+    *mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 144)));
+}
+
 /* Eight packed rows against TT <= 8 tokens: out[t] lane k = dot(row k, token t). The unpacked
  * block (8 registers) and one accumulator per token fit the 32 registers AVX-512 gives, so a
  * verify batch of up to eight tokens unpacks each weight block once. */
@@ -302,7 +316,6 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
     for (int t = 0; t < TT; t++) {
         acc[t] = _mm256_setzero_ps();
     }
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++, P += bb, X += XI_BYTES) {
         __m256i g[8];
         __m256 dw, mw;
@@ -313,13 +326,7 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
             dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 256)));
             mw = _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f));
         } else {
-            for (int h = 0; h < 4; h++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(P + 32 * h));
-                g[h] = _mm256_and_si256(v, lo4);
-                g[h + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            }
-            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 128)));
-            mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 144)));
+            unpack_packed_nibbles(g, &dw, &mw, P);
         }
         for (int t = 0; t < TT; t++) {
             __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[0], XIB(X, t, 0));
@@ -346,7 +353,6 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
                                           int64_t nb, const uint8_t *X) {
     const int bb = f == V_Q8_0 ? 272 : 160;
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256 acc[8]; /* TT <= 4 at run time (16 registers); sized for the shared dispatch */
     for (int t = 0; t < TT; t++) {
         acc[t] = _mm256_setzero_ps();
@@ -362,13 +368,7 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
             }
             dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 256)));
         } else { /* nibbles <= 15: maddubs cannot saturate */
-            for (int h = 0; h < 4; h++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(P + 32 * h));
-                g[h] = _mm256_and_si256(v, lo4);
-                g[h + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-            }
-            dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 128)));
-            mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 144)));
+            unpack_packed_nibbles(g, &dw, &mw, P);
         }
         for (int t = 0; t < TT; t++) {
             __m256i s = _mm256_setzero_si256();

@@ -323,6 +323,8 @@ sd_status sd_dequantize(float *dst, int type, const void *src, size_t src_bytes,
  * dst (dst_bytes long): n int8 quants, then n / 32 f32 scales d, n / 32 f16-rounded d * sum(q),
  * n / 32 unrounded d * sum(q). Ties round to even. */
 sd_status sd_quantize_activations(unsigned char *dst, size_t dst_bytes, const float *x, int64_t n);
+/* The bytes of n quantized activations (n a multiple of 32). */
+size_t sd_quantized_activation_bytes(int64_t n);
 
 /* Which kernel sd_matmul_rows runs. */
 typedef enum {
