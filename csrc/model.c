@@ -615,7 +615,7 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
         SD_TRY(grow(&s->hb, T * F * sizeof(float)));
         SD_TRY(grow(&s->hb2, T * F * sizeof(float)));
         SD_TRY(grow(&s->rope_cs, T * (size_t)c->head_dim * sizeof(float)));
-        SD_TRY(grow(&s->xq, T * SD_Q8_ROW_BYTES(xbw > F ? xbw : F)));
+        SD_TRY(grow(&s->xq, SD_Q8_BATCH_BYTES(T, xbw > F ? xbw : F)));
         s->cap_tokens = n_tokens;
         s->cap_attn = 0; /* mask size depends on T too */
     }

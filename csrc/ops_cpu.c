@@ -54,7 +54,7 @@ typedef struct {
     int n_jobs;
     int T;
     sd_acts acts;                        /* the shared input, float and quantized */
-    int64_t chunk;                       /* rows per task, a multiple of 8 */
+    int64_t chunk;                       /* rows per task, a multiple of 16 */
     int64_t task_start[SD_MAX_JOBS + 1]; /* first task of each job */
 } matmul_ctx;
 
@@ -71,7 +71,7 @@ static void matmul_task(void *ctx, int task, int thread) {
     int64_t r1 = r0 + c->chunk < w->rows ? r0 + c->chunk : w->rows;
     /* rows [r0, r1) for all T tokens in the type's tile kernel: each weight row is read once
      * for the whole batch */
-    if (w->packed != NULL) { /* chunks are multiples of 8 rows, as the repacked copy is */
+    if (w->packed != NULL) { /* chunks are whole groups of 8 rows, as the repacked copy is */
         sd_tile_repacked(w->type, j->y + r0, w->rows, w->packed, r0, r1 - r0, &c->acts, c->T,
                          w->cols, j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
         return;
@@ -100,13 +100,16 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
     }
     if (quantized) {
         /* the integer kernels read the activations quantized: once here, for every row */
-        sd_quantize_rows(pool, xq, jobs[0].x, T, n);
+        float *xt = sd_kernels_want_scalars(T) ? sd_q8_scalars_at(xq, T, n) : NULL;
+        sd_quantize_rows(pool, xq, xt, jobs[0].x, T, n);
         c.acts.xq = xq;
+        c.acts.xt = xt;
     }
     /* about 8 tasks per thread keeps the threads busy to the end without much overhead */
     int nt = sd_threadpool_size(pool);
     int64_t chunk = total / ((int64_t)nt * 8);
-    chunk = chunk < 8 ? 8 : (chunk + 7) / 8 * 8; /* whole groups of a repacked matrix */
+    /* whole groups of a repacked matrix (8 rows), in pairs for the 16-row AMX tile */
+    chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
     c.chunk = chunk;
     int64_t tasks = 0;
     for (int i = 0; i < n_jobs; i++) {
@@ -127,6 +130,7 @@ static int rows_per_task(int T, int64_t n) {
 
 typedef struct {
     unsigned char *xq;
+    float *xt;
     const float *x;
     int T, per;
     int64_t n;
@@ -137,13 +141,17 @@ static void quant_task(void *ctx, int task, int thread) {
     const quant_ctx *c = (const quant_ctx *)ctx;
     const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
     for (int t = task * c->per; t < t1; t++) {
-        sd_quantize_q8(c->xq + (size_t)t * SD_Q8_ROW_BYTES(c->n), c->x + (size_t)t * (size_t)c->n,
-                       c->n);
+        unsigned char *row = c->xq + (size_t)t * SD_Q8_ROW_BYTES(c->n);
+        sd_quantize_q8(row, c->x + (size_t)t * (size_t)c->n, c->n);
+        if (c->xt != NULL) {
+            sd_q8_scatter_scalars(c->xt, row, t, c->n);
+        }
     }
 }
 
-void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, const float *x, int T, int64_t n) {
-    quant_ctx c = {xq, x, T, rows_per_task(T, n), n};
+void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, float *xt, const float *x, int T,
+                      int64_t n) {
+    quant_ctx c = {xq, xt, x, T, rows_per_task(T, n), n};
     sd_threadpool_run(pool, quant_task, &c, (T + c.per - 1) / c.per);
 }
 

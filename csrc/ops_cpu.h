@@ -27,12 +27,14 @@ typedef struct {
 } sd_matmul_job;
 
 /* Run n_jobs (<= 4) products over the same input x (same W.cols) in one parallel dispatch.
- * xq: scratch of T * SD_Q8_ROW_BYTES(W.cols) bytes for the quantized activations. */
+ * xq: scratch of SD_Q8_BATCH_BYTES(T, W.cols) bytes for the quantized activations. */
 void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs,
                unsigned char *xq);
 
-/* The same three, split over the pool by tokens (one task when T is small). */
-void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, const float *x, int T, int64_t n);
+/* The same three, split over the pool by tokens (one task when T is small). sd_quantize_rows
+ * also gathers the rows' scalars into xt when xt is not NULL. */
+void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, float *xt, const float *x, int T,
+                      int64_t n);
 void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
                     int64_t n);
 void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,

@@ -227,7 +227,7 @@ static sd_type_traits g_types[40] = {
     [28] = GEOM("F64", 1, 8),
 };
 
-static int g_repack = 0; /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VNNI */
+static int g_repack = 0; /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VNNI, 3 AMX */
 
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
 static void (*g_quantize_q8)(unsigned char *, const float *, int64_t) = sd_quantize_q8_ref;
@@ -240,8 +240,8 @@ static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
 
 static void kernels_init_once(void) {
 #ifdef SD_HAVE_X86_SIMD
-    /* SPECDEC_SIMD=scalar keeps the portable kernels, SPECDEC_SIMD=avx2 stops at AVX2: the
-     * tests run every path this way. */
+    /* SPECDEC_SIMD=scalar keeps the portable kernels, SPECDEC_SIMD=avx2 stops at AVX2,
+     * SPECDEC_SIMD=avx512vnni before AMX: the tests run every path this way. */
     const char *force = getenv("SPECDEC_SIMD");
     int want_simd = force == NULL || strcmp(force, "scalar") != 0;
     if (want_simd && sd_cpu_has_avx2_fma_f16c()) {
@@ -274,6 +274,10 @@ static void kernels_init_once(void) {
                 g_types[SD_TYPE_Q8_0].tile = sd_tile_q8_0_vnni;
                 g_simd_name = "avx2+fma+f16c+avx512vnni";
                 g_repack = 2;
+                if ((force == NULL || strcmp(force, "avx512vnni") != 0) && sd_cpu_has_amx_int8()) {
+                    g_simd_name = "avx2+fma+f16c+avx512vnni+amx";
+                    g_repack = 3;
+                }
             }
         }
     }
@@ -327,6 +331,26 @@ void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n) {
     g_quantize_q8(dst, x, n);
 }
 
+void sd_q8_scatter_scalars(float *xt, const unsigned char *row, int t, int64_t n) {
+    const int64_t nb = n / 32;
+    const sd_q8_row r = sd_q8_row_at(row, n, 0);
+    float *dst = xt + (size_t)(t / 16) * (size_t)nb * 48 + t % 16;
+    for (int64_t b = 0; b < nb; b++, dst += 48) {
+        dst[0] = r.d[b];
+        dst[16] = r.s[b];
+        dst[32] = r.e[b];
+    }
+}
+
+int sd_kernels_want_scalars(int T) {
+#ifdef SD_HAVE_X86_SIMD
+    return g_repack == 3 && T >= SD_AMX_MIN_TOKENS;
+#else
+    (void)T;
+    return 0;
+#endif
+}
+
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
     g_swiglu(out, gate, up, n);
 }
@@ -370,7 +394,9 @@ void sd_tile_repacked(int type, float *y, int64_t ldy, const void *packed, int64
 #ifdef SD_HAVE_X86_SIMD
     const size_t group = sd_packed_bytes(type, 8, n);
     const void *p = (const unsigned char *)packed + (size_t)(r0 / 8) * group;
-    if (g_repack == 2) {
+    if (g_repack == 3) {
+        sd_tile_packed_amx(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
+    } else if (g_repack == 2) {
         sd_tile_packed_vnni(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
     } else {
         sd_tile_packed_avx2(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
@@ -477,14 +503,20 @@ sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int6
             return sd_set_error(SD_ERR_INVALID_ARG, "row length %lld is not a multiple of 32",
                                 (long long)n);
         }
-        xq = malloc((size_t)T * SD_Q8_ROW_BYTES(n));
+        xq = malloc(SD_Q8_BATCH_BYTES(T, n));
         if (xq == NULL) {
             return sd_set_error(SD_ERR_NOMEM, "out of memory");
         }
+        float *xt = sd_kernels_want_scalars(T) ? sd_q8_scalars_at(xq, T, n) : NULL;
         for (int t = 0; t < T; t++) {
-            sd_quantize_q8(xq + (size_t)t * SD_Q8_ROW_BYTES(n), x + (size_t)t * (size_t)n, n);
+            unsigned char *row = xq + (size_t)t * SD_Q8_ROW_BYTES(n);
+            sd_quantize_q8(row, x + (size_t)t * (size_t)n, n);
+            if (xt != NULL) {
+                sd_q8_scatter_scalars(xt, row, t, n);
+            }
         }
         a.xq = xq;
+        a.xt = xt;
     }
     const size_t packed_bytes = sd_repack_bytes(type, nrows, n);
     if (kernel == SD_KERNEL_FORWARD && packed_bytes > 0) {

@@ -39,12 +39,31 @@ static inline sd_q8_row sd_q8_row_at(const unsigned char *rows, int64_t n, int64
 /* Quantize n floats (n % 32 == 0) into one row of SD_Q8_ROW_BYTES(n) bytes at `dst`. */
 void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n);
 
+/* The per-block scalars of a batch of quantized rows, gathered batch-major for the AMX tiles:
+ * for chunk c of 16 tokens and block b, 48 floats at xt + (c * n/32 + b) * 48 holding d of
+ * the chunk's 16 tokens, then their s, then their e (slots past the batch unset). */
+#define SD_Q8_SCALARS_FLOATS(T, n) ((((size_t)(T) + 15) / 16) * (size_t)((n) / 32) * 48)
+/* Row t's scalars into such an array. */
+void sd_q8_scatter_scalars(float *xt, const unsigned char *row, int t, int64_t n);
+/* Whether this CPU's kernels read gathered scalars for a batch of T tokens. */
+int sd_kernels_want_scalars(int T);
+/* Bytes of a quantized batch: T rows, then (64-byte aligned) room for the gathered scalars. */
+#define SD_Q8_BATCH_BYTES(T, n)                                                                    \
+    (((size_t)(T)*SD_Q8_ROW_BYTES(n) + 63) / 64 * 64 + 64 +                                        \
+     SD_Q8_SCALARS_FLOATS(T, n) * sizeof(float))
+/* Where a quantized batch buffer `xq` of SD_Q8_BATCH_BYTES keeps the gathered scalars. */
+static inline float *sd_q8_scalars_at(unsigned char *xq, int T, int64_t n) {
+    uintptr_t p = (uintptr_t)(xq + (size_t)T * SD_Q8_ROW_BYTES(n));
+    return (float *)((p + 63) / 64 * 64);
+}
+
 /* The activations of one batched matmul: T rows of n floats, and the same rows quantized when
  * the weights are of a quantized type (xq NULL otherwise). */
 typedef struct {
     const float *x; /* (T, ldx) */
     int64_t ldx;
     const unsigned char *xq; /* T rows of SD_Q8_ROW_BYTES(n) */
+    const float *xt;         /* NULL, or their scalars gathered (SD_Q8_SCALARS_FLOATS) */
 } sd_acts;
 
 /* Convert n elements (n a multiple of the block size) of one row to f32. */

@@ -65,6 +65,19 @@ void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, in
 /* The same over AVX2 alone. */
 void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                          const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
+
+/* AMX-INT8 (simd_amx_q.c): whether this CPU has it and the OS lets this process use it (asks
+ * once), and the tile over the repacked copy for batches of tokens, with the VNNI tile's bits
+ * (it hands single tokens to that tile). */
+int sd_cpu_has_amx_int8(void);
+/* Batches of fewer tokens stay on the VNNI tile: each block of 16 rows costs the AMX tile
+ * about 15-30 cycles of unpacking and tile stores whatever the batch, the VNNI tile about 9
+ * per token (measured on a Xeon with AMX; the two break even near 4 tokens). The AMX tile
+ * reads the scalars gathered in a->xt (quant.h) and hands the batch to the VNNI tile when
+ * they are missing. */
+#define SD_AMX_MIN_TOKENS 4
+void sd_tile_packed_amx(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
+                        const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
 #endif
 
 #endif /* SD_SIMD_H */

@@ -341,10 +341,11 @@ sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int6
 
 /* ---- build information ----------------------------------------------------------------------- */
 
-/* SIMD level the kernels use on this machine: "avx2+fma+f16c+avx512vnni", "avx2+fma+f16c" or
- * "scalar". The environment variable SPECDEC_SIMD, read once at the first model load, caps it:
- * "scalar" forces the portable C kernels, "avx2" stops at AVX2 (to compare the kernels with
- * each other, or to rule the SIMD ones out). */
+/* SIMD level the kernels use on this machine: "avx2+fma+f16c+avx512vnni+amx" (AMX-INT8 tiles
+ * for batches of tokens), "avx2+fma+f16c+avx512vnni", "avx2+fma+f16c" or "scalar". The
+ * environment variable SPECDEC_SIMD, read once at the first model load, caps it: "scalar"
+ * forces the portable C kernels, "avx2" stops at AVX2, "avx512vnni" before AMX (to compare the
+ * kernels with each other, or to rule the wider ones out). */
 const char *sd_simd_name(void);
 /* 1 when this build was compiled with the CUDA backend sources, else 0. */
 int sd_built_with_cuda(void);

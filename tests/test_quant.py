@@ -121,29 +121,56 @@ def test_kernel_argument_errors():
         _core.dequantize(10, b"\0" * 84, 256)
 
 
-AVX2_SCRIPT = r"""
+CHILD_MATMULS = r"""
 import json, sys
 import numpy as np
 from specdec import _core
-out = {"simd": _core.simd_name(), "y": {}}
 args = json.loads(sys.stdin.read())
+out = {"simd": _core.simd_name(), "y": {}}
 for key, (type_id, data_hex, nrows, n, x) in args.items():
     y = _core.matmul_rows(type_id, bytes.fromhex(data_hex), nrows, n,
                           np.array(x, dtype=np.float32), 0)
-    out["y"][key] = y.tolist()
+    out["y"][key] = y.tobytes().hex()
 print(json.dumps(out))
 """
 
 
-def test_avx2_kernels_where_wider_ones_exist():
-    """On CPUs with AVX512-VNNI the forward pass uses those kernels; SPECDEC_SIMD=avx2 keeps the
-    AVX2 ones, which every other x86-64 CPU runs: they must agree with the portable kernels."""
+def matmul_case(type_id, blocks, nrows, n, x):
+    """One product for child_matmuls, in a form JSON carries."""
+    return (type_id, blocks.tobytes().hex(), nrows, n, x.tolist())
+
+
+def matmul_here(case, kernel):
+    """The same product computed in this process with `kernel`."""
+    type_id, data_hex, nrows, n, x = case
+    return _core.matmul_rows(type_id, bytes.fromhex(data_hex), nrows, n,
+                             np.array(x, dtype=np.float32), kernel)
+
+
+def child_matmuls(cases: dict, simd: str):
+    """The forward-pass kernel's products of `cases` ({key: (type_id, data hex, nrows, n, x)})
+    computed by a child process whose kernels SPECDEC_SIMD=simd caps: (its kernel name,
+    {key: float32 array (T, nrows)})."""
     import json
     import subprocess
     import sys
 
     from test_robustness import HERE, child_env
 
+    res = subprocess.run([sys.executable, "-c", CHILD_MATMULS], input=json.dumps(cases),
+                         env=child_env(SPECDEC_SIMD=simd), capture_output=True, text=True,
+                         timeout=300, cwd=HERE)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    ys = {k: np.frombuffer(bytes.fromhex(h), dtype=np.float32).reshape(len(cases[k][4]),
+                                                                         cases[k][2])
+          for k, h in out["y"].items()}
+    return out["simd"], ys
+
+
+def test_avx2_kernels_where_wider_ones_exist():
+    """On CPUs with AVX512-VNNI the forward pass uses those kernels; SPECDEC_SIMD=avx2 keeps the
+    AVX2 ones, which every other x86-64 CPU runs: they must agree with the portable kernels."""
     if "avx2" not in _core.simd_name():
         pytest.skip("this CPU has no AVX2")
     rng = np.random.default_rng(3)
@@ -155,30 +182,25 @@ def test_avx2_kernels_where_wider_ones_exist():
             blocks = quantref.random_blocks(type_id, nrows * n // qk, rng)
             for T in (1, 5):
                 x = rng.standard_normal((T, n)).astype(np.float32)
-                cases[f"{type_id}-{nrows}-{T}"] = (type_id, blocks.tobytes().hex(), nrows, n,
-                                                   x.tolist())
-    res = subprocess.run([sys.executable, "-c", AVX2_SCRIPT], input=json.dumps(cases),
-                         env=child_env(SPECDEC_SIMD="avx2"), capture_output=True, text=True,
-                         timeout=300, cwd=HERE)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
-    assert out["simd"] == "avx2+fma+f16c"
-    for key, (type_id, data_hex, nrows, n, x) in cases.items():
-        port = _core.matmul_rows(type_id, bytes.fromhex(data_hex), nrows, n,
-                                 np.array(x, dtype=np.float32), 1)
-        got = np.array(out["y"][key], dtype=np.float32)
-        np.testing.assert_allclose(got, port, rtol=1e-5, atol=1e-5 * float(np.abs(port).max()),
-                                   err_msg=key)
+                cases[f"{type_id}-{nrows}-{T}"] = matmul_case(type_id, blocks, nrows, n, x)
+    simd, ys = child_matmuls(cases, "avx2")
+    assert simd == "avx2+fma+f16c"
+    for key, case in cases.items():
+        port = matmul_here(case, 1)
+        np.testing.assert_allclose(ys[key], port, rtol=1e-5,
+                                   atol=1e-5 * float(np.abs(port).max()), err_msg=key)
 
 
-@pytest.mark.parametrize("nrows", [7, 16])
+@pytest.mark.parametrize("nrows", [7, 16, 24])
 @pytest.mark.parametrize("type_id", [0, 1, 30] + TYPES,
                          ids=["F32", "F16", "BF16"] + [quantref.FORMATS[t][0] for t in TYPES])
 def test_batch_rows_match_single_token_bitwise(type_id, nrows):
     """Row t of a batched matmul has exactly the bits of token t multiplied alone, for the
     forward pass's kernel and the portable one: the kernels may pick tiles by batch size, but
     not change a token's arithmetic with it. Greedy speculative decoding relies on this (its
-    verify batch must reproduce one-token decoding)."""
+    verify batch must reproduce one-token decoding). On CPUs with AMX, batches of 4 or more
+    tokens of repacked matrices (16 and 24 rows: one 16-row AMX group, then one 8-row group
+    left to the VNNI tile) take the AMX tile, 16 tokens per tile multiply (T = 17, 33)."""
     n = 512
     rng = np.random.default_rng(7 + type_id + nrows)
     if type_id in (0, 1, 30):
@@ -188,14 +210,37 @@ def test_batch_rows_match_single_token_bitwise(type_id, nrows):
     else:
         blocks, rng = make_row_data(type_id, nrows, n, seed=300 + type_id + nrows)
         data = blocks.tobytes()
-    x = rng.standard_normal((11, n)).astype(np.float32)
+    x = rng.standard_normal((33, n)).astype(np.float32)
     x[:, 3] *= 20.0
     for kernel in (0, 1):
-        for T in (2, 3, 4, 5, 8, 9, 11):
+        for T in (2, 3, 4, 5, 8, 9, 11, 17, 33):
             batch = _core.matmul_rows(type_id, data, nrows, n, x[:T], kernel)
             for t in range(T):
                 alone = _core.matmul_rows(type_id, data, nrows, n, x[t:t + 1], kernel)
                 np.testing.assert_array_equal(batch[t], alone[0], err_msg=f"kernel {kernel} T {T} t {t}")
+
+
+def test_amx_tiles_give_the_vnni_bits():
+    """On CPUs with AMX-INT8, batches of repacked Q4_0/Q4_1/Q8_0 rows go through AMX tiles;
+    SPECDEC_SIMD=avx512vnni keeps the VNNI tiles. Both must give the same bits for every batch
+    size (the AMX tile does the VNNI tile's float work in its order; the integer sums are
+    exact), row count (16-row AMX groups, an 8-row group left over) and row length."""
+    if "amx" not in _core.simd_name():
+        pytest.skip(f"this CPU has no AMX-INT8 the OS lets us use (kernels: {_core.simd_name()})")
+    rng = np.random.default_rng(5)
+    cases = {}
+    for name in ("Q4_0", "Q4_1", "Q8_0"):
+        type_id = quantref.BY_NAME[name]
+        for nrows, n in ((16, 512), (24, 96), (40, 1536)):
+            blocks = quantref.random_blocks(type_id, nrows * n // 32, rng)
+            for T in (1, 3, 4, 7, 16, 17, 40):
+                x = rng.standard_normal((T, n)).astype(np.float32)
+                x[:, 1] *= 30.0
+                cases[f"{name}-{nrows}-{n}-{T}"] = matmul_case(type_id, blocks, nrows, n, x)
+    simd, ys = child_matmuls(cases, "avx512vnni")
+    assert simd == "avx2+fma+f16c+avx512vnni"
+    for key, case in cases.items():
+        np.testing.assert_array_equal(matmul_here(case, 0), ys[key], err_msg=key)
 
 
 def _activation_rows():
