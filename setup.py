@@ -38,6 +38,19 @@ def find_cuda():
     return home or os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
 
 
+def cuda_arch_flags():
+    """nvcc -gencode flags: machine code for each architecture in SPECDEC_CUDA_ARCH (default
+    "80;90": A100, H100/H200), plus PTX of the last for newer GPUs to compile at load."""
+    archs = [a.strip() for a in os.environ.get("SPECDEC_CUDA_ARCH", "80;90").split(";")
+             if a.strip()]
+    flags = []
+    for a in archs:
+        flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+    if archs:
+        flags += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+    return flags
+
+
 class BuildExt(build_ext):
     """Compile the .cu sources with nvcc and link them (with cudart and cuBLAS) into _core."""
 
@@ -50,7 +63,7 @@ class BuildExt(build_ext):
             for src in sorted(glob(os.path.join("cuda", "*.cu"))):
                 obj = os.path.join(objdir, os.path.basename(src) + ".o")
                 cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-DSD_WITH_CUDA",
-                       "-Icsrc", "-c", src, "-o", obj]
+                       "-Icsrc", *cuda_arch_flags(), "-c", src, "-o", obj]
                 print(" ".join(cmd))
                 subprocess.check_call(cmd)
                 ext.extra_objects.append(obj)
@@ -59,7 +72,7 @@ class BuildExt(build_ext):
             ext.define_macros.append(("SD_WITH_CUDA", "1"))
             ext.library_dirs.append(libdir)
             ext.runtime_library_dirs.append(libdir)
-            ext.libraries.extend(["cudart", "cublas"])
+            ext.libraries.extend(["cudart", "cublas", "stdc++"])
             ext.include_dirs.append(os.path.join(cuda, "include"))
             print(f"specdec: building with CUDA from {cuda}")
         else:

@@ -5,17 +5,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward.h"
 #include "model.h"
 #include "ops_cpu.h"
 #include "quant.h"
 #include "status.h"
+#ifdef SD_WITH_CUDA
+#include "../cuda/sd_cuda.h"
+#endif
 
-/* Check everything about the batch before any state changes. */
+/* Check everything about the batch before any state changes (token ids only when they are
+ * on the host). */
 static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_batch *b,
-                          int *new_len) {
+                          int dev_tokens, int *new_len) {
     const sd_config *c = &m->cfg;
     const int T = b->n_tokens;
-    if (T < 1 || b->tokens == NULL) {
+    if (T < 1 || (b->tokens == NULL && !dev_tokens)) {
         return sd_set_error(SD_ERR_INVALID_ARG, "a forward needs at least one token");
     }
     if (b->n_logits < 0 || b->n_logits > T) {
@@ -28,7 +33,7 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
     }
     int len = kv->length;
     for (int t = 0; t < T; t++) {
-        int32_t tok = b->tokens[t];
+        int32_t tok = dev_tokens ? 0 : b->tokens[t];
         if (tok < 0 || tok >= c->vocab_size) {
             return sd_set_error(SD_ERR_INVALID_ARG,
                                 "token id %d at index %d is out of range [0, %d) (vocab size)", tok,
@@ -105,22 +110,74 @@ static void build_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batch *b, 
     }
 }
 
+#ifdef SD_WITH_CUDA
+/* The forward of a CUDA model: positions, slots and the mask are prepared here as for the CPU
+ * (the cache's positions stay on the host), the layers run on the device. */
+static sd_status forward_cuda(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *logits,
+                              const int32_t *tokens_dev, int new_len, int n_attn) {
+    const int T = b->n_tokens;
+    const int old_len = kv->length;
+    int32_t *pos = malloc((size_t)T * 2 * sizeof(int32_t) + (size_t)T * (size_t)n_attn);
+    if (pos == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
+    }
+    int32_t *slots = pos + T;
+    uint8_t *mask = (uint8_t *)(slots + T);
+    for (int t = 0; t < T; t++) {
+        pos[t] = b->pos != NULL ? b->pos[t] : old_len + t;
+        slots[t] = b->slots != NULL ? b->slots[t] : old_len + t;
+    }
+    build_mask(mask, kv, b, pos, old_len, n_attn);
+    for (int t = 0; t < T; t++) {
+        kv->pos[slots[t]] = pos[t];
+    }
+    kv->length = new_len;
+    sd_cuda_batch cb;
+    cb.n_tokens = T;
+    cb.tokens = tokens_dev != NULL ? NULL : b->tokens;
+    cb.tokens_dev = tokens_dev;
+    cb.pos = pos;
+    cb.slots = slots;
+    cb.mask = mask;
+    cb.n_attn = n_attn;
+    cb.n_logits = b->n_logits;
+    cb.n_layers = b->n_layers > 0 ? b->n_layers : m->cfg.n_layers;
+    const sd_status st = sd_cuda_forward(m->cuda, kv->cuda, &cb, logits);
+    free(pos);
+    return st;
+}
+#endif
+
 sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *logits) {
+    return sd_forward_ex(m, kv, b, logits, NULL);
+}
+
+sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *logits,
+                        const int32_t *tokens_dev) {
     const sd_config *c = &m->cfg;
     int new_len = 0;
     if (b == NULL || kv == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG, "sd_forward needs a batch and a cache");
     }
     if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
-        kv->head_dim != c->head_dim) {
+        kv->head_dim != c->head_dim || (kv->cuda != NULL) != (m->cuda != NULL)) {
         return sd_set_error(SD_ERR_INVALID_ARG, "the cache was made for a different model");
     }
-    if (b->n_logits > 0 && logits == NULL) {
+    const int on_device = m->cuda != NULL;
+    if (b->n_logits > 0 && logits == NULL && !on_device) {
         return sd_set_error(SD_ERR_INVALID_ARG, "n_logits > 0 needs a logits buffer");
     }
-    SD_TRY(validate(m, kv, b, &new_len));
+    if (tokens_dev != NULL && !on_device) {
+        return sd_set_error(SD_ERR_INTERNAL, "device token ids given to a CPU model");
+    }
+    SD_TRY(validate(m, kv, b, tokens_dev != NULL, &new_len));
     const int T = b->n_tokens;
     const int n_attn = b->mask != NULL ? b->n_mask_cols : new_len;
+#ifdef SD_WITH_CUDA
+    if (on_device) {
+        return forward_cuda(m, kv, b, logits, tokens_dev, new_len, n_attn);
+    }
+#endif
     SD_TRY(sd_scratch_reserve(m, T, n_attn));
     sd_scratch *s = &m->s;
     const int D = c->hidden_size, Dh = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;

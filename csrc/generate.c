@@ -12,13 +12,16 @@
 #include <string.h>
 #include <time.h>
 
+#include "forward.h"
+#include "hd.h"
 #include "model.h"
 #include "sampler.h"
 #include "status.h"
+#include "twins.h"
 #include "verify.h"
-
-/* Random streams: one per use, so a draw is a pure function of (seed, stream, position). */
-enum { STREAM_PLAIN = 0, STREAM_ACCEPT = 1, STREAM_EMIT = 2, STREAM_DRAFT = 3 };
+#ifdef SD_WITH_CUDA
+#include "../cuda/sd_cuda.h"
+#endif
 
 sd_generate_params sd_generate_default_params(void) {
     sd_generate_params p;
@@ -137,6 +140,55 @@ static void emitter_init(emitter *e, const sd_model *m, const sd_generate_params
 
 /* ---- the plain loop -------------------------------------------------------------------------- */
 
+#ifdef SD_WITH_CUDA
+static sd_cuda_sampling cuda_sampling(const sd_sampling *s) {
+    sd_cuda_sampling c;
+    c.temperature = s->temperature;
+    c.top_k = s->top_k;
+    c.top_p = s->top_p;
+    c.min_p = s->min_p;
+    return c;
+}
+
+/* The plain loop of a CUDA model: the prompt's last token goes through its own one-token
+ * forward, as in the speculative loops (a long prefill may take cuBLAS, which is not
+ * batch-invariant: this way both loops see the same prefill and the same one-token steps);
+ * each token is picked on the device and copied back, the one synchronisation per token. */
+static sd_status generate_cuda(emitter *e, sd_model *m, const int32_t *prompt, int n_prompt,
+                               const sd_generate_params *p, const sd_sampling *s) {
+    sd_kv_cache *kv = NULL;
+    SD_TRY(sd_kv_cache_create(&kv, m, n_prompt + p->max_new_tokens - 1));
+    const sd_cuda_sampling cs = cuda_sampling(s);
+    sd_batch b = {0};
+    sd_status st = SD_OK;
+    if (n_prompt > 1) {
+        b.n_tokens = n_prompt - 1;
+        b.tokens = prompt;
+        st = sd_forward_ex(m, kv, &b, NULL, NULL);
+    }
+    b.n_tokens = 1;
+    b.tokens = &prompt[n_prompt - 1];
+    b.n_logits = 1;
+    if (st == SD_OK) {
+        st = sd_forward_ex(m, kv, &b, NULL, NULL);
+    }
+    while (st == SD_OK) {
+        int32_t tok = 0;
+        st = sd_cuda_pick(m->cuda, 0, &cs, p->seed, (uint64_t)e->n, &tok);
+        if (st == SD_OK) {
+            st = emit(e, tok);
+        }
+        if (st != SD_OK || e->done) {
+            break;
+        }
+        b.tokens = &e->out[e->n - 1];
+        st = sd_forward_ex(m, kv, &b, NULL, NULL);
+    }
+    sd_kv_cache_free(kv);
+    return st;
+}
+#endif
+
 sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_model *m,
                       const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
     *n_out = 0;
@@ -151,6 +203,17 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
     const int V = m->cfg.vocab_size;
     emitter e;
     emitter_init(&e, m, p, out);
+#ifdef SD_WITH_CUDA
+    if (m->cuda != NULL) {
+        const sd_status cst = generate_cuda(&e, m, prompt, n_prompt, p, &s);
+        *n_out = e.n;
+        if (reason != NULL) {
+            *reason = e.reason;
+        }
+        free(e.text);
+        return cst;
+    }
+#endif
     sd_kv_cache *kv = NULL;
     float *logits = malloc((size_t)V * 2 * sizeof(float));
     int32_t *work = malloc((size_t)V * sizeof(int32_t));
@@ -174,7 +237,8 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
         } else {
             float *probs = logits + V;
             sd_process_logits(probs, logits, V, &s, work);
-            tok = sd_sample_probs(probs, V, sd_rng_uniform(p->seed, STREAM_PLAIN, (uint64_t)e.n));
+            tok =
+                sd_sample_probs(probs, V, sd_rng_uniform(p->seed, SD_STREAM_PLAIN, (uint64_t)e.n));
         }
         st = emit(&e, tok);
         if (st != SD_OK || e.done) {
@@ -260,14 +324,18 @@ typedef struct {
     sd_spec_stats *ss;
     double t_start;
     int check_cache; /* sd_generate_params.check_cache */
+#ifdef SD_WITH_CUDA
+    sd_cuda_spec *sp; /* a CUDA target's device state of the call, else NULL */
+#endif
 } spec_loop;
 
 /* The check_cache self-check: kv must hold toks[0 .. n) in slots [0, n) exactly as a fresh
- * forward over them writes it (which, the kernels' results not depending on the batch size,
- * is bit for bit what any sequence of correct steps leaves); `who` and `step` name the
- * failure. */
+ * forward over them writes it: the first n_first tokens in one batch (the loop's prefill: a
+ * long prefill may take other kernels on a GPU), the rest in batches of at most
+ * SD_MAX_DRAFT + 1 (which, the kernels' results not depending on the batch size, is bit for
+ * bit what any sequence of correct steps leaves); `who` and `step` name the failure. */
 static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *toks, int n,
-                             const char *who, int step) {
+                             int n_first, const char *who, int step) {
     if (kv->length != n) {
         return sd_set_error(SD_ERR_INTERNAL,
                             "cache check after step %d: the %s cache holds %d slots, expected %d",
@@ -278,16 +346,44 @@ static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *
     }
     sd_kv_cache *fresh = NULL;
     SD_TRY(sd_kv_cache_create(&fresh, m, n));
-    sd_batch b = {0};
-    b.n_tokens = n;
-    b.tokens = toks;
-    sd_status st = sd_forward(m, fresh, &b, NULL);
+    sd_status st = SD_OK;
+    for (int done = 0; st == SD_OK && done < n;) {
+        sd_batch b = {0};
+        const int chunk = n - done < SD_MAX_DRAFT + 1 ? n - done : SD_MAX_DRAFT + 1;
+        b.n_tokens = done == 0 && n_first > 0 ? (n_first < n ? n_first : n) : chunk;
+        b.tokens = toks + done;
+        st = sd_forward(m, fresh, &b, NULL);
+        done += b.n_tokens;
+    }
+    const float *ka = kv->k, *va = kv->v, *kf = fresh->k, *vf = fresh->v;
+    float *dl = NULL;
+#ifdef SD_WITH_CUDA
+    if (st == SD_OK && kv->cuda != NULL) { /* both caches to the host */
+        const size_t floats = (size_t)kv->n_layers * (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
+        dl = malloc(2 * floats * ((size_t)kv->capacity + (size_t)fresh->capacity) * sizeof(float));
+        if (dl == NULL) {
+            st = sd_set_error(SD_ERR_NOMEM, "out of memory in the cache check");
+        } else {
+            float *k1 = dl, *v1 = k1 + floats * (size_t)kv->capacity;
+            float *k2 = v1 + floats * (size_t)kv->capacity,
+                  *v2 = k2 + floats * (size_t)fresh->capacity;
+            st = sd_cuda_cache_download(kv->cuda, k1, v1);
+            if (st == SD_OK) {
+                st = sd_cuda_cache_download(fresh->cuda, k2, v2);
+            }
+            ka = k1;
+            va = v1;
+            kf = k2;
+            vf = v2;
+        }
+    }
+#endif
     const size_t row = (size_t)kv->head_dim * sizeof(float);
     for (int l = 0; st == SD_OK && l < kv->n_layers * kv->n_kv_heads; l++) {
         for (int i = 0; i < n; i++) {
             const size_t a = sd_kv_row(kv, 0, l, i), f = sd_kv_row(fresh, 0, l, i);
-            if (memcmp(kv->k + a, fresh->k + f, row) != 0 ||
-                memcmp(kv->v + a, fresh->v + f, row) != 0 || kv->pos[i] != fresh->pos[i]) {
+            if (memcmp(ka + a, kf + f, row) != 0 || memcmp(va + a, vf + f, row) != 0 ||
+                kv->pos[i] != fresh->pos[i]) {
                 st = sd_set_error(SD_ERR_INTERNAL,
                                   "cache check after step %d: the %s cache's slot %d (token %d) "
                                   "differs from a fresh forward in layer %d",
@@ -296,6 +392,7 @@ static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *
             }
         }
     }
+    free(dl);
     sd_kv_cache_free(fresh);
     return st;
 }
@@ -319,17 +416,28 @@ static sd_status spec_loop_begin(spec_loop *L, sd_model *m, const int32_t *promp
     emitter_init(&L->e, m, p, out);
     L->hist = malloc((size_t)(n_prompt + p->max_new_tokens) * sizeof(int32_t));
     L->batch = malloc((size_t)(K + 1) * sizeof(int32_t));
-    L->logits = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
-    L->probs = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
-    L->fwork = malloc((size_t)V * sizeof(float));
-    L->iwork = malloc((size_t)V * sizeof(int32_t));
-    if (draft_rows) {
-        L->q = malloc((size_t)K * (size_t)V * sizeof(float));
-        L->dlog = malloc((size_t)V * sizeof(float));
-    }
-    if (L->hist == NULL || L->batch == NULL || L->logits == NULL || L->probs == NULL ||
-        L->fwork == NULL || L->iwork == NULL || (draft_rows && (L->q == NULL || L->dlog == NULL))) {
+    if (L->hist == NULL || L->batch == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+#ifdef SD_WITH_CUDA
+    if (m->cuda != NULL) { /* rows and distributions live on the device */
+        SD_TRY(sd_cuda_spec_create(&L->sp, m->cuda, K));
+        draft_rows = -1;
+    }
+#endif
+    if (draft_rows >= 0) {
+        L->logits = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
+        L->probs = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
+        L->fwork = malloc((size_t)V * sizeof(float));
+        L->iwork = malloc((size_t)V * sizeof(int32_t));
+        if (draft_rows) {
+            L->q = malloc((size_t)K * (size_t)V * sizeof(float));
+            L->dlog = malloc((size_t)V * sizeof(float));
+        }
+        if (L->logits == NULL || L->probs == NULL || L->fwork == NULL || L->iwork == NULL ||
+            (draft_rows && (L->q == NULL || L->dlog == NULL))) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory");
+        }
     }
     const int total = n_prompt + p->max_new_tokens;
     SD_TRY(sd_kv_cache_create(&L->kv, m, total + K < ctx ? total + K : ctx));
@@ -350,6 +458,9 @@ static sd_status spec_loop_end(spec_loop *L, sd_status st, int *n_out, sd_finish
         *reason = L->e.reason;
     }
     L->ss->time_total_s = now_s() - L->t_start;
+#ifdef SD_WITH_CUDA
+    sd_cuda_spec_free(L->sp);
+#endif
     sd_kv_cache_free(L->kv);
     free(L->hist);
     free(L->batch);
@@ -371,31 +482,10 @@ static int spec_room(const spec_loop *L, const sd_generate_params *p, int K) {
     return k < 0 ? 0 : k;
 }
 
-/* One verify step: the target scores L->batch = [last, d1 .. dk] in one forward; the chain rule
- * of verify.h keeps a prefix of the drafts (q: their distributions [k][V], NULL when drafts are
- * deterministic); the kept drafts and the next token are appended to hist and emitted (stopping
- * where the emitter says), and the target cache rolls back to all but the last token. */
-static sd_status spec_verify(spec_loop *L, int k, const float *q) {
-    const int V = L->m->cfg.vocab_size;
-    sd_batch b = {0};
-    b.n_tokens = k + 1;
-    b.tokens = L->batch;
-    b.n_logits = k + 1;
-    SD_TRY(sd_forward(L->m, L->kv, &b, L->logits));
-    for (int r = 0; r <= k; r++) {
-        sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s, L->iwork);
-    }
-    /* uniforms keyed by the output position they decide: none is ever used twice */
-    double ua[SD_MAX_DRAFT], un[SD_MAX_DRAFT + 1];
-    const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
-    for (int i = 0; i <= k; i++) {
-        if (i < k) {
-            ua[i] = sd_rng_uniform(L->seed, STREAM_ACCEPT, pos + (uint64_t)i);
-        }
-        un[i] = sd_rng_uniform(L->seed, STREAM_EMIT, pos + (uint64_t)i);
-    }
-    int32_t next = 0;
-    const int n_acc = sd_verify_chain(&next, L->probs, q, L->batch + 1, k, V, ua, un, L->fwork);
+/* After a verify step: the statistics, the kept drafts (batch[1 .. n_acc]) and the next token
+ * appended to hist and emitted (stopping where the emitter says), the target cache rolled
+ * back to all but the last token, and the self-check when asked. k: drafts verified. */
+static sd_status spec_finish_step(spec_loop *L, int k, int n_acc, int32_t next) {
     sd_spec_stats *ss = L->ss;
     ss->steps++;
     ss->drafted += k;
@@ -411,8 +501,62 @@ static sd_status spec_verify(spec_loop *L, int k, const float *q) {
     }
     /* roll back: keep last + the accepted drafts that were emitted */
     SD_TRY(sd_kv_cache_set_length(L->kv, L->len - 1));
-    return L->check_cache ? check_cache(L->m, L->kv, L->hist, L->len - 1, "target", ss->steps)
-                          : SD_OK;
+    return L->check_cache
+               ? check_cache(L->m, L->kv, L->hist, L->len - 1, L->n_prompt - 1, "target", ss->steps)
+               : SD_OK;
+}
+
+#ifdef SD_WITH_CUDA
+/* The verify step of a CUDA target: the forward over [last, d1 .. dk] (drafts from the
+ * device batch for model drafters, else from L->batch), the processing and the chain rule on
+ * the device, and one copy of the result back: the step's one synchronisation. */
+static sd_status spec_verify_cuda(spec_loop *L, int k, int with_q) {
+    sd_batch b = {0};
+    b.n_tokens = k + 1;
+    b.tokens = L->batch;
+    b.n_logits = k + 1;
+    SD_TRY(sd_forward_ex(L->m, L->kv, &b, NULL, with_q ? sd_cuda_spec_batch(L->sp) : NULL));
+    const sd_cuda_sampling cs = cuda_sampling(&L->s);
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
+    int n_acc = 0, k_used = k;
+    int32_t next = 0;
+    SD_TRY(sd_cuda_spec_verify(L->sp, L->m->cuda, k, with_q, &cs, L->seed, pos, &n_acc,
+                               with_q ? L->batch + 1 : NULL, &next, &k_used));
+    return spec_finish_step(L, k_used, n_acc, next);
+}
+#endif
+
+/* One verify step: the target scores L->batch = [last, d1 .. dk] in one forward; the chain rule
+ * of verify.h keeps a prefix of the drafts (with_q: their distributions are L->q [k][V], else
+ * the drafts are deterministic). */
+static sd_status spec_verify(spec_loop *L, int k, int with_q) {
+#ifdef SD_WITH_CUDA
+    if (L->sp != NULL) {
+        return spec_verify_cuda(L, k, with_q);
+    }
+#endif
+    const int V = L->m->cfg.vocab_size;
+    sd_batch b = {0};
+    b.n_tokens = k + 1;
+    b.tokens = L->batch;
+    b.n_logits = k + 1;
+    SD_TRY(sd_forward(L->m, L->kv, &b, L->logits));
+    for (int r = 0; r <= k; r++) {
+        sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s, L->iwork);
+    }
+    /* uniforms keyed by the output position they decide: none is ever used twice */
+    double ua[SD_MAX_DRAFT], un[SD_MAX_DRAFT + 1];
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
+    for (int i = 0; i <= k; i++) {
+        if (i < k) {
+            ua[i] = sd_rng_uniform(L->seed, SD_STREAM_ACCEPT, pos + (uint64_t)i);
+        }
+        un[i] = sd_rng_uniform(L->seed, SD_STREAM_EMIT, pos + (uint64_t)i);
+    }
+    int32_t next = 0;
+    const int n_acc = sd_verify_chain(&next, L->probs, with_q ? L->q : NULL, L->batch + 1, k, V, ua,
+                                      un, L->fwork);
+    return spec_finish_step(L, k, n_acc, next);
 }
 
 /* Starts a speculative call: zeroed stats and outputs, parameters checked, 1 <= K <= max,
@@ -479,7 +623,7 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
         L.batch[0] = L.hist[L.len - 1];
         double t1 = now_s();
         const int accepted_before = ss->accepted;
-        st = spec_verify(&L, k, NULL);
+        st = spec_verify(&L, k, 0);
         acc_n[n] += ss->accepted - accepted_before;
         drafted_n[n] += k;
         ss->time_draft_s += t1 - t0;
@@ -509,8 +653,39 @@ static double top_prob(const float *logits, int V) {
  * (greedy at temperature 0, else sampled). With p_min > 0 drafting stops after a token the
  * draft gave less than p_min (its processed probability when sampling, its softmax probability
  * when greedy); *k is set to the count. With *k == 0 nothing is fed. */
+#ifdef SD_WITH_CUDA
+/* draft_autoregressive on the device: each draft forward reads the token the previous pick
+ * wrote (no copy to the host); a p_min cut marks the draft's end on the device, and the verify
+ * step uses only the drafts before it. The draft model's stream and the target's are joined
+ * around the drafting, which shares the step's device buffers with the verify. */
+static sd_status draft_cuda(spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers, int k,
+                            float p_min) {
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt);
+    const int have = sd_kv_cache_length(dkv);
+    L->batch[0] = L->hist[L->len - 1];
+    SD_TRY(sd_cuda_model_join(dm->cuda, L->m->cuda));
+    SD_TRY(sd_cuda_spec_begin(L->sp, dm->cuda, L->batch[0], k));
+    const sd_cuda_sampling cs = cuda_sampling(&L->s);
+    for (int i = 0; i < k; i++) {
+        sd_batch b = {0};
+        b.n_tokens = i == 0 ? L->len - have : 1;
+        b.tokens = i == 0 ? L->hist + have : NULL;
+        b.n_logits = 1;
+        b.n_layers = n_layers;
+        SD_TRY(sd_forward_ex(dm, dkv, &b, NULL, i == 0 ? NULL : sd_cuda_spec_next_input(L->sp)));
+        SD_TRY(sd_cuda_spec_draft_pick(L->sp, dm->cuda, i, &cs, L->seed, pos, p_min));
+    }
+    return sd_cuda_model_join(L->m->cuda, dm->cuda);
+}
+#endif
+
 static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers,
                                       int *k, float p_min) {
+#ifdef SD_WITH_CUDA
+    if (L->sp != NULL) {
+        return draft_cuda(L, dm, dkv, n_layers, *k, p_min);
+    }
+#endif
     const int V = dm->cfg.vocab_size;
     const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
     const int have = sd_kv_cache_length(dkv);
@@ -524,7 +699,7 @@ static sd_status draft_autoregressive(spec_loop *L, sd_model *dm, sd_kv_cache *d
         SD_TRY(sd_forward(dm, dkv, &b, L->dlog));
         float *qi = L->q + (size_t)i * V;
         sd_process_logits(qi, L->dlog, V, &L->s, L->iwork);
-        const double u = sd_rng_uniform(L->seed, STREAM_DRAFT, pos + (uint64_t)i);
+        const double u = sd_rng_uniform(L->seed, SD_STREAM_DRAFT, pos + (uint64_t)i);
         const int32_t d = L->s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
         L->batch[1 + i] = d;
         if (p_min > 0.0f &&
@@ -572,6 +747,21 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
                             "(%d tokens): they must share one tokenizer",
                             dm->cfg.vocab_size, m->cfg.vocab_size);
     }
+    if (dm->device != m->device) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "the draft model runs on the %s and the target on the %s: load both "
+                            "on the same device",
+                            dm->device == SD_DEVICE_CUDA ? "GPU" : "CPU",
+                            m->device == SD_DEVICE_CUDA ? "GPU" : "CPU");
+    }
+#ifdef SD_WITH_CUDA
+    if (m->cuda != NULL && sd_cuda_model_gpu(dm->cuda) != sd_cuda_model_gpu(m->cuda)) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "the draft model is on GPU %d and the target on GPU %d: load both on "
+                            "one GPU",
+                            sd_cuda_model_gpu(dm->cuda), sd_cuda_model_gpu(m->cuda));
+    }
+#endif
     if (p->max_new_tokens == 0) {
         return SD_OK;
     }
@@ -597,7 +787,7 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
         st = draft_autoregressive(&L, dm, dkv, 0, &k, dp->p_min);
         double t1 = now_s();
         if (st == SD_OK) {
-            st = spec_verify(&L, k, L.q);
+            st = spec_verify(&L, k, 1);
         }
         if (st == SD_OK && !L.e.done) {
             st = draft_rollback(dkv, L.len);
@@ -606,11 +796,12 @@ sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
             /* the draft may lag (tokens it has not been fed yet) but never hold more than
              * all but the last token */
             const int n = sd_kv_cache_length(dkv);
-            st = n > L.len - 1 ? sd_set_error(SD_ERR_INTERNAL,
-                                              "cache check after step %d: the draft model "
-                                              "cache holds %d slots, more than %d",
-                                              ss->steps, n, L.len - 1)
-                               : check_cache(dm, dkv, L.hist, n, "draft model", ss->steps);
+            st = n > L.len - 1
+                     ? sd_set_error(SD_ERR_INTERNAL,
+                                    "cache check after step %d: the draft model "
+                                    "cache holds %d slots, more than %d",
+                                    ss->steps, n, L.len - 1)
+                     : check_cache(dm, dkv, L.hist, n, L.n_prompt, "draft model", ss->steps);
         }
         ss->time_draft_s += t1 - t0;
         ss->time_verify_s += now_s() - t1;
@@ -656,10 +847,75 @@ sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reas
             st = sd_kv_cache_set_length(L.kv, L.len - 1);
         }
         if (st == SD_OK) {
-            st = spec_verify(&L, k, L.q);
+            st = spec_verify(&L, k, 1);
         }
         ss->time_draft_s += t1 - t0;
         ss->time_verify_s += now_s() - t1;
     }
     return spec_loop_end(&L, st, n_out, reason);
+}
+
+/* ---- benchmarks: synthetic acceptance ------------------------------------------------------ */
+
+sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_model *m,
+                             const int32_t *prompt, int n_prompt, int max_new_tokens, int k,
+                             double alpha, uint64_t seed) {
+    const double t_start = now_s();
+    sd_spec_stats local;
+    sd_spec_stats *ss = stats != NULL ? stats : &local;
+    sd_generate_params p = sd_generate_default_params();
+    p.max_new_tokens = max_new_tokens;
+    p.seed = seed;
+    sd_sampling s;
+    SD_TRY(spec_prepare(n_out, NULL, ss, m, prompt, n_prompt, &p, &s, k, 0.0f, 0.0f));
+    if (!(alpha >= 0.0 && alpha <= 1.0)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "alpha must be in [0, 1], got %g", alpha);
+    }
+    if (max_new_tokens == 0) {
+        return SD_OK;
+    }
+    const int V = m->cfg.vocab_size;
+    spec_loop L;
+    sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, &p, &s, k, m->cfg.context_length, 0,
+                                   out, ss, t_start);
+    while (st == SD_OK && !L.e.done) {
+        const double t0 = now_s();
+        /* free drafting: copies of the last token, valid ids whose values do not matter */
+        const int kk = spec_room(&L, &p, k);
+        L.batch[0] = L.hist[L.len - 1];
+        for (int i = 0; i < kk; i++) {
+            L.batch[1 + i] = L.batch[0];
+        }
+        const double t1 = now_s();
+        const uint64_t pos = (uint64_t)(L.len - L.n_prompt);
+        int n_acc = 0;
+        int32_t next = 0;
+        sd_batch b = {0};
+        b.n_tokens = kk + 1;
+        b.tokens = L.batch;
+        b.n_logits = kk + 1;
+#ifdef SD_WITH_CUDA
+        if (L.sp != NULL) {
+            st = sd_forward_ex(m, L.kv, &b, NULL, NULL);
+            if (st == SD_OK) {
+                st = sd_cuda_spec_synthetic(L.sp, m->cuda, kk, alpha, seed, pos, &n_acc, &next);
+            }
+        } else
+#endif
+        {
+            st = sd_forward(m, L.kv, &b, L.logits);
+            if (st == SD_OK) {
+                int32_t n32 = 0;
+                sd_twin_synthetic_accept(&n32, kk, alpha, seed, pos);
+                n_acc = n32;
+                next = sd_argmax(L.logits + (size_t)n_acc * (size_t)V, V);
+            }
+        }
+        if (st == SD_OK) {
+            st = spec_finish_step(&L, kk, n_acc, next);
+        }
+        ss->time_draft_s += t1 - t0;
+        ss->time_verify_s += now_s() - t1;
+    }
+    return spec_loop_end(&L, st, n_out, NULL);
 }

@@ -6,6 +6,9 @@
 
 #include "model.h"
 #include "status.h"
+#ifdef SD_WITH_CUDA
+#include "../cuda/sd_cuda.h"
+#endif
 
 sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) {
     *out = NULL;
@@ -25,10 +28,22 @@ sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) 
     kv->n_kv_heads = c->n_kv_heads;
     kv->head_dim = c->head_dim;
     size_t n = (size_t)c->n_layers * (size_t)n_slots * (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    kv->pos = calloc((size_t)n_slots, sizeof(int32_t));
+#ifdef SD_WITH_CUDA
+    if (m->cuda != NULL) { /* keys and values on the device, positions here */
+        sd_status st = kv->pos == NULL ? sd_set_error(SD_ERR_NOMEM, "out of memory")
+                                       : sd_cuda_cache_create(&kv->cuda, m->cuda, n_slots);
+        if (st != SD_OK) {
+            sd_kv_cache_free(kv);
+            return st;
+        }
+        *out = kv;
+        return SD_OK;
+    }
+#endif
     /* zeroed: a slot never written (attended only by a caller's mask) holds finite values */
     kv->k = calloc(n, sizeof(float));
     kv->v = calloc(n, sizeof(float));
-    kv->pos = calloc((size_t)n_slots, sizeof(int32_t));
     if (kv->k == NULL || kv->v == NULL || kv->pos == NULL) {
         sd_kv_cache_free(kv);
         return sd_set_error(SD_ERR_NOMEM,
@@ -44,6 +59,9 @@ void sd_kv_cache_free(sd_kv_cache *kv) {
     if (kv == NULL) {
         return;
     }
+#ifdef SD_WITH_CUDA
+    sd_cuda_cache_free(kv->cuda);
+#endif
     free(kv->k);
     free(kv->v);
     free(kv->pos);
@@ -76,6 +94,13 @@ sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
     if (dst == src) {
         return SD_OK;
     }
+#ifdef SD_WITH_CUDA
+    if (kv->cuda != NULL) {
+        SD_TRY(sd_cuda_cache_copy_slot(kv->cuda, dst, src));
+        kv->pos[dst] = kv->pos[src];
+        return SD_OK;
+    }
+#endif
     const size_t row = (size_t)kv->head_dim * sizeof(float);
     for (int l = 0; l < kv->n_layers; l++) {
         for (int h = 0; h < kv->n_kv_heads; h++) {

@@ -12,6 +12,9 @@
 #include "ops_cpu.h"
 #include "quant.h"
 #include "status.h"
+#ifdef SD_WITH_CUDA
+#include "../cuda/sd_cuda.h"
+#endif
 
 /* ---- tensor roles and their names in each format --------------------------------------------- */
 
@@ -71,6 +74,9 @@ static const sd_tensor_info *find_tensor(const builder *b, const char *name) {
     if (b->m->gguf != NULL) {
         return sd_gguf_find_tensor(b->m->gguf, name);
     }
+    if (b->m->dummy != NULL) {
+        return sd_dummy_find(b->m->dummy, name);
+    }
     return sd_st_find(b->m->st, name);
 }
 
@@ -120,6 +126,7 @@ static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t row
     out->rows = rows;
     out->cols = cols;
     out->row_bytes = sd_row_bytes(t->type, cols);
+    out->tensor_id = b->m->dummy != NULL ? (int)(t - b->m->dummy->t) : -1;
     if (r != R_TOK_EMBD) { /* a forward reads T rows of the embedding, not the table */
         b->m->weight_bytes += (size_t)rows * out->row_bytes;
     }
@@ -479,21 +486,103 @@ static sd_status load_gguf(sd_model *m, const char *path) {
 
 sd_model_params sd_model_default_params(void) {
     sd_model_params p;
+    memset(&p, 0, sizeof(p));
     p.n_threads = 0;
     p.repack = 1;
+    p.device = SD_DEVICE_CPU;
+    p.gpu = 0;
     return p;
+}
+
+static sd_status check_params(const sd_model_params *p) {
+    if (p->n_threads < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "threads must be >= 1 (or 0 for all cores), "
+                            "got %d",
+                            p->n_threads);
+    }
+    if (p->device != SD_DEVICE_CPU && p->device != SD_DEVICE_CUDA) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "unknown device %d (0 = CPU, 1 = CUDA)", p->device);
+    }
+#ifndef SD_WITH_CUDA
+    if (p->device == SD_DEVICE_CUDA) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "this build of specdec has no CUDA backend (nvcc was not found when "
+                            "it was built, or SPECDEC_CPU_ONLY was set): reinstall on a machine "
+                            "with the CUDA toolkit, or use the CPU");
+    }
+#endif
+    if (p->gpu < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "gpu index must be >= 0, got %d", p->gpu);
+    }
+    return SD_OK;
+}
+
+/* What a model needs once its weights are found: the CPU's repacked copies or the device
+ * copy, and the thread pool (which also runs the host-side work of a CUDA model). */
+static sd_status finish_model(sd_model *m, const sd_model_params *p) {
+    m->device = p->device;
+    if (p->device == SD_DEVICE_CUDA) {
+#ifdef SD_WITH_CUDA
+        SD_TRY(sd_cuda_model_create(&m->cuda, m, p->gpu));
+#endif
+    } else if (p->repack) {
+        SD_TRY(repack_weights(m));
+    }
+    return sd_threadpool_create(&m->pool, p->n_threads > 0 ? p->n_threads : sd_available_cpus());
+}
+
+sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight_type,
+                                uint64_t seed, const sd_model_params *params) {
+    *out = NULL;
+    sd_kernels_init();
+    sd_model_params p = params != NULL ? *params : sd_model_default_params();
+    SD_TRY(check_params(&p));
+    sd_model *m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
+    }
+    sd_config *c = &m->cfg;
+    *c = *cfg;
+    sd_status st = SD_OK;
+    if (cfg->arch != SD_ARCH_LLAMA && cfg->arch != SD_ARCH_QWEN2) {
+        st = sd_set_error(SD_ERR_INVALID_ARG, "unknown architecture %d (0 = llama, 1 = qwen2)",
+                          (int)cfg->arch);
+    }
+    if (st == SD_OK) {
+        const char *name = cfg->arch == SD_ARCH_QWEN2 ? "qwen2" : "llama";
+        st = set_arch(c, name, strlen(name));
+    }
+    if (st == SD_OK) {
+        c->rope_neox = c->arch != SD_ARCH_LLAMA; /* as a GGUF file of this architecture */
+        st = check_config(c);
+    }
+    if (st == SD_OK) {
+        st = sd_dummy_create(&m->dummy, c, weight_type, seed, p.device != SD_DEVICE_CUDA);
+    }
+    if (st == SD_OK) {
+        st = build_weights(m, g_gguf_names);
+    }
+    if (st == SD_OK) {
+        st = finish_model(m, &p);
+    }
+    if (st != SD_OK) {
+        sd_model_free(m);
+        return st;
+    }
+    *out = m;
+    return SD_OK;
+}
+
+int sd_model_device(const sd_model *m) {
+    return m->device;
 }
 
 sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params *params) {
     *out = NULL;
     sd_kernels_init();
     sd_model_params p = params != NULL ? *params : sd_model_default_params();
-    if (p.n_threads < 0) {
-        return sd_set_error(SD_ERR_INVALID_ARG,
-                            "threads must be >= 1 (or 0 for all cores), "
-                            "got %d",
-                            p.n_threads);
-    }
+    SD_TRY(check_params(&p));
     sd_model *m = calloc(1, sizeof(*m));
     if (m == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
@@ -509,11 +598,8 @@ sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params 
     } else if (st != SD_OK && m->st != NULL) {
         sd_error_prefix(st, "%s", path);
     }
-    if (st == SD_OK && p.repack) {
-        st = repack_weights(m);
-    }
     if (st == SD_OK) {
-        st = sd_threadpool_create(&m->pool, p.n_threads > 0 ? p.n_threads : sd_available_cpus());
+        st = finish_model(m, &p);
     }
     if (st != SD_OK) {
         sd_model_free(m);
@@ -552,6 +638,10 @@ void sd_model_free(sd_model *m) {
     free(m->piece_off);
     sd_gguf_close(m->gguf);
     sd_st_close(m->st);
+    sd_dummy_free(m->dummy);
+#ifdef SD_WITH_CUDA
+    sd_cuda_model_free(m->cuda);
+#endif
     free(m);
 }
 

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dummy_model.h"
 #include "gguf.h"
 #include "quant.h"
 #include "safetensors.h"
@@ -21,6 +22,7 @@ typedef struct {
     int64_t cols;
     size_t row_bytes;
     const void *packed; /* repacked 8-row interleaved copy (quant.h), or NULL */
+    int tensor_id;      /* dummy models: the id its random values are drawn with; else -1 */
 } sd_mat;
 
 typedef struct {
@@ -63,14 +65,20 @@ typedef struct {
     float *rowbuf;     /* (n_threads, max row length) dequantized weight rows */
 } sd_scratch;
 
+struct sd_cuda_model;
+struct sd_cuda_cache;
+
 struct sd_model {
     sd_config cfg;
     sd_weights w;
-    sd_gguf *gguf;     /* owner of the mapping when loaded from GGUF */
-    sd_st_set *st;     /* owner of the mappings when loaded from safetensors */
-    float *vectors;    /* f32 copies of norms and biases (small; read every token) */
-    void *packed;      /* one block holding the repacked matrices, or NULL */
-    double *rope_freq; /* (Dh/2) inverse frequencies */
+    sd_gguf *gguf;              /* owner of the mapping when loaded from GGUF */
+    sd_st_set *st;              /* owner of the mappings when loaded from safetensors */
+    sd_dummy *dummy;            /* owner of the tensors of a model with random weights */
+    int device;                 /* sd_device */
+    struct sd_cuda_model *cuda; /* the device copy and state when device == SD_DEVICE_CUDA */
+    float *vectors;             /* f32 copies of norms and biases (small; read every token) */
+    void *packed;               /* one block holding the repacked matrices, or NULL */
+    double *rope_freq;          /* (Dh/2) inverse frequencies */
     sd_threadpool *pool;
     sd_scratch s;
     char *pieces;      /* token piece bytes, back to back (sd_model_set_token_pieces) */
@@ -85,9 +93,10 @@ struct sd_kv_cache {
     int n_kv_heads;
     int head_dim;
     /* (L, Hkv, capacity, Dh): each KV head's rows are contiguous, so attention streams them */
-    float *k;     /* post-RoPE keys */
-    float *v;     /* values */
-    int32_t *pos; /* (capacity) RoPE position of each slot */
+    float *k;     /* post-RoPE keys (NULL for a CUDA model's cache: they live on the device) */
+    float *v;     /* values (likewise) */
+    int32_t *pos; /* (capacity) RoPE position of each slot, on the host for every backend */
+    struct sd_cuda_cache *cuda; /* a CUDA model's keys and values, or NULL */
 };
 
 /* Offset (in floats) of the key/value row of `slot` in KV head `head` of `layer`. */

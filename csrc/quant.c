@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hd.h"
 #include "ops_cpu.h"
 #include "quant_blocks.h"
 #include "status.h"
@@ -18,63 +19,15 @@
 /* ---- scalar conversions ---------------------------------------------------------------------- */
 
 float sd_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            do {
-                e++;
-                man <<= 1;
-            } while ((man & 0x400u) == 0);
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
-        }
-    } else if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
+    return sd_hd_f16_to_f32(h);
 }
 
 uint16_t sd_f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof(x));
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t absx = x & 0x7fffffffu;
-    if (absx >= 0x7f800000u) { /* inf or nan */
-        return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
-    }
-    if (absx >= 0x477ff000u) { /* rounds to >= 65520: overflow to inf */
-        return (uint16_t)(sign | 0x7c00u);
-    }
-    if (absx < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
-        float a;
-        memcpy(&a, &absx, sizeof(a));
-        /* 2^-24 is the subnormal step; rint rounds half to even */
-        return (uint16_t)(sign | (uint32_t)rintf(a * 16777216.0f));
-    }
-    uint32_t mant = absx & 0x7fffffu;
-    uint32_t exp = (absx >> 23) - 127 + 15;
-    uint32_t h = (exp << 10) | (mant >> 13);
-    uint32_t rest = mant & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) {
-        h++;
-    }
-    return (uint16_t)(sign | h);
+    return sd_hd_f32_to_f16(f);
 }
 
 float sd_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
+    return sd_hd_bf16_to_f32(h);
 }
 
 /* ---- scalar row kernels ---------------------------------------------------------------------- */
@@ -496,7 +449,7 @@ sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int6
         return sd_set_error(SD_ERR_INVALID_ARG, "need nrows >= 1 and T >= 1");
     }
     SD_TRY(check_size(tr, w_bytes, nrows, n));
-    sd_acts a = {x, n, NULL};
+    sd_acts a = {x, n, NULL, NULL};
     unsigned char *xq = NULL;
     if (tr->dot_q8 != NULL) {
         if (n % 32 != 0) {

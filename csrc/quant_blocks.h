@@ -5,15 +5,8 @@
 #ifndef SD_QUANT_BLOCKS_H
 #define SD_QUANT_BLOCKS_H
 
+#include "blocks.h"
 #include "quant.h"
-
-/* One 32-element sub-block decoded: value[j] = (j < 16 ? d_lo : d_hi) * q[j] + m.
- * d_lo == d_hi except for Q6_K, whose scales cover 16 elements. */
-typedef struct {
-    int8_t q[32];
-    float d_lo, d_hi;
-    float m;
-} sd_sub32;
 
 /* The portable quantization of one activation row (sd_quantize_q8 of quant.h picks this or its
  * AVX2 twin, which gives the same bytes). */

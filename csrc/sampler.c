@@ -1,20 +1,13 @@
-/* sampler.c — argmax, temperature sampling and the counter-based RNG (SplitMix64 finaliser over
- * the key, the construction of Steele et al., "Fast splittable pseudorandom number generators",
- * OOPSLA 2014). */
+/* sampler.c — argmax, temperature sampling and the counter-based RNG (hd.h: the same function
+ * the CUDA kernels draw with). */
 #include "sampler.h"
 
 #include <math.h>
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+#include "hd.h"
 
 double sd_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
-    uint64_t h = mix64(mix64(mix64(seed) ^ stream) ^ index);
-    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+    return sd_hd_uniform(seed, stream, index);
 }
 
 int sd_argmax(const float *logits, int n) {

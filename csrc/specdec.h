@@ -88,11 +88,19 @@ typedef struct {
 
 typedef struct sd_model sd_model;
 
+/* Where a model's weights live and its forward passes run. */
+typedef enum { SD_DEVICE_CPU = 0, SD_DEVICE_CUDA = 1 } sd_device;
+
 typedef struct {
     int n_threads; /* worker threads for the forward pass; 0 = the cores this process may use */
     int repack;    /* 1 (default): on CPUs with AVX2 keep an interleaved copy of the
                     * Q4_0/Q4_1/Q8_0 matrices (as large as they are) that the fastest kernels
                     * read directly; 0: compute from the file's rows only */
+    int device;    /* sd_device (default CPU). CUDA: the weights are copied once into one
+                    * allocation on the GPU, caches live there, forwards and decoding loops
+                    * run there; SD_ERR_UNSUPPORTED in a build without the CUDA backend, and
+                    * SD_ERR_CUDA naming the failed call when no usable GPU is found */
+    int gpu;       /* CUDA device index (default 0) */
 } sd_model_params;
 
 sd_model_params sd_model_default_params(void);
@@ -103,6 +111,19 @@ sd_model_params sd_model_default_params(void);
  * validated before use, so a corrupt file yields SD_ERR_FORMAT, never a crash. */
 sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params *params);
 void sd_model_free(sd_model *model);
+
+/* A model of the shape cfg describes, with random weights and no file, for benchmarks (the
+ * idea of vLLM's load_format="dummy"): cfg->arch and the sizes (vocab_size, hidden_size,
+ * n_layers, n_heads, n_kv_heads, head_dim, ffn_size, context_length), rope_theta, rms_eps and
+ * tied_embeddings are read, the rest follows from them. Matrices (the embedding included) are
+ * of `weight_type` with values in about [-1/sqrt(cols), 1/sqrt(cols)], norms are ones; byte i
+ * of each tensor is a function of (seed, tensor, i) alone, so the CPU and CUDA backends build
+ * the same model (on CUDA the matrices are generated on the device, never on the host).
+ * SD_ERR_INVALID_ARG names a shape the type's blocks do not divide. */
+sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight_type,
+                                uint64_t seed, const sd_model_params *params);
+/* The device the model runs on (sd_device). */
+int sd_model_device(const sd_model *model);
 const sd_config *sd_model_config(const sd_model *model);
 /* Change the number of worker threads (>= 1). */
 sd_status sd_model_set_threads(sd_model *model, int n_threads);
@@ -311,6 +332,19 @@ sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reas
                                 const sd_draft_params *dp, const int32_t *prompt, int n_prompt,
                                 const sd_generate_params *params);
 
+/* ---- benchmarks ---------------------------------------------------------------------------- */
+
+/* Benchmarks only, not a way to decode: the speed of speculative decoding with a drafter the
+ * target would accept with probability `alpha` per draft, measured without a trained draft
+ * (vLLM's synthetic rejection sampler). Each step drafts k copies of the last token (drafting
+ * costs nothing), runs the real verify forward over k + 1 tokens, accepts drafts while the
+ * uniforms (seed, synthetic stream, position) are below alpha, and emits them and the argmax
+ * of the next row. The tokens in `out` are NOT the model's output: no generation entry point
+ * reaches this code. Up to max_new_tokens are produced; stats as sd_generate_lookup's. */
+sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_model *model,
+                             const int32_t *prompt, int n_prompt, int max_new_tokens, int k,
+                             double alpha, uint64_t seed);
+
 /* ---- kernel checks --------------------------------------------------------------------------- */
 
 /* The row kernels, callable on their own so tests and benchmarks can compare them with
@@ -347,6 +381,23 @@ sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int6
  * forces the portable C kernels, "avx2" stops at AVX2, "avx512vnni" before AMX (to compare the
  * kernels with each other, or to rule the wider ones out). */
 const char *sd_simd_name(void);
+/* One argument of a kernel check: an array (data, bytes; data NULL for None) or a scalar (i or
+ * f). */
+typedef struct {
+    void *data;
+    size_t bytes;
+    int64_t i; /* integers; 64-bit seeds as their bits */
+    double f;
+} sd_karg;
+
+/* Run kernel `name` (its CUDA launcher when device is SD_DEVICE_CUDA, else its CPU twin;
+ * csrc/twins.h lists them with their arguments) on host arrays, which are all copied to the
+ * device and back for the GPU. Array sizes are checked against the op's arguments first
+ * (SD_ERR_INVALID_ARG); SD_ERR_UNSUPPORTED without a CUDA backend. */
+sd_status sd_kernel_run(const char *name, int device, sd_karg *args, int n_args);
+/* Name of kernel i (0, 1, ...), NULL past the last. */
+const char *sd_kernel_names(int i);
+
 /* 1 when this build was compiled with the CUDA backend sources, else 0. */
 int sd_built_with_cuda(void);
 /* Only in CUDA builds: the number of CUDA devices visible (0 without a driver or GPU; never

@@ -1,11 +1,803 @@
-/* backend_cuda.cu — the CUDA backend's first piece: probe the runtime and cuBLAS.
- * The GPU forward pass is not implemented yet; this file exists so the CUDA toolchain, cudart
- * and cuBLAS are compiled and linked by every build that finds nvcc, and so a compile error in
- * CUDA code fails CI. Nothing here claims a working GPU path. */
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
+/* backend_cuda.cu — the CUDA backend: a model's weights in one device allocation, the KV
+ * caches, the forward pass over a batch (the same steps as csrc/forward.c, kernel for
+ * kernel), CUDA Graphs for the short fixed-shape forwards of decoding, and the device side of
+ * the decoding loops (picking, drafting, verifying), whose only host synchronisation per step
+ * is the copy of the step's result. */
+#include <stdlib.h>
+#include <string.h>
 
-#include "../csrc/specdec.h"
+#include "common.cuh"
+#include "sampling.cuh"
+extern "C" {
+#include "../csrc/model.h"
+}
+
+/* A matrix on the device: rows of `cols` elements of `type`, rows contiguous. */
+typedef struct {
+    const void *w;
+    int type;
+    int64_t rows, cols;
+} dmat;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm, *bq, *bk, *bv; /* (D), (D), (QD), (KVD), (KVD) or NULL */
+    dmat wq, wk, wv, wo, gate, up, down;
+} dlayer;
+
+/* A captured forward: its shape and the buffers baked into its kernels. */
+typedef struct {
+    int T, n_logits, n_layers;
+    const int32_t *tokens; /* the device ids it reads */
+    const float *kc;       /* the cache it writes */
+    int capacity;
+    cudaGraphExec_t exec;
+} graph_entry;
+
+#define MAX_GRAPHS 96
+#define GRAPH_MAX_TOKENS (SD_MAX_DRAFT + 1) /* verify batches and draft steps */
+#define STAGE_SLOTS (SD_MAX_DRAFT + 8)      /* more than the forwards between two syncs */
+#define STAGE_TOKENS (SD_MAX_DRAFT + 1)
+#define CUBLAS_MIN_TOKENS 65 /* longer batches of float weights: cuBLAS (prefill) */
+
+struct sd_cuda_model {
+    sd_cuda_ctx ctx;
+    sd_config cfg;
+    uint8_t *weights; /* the one allocation of every weight */
+    size_t weight_bytes;
+    dmat tok_embd, output;
+    const float *out_norm;
+    dlayer *layers;    /* (L) host array of device views */
+    double *rope_freq; /* (Dh / 2) device */
+
+    /* activations, for cap_tokens tokens and cap_attn attended slots */
+    int cap_tokens, cap_attn, cap_logits;
+    float *x, *xb, *q, *k, *v, *hb, *hb2;   /* (T, D), (T, max(D, QD)), ... as sd_scratch */
+    float *logits;                          /* (cap_logits, V) */
+    uint16_t *xh;                           /* (T, max cols) halves for cuBLAS */
+    int32_t *in_tokens, *in_pos, *in_slots; /* (cap_tokens) */
+    int *in_n_attn;                         /* (1) */
+    uint8_t *in_mask;                       /* (cap_tokens, cap_attn), rows n_attn apart */
+
+    /* pinned staging of the inputs of short batches; slot i is reused only after its event */
+    uint8_t *stage[STAGE_SLOTS];
+    cudaEvent_t stage_ev[STAGE_SLOTS];
+    size_t stage_bytes;
+    int stage_next;
+
+    /* decoding */
+    float *probs; /* (SD_MAX_DRAFT + 1, V) */
+    float *work;  /* (V) */
+    sd_cuda_sorter sorter;
+    int32_t *pick_dev;  /* (2) */
+    int32_t *pick_host; /* (2) pinned */
+    cudaEvent_t join_ev;
+
+    int use_graphs, use_cublas;
+    graph_entry graphs[MAX_GRAPHS];
+    int n_graphs;
+};
+
+struct sd_cuda_cache {
+    sd_cuda_model *cm;
+    int capacity;
+    float *k, *v; /* (L, Hkv, capacity, Dh) */
+};
+
+struct sd_cuda_spec {
+    sd_cuda_model *cm; /* the target */
+    int K, V;
+    int32_t *batch;   /* (K + 1) [last, d1 .. dK] */
+    float *q;         /* (K, V) draft rows */
+    int32_t *result;  /* (2) accepted, next */
+    int32_t *k_stop;  /* (1) draft length after p_min */
+    int32_t *next_in; /* (1) a model drafter's next input */
+    int32_t *host;    /* pinned: result, k_stop, drafts (3 + K) */
+};
+
+static int env_flag(const char *name, int dflt) {
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0') {
+        return dflt;
+    }
+    return strcmp(v, "0") != 0;
+}
+
+/* ---- graphs ------------------------------------------------------------------------------------
+ */
+
+static void graphs_clear(sd_cuda_model *cm) {
+    for (int i = 0; i < cm->n_graphs; i++) {
+        cudaGraphExecDestroy(cm->graphs[i].exec);
+    }
+    cm->n_graphs = 0;
+}
+
+/* ---- model -------------------------------------------------------------------------------------
+ */
+
+static size_t align256(size_t n) {
+    return (n + 255) / 256 * 256;
+}
+
+static size_t mat_bytes(const sd_mat *w) {
+    return (size_t)w->rows * w->row_bytes;
+}
+
+/* Place (and fill) one matrix in the block at *off. */
+static sd_status put_mat(sd_cuda_model *cm, dmat *out, const sd_mat *w, size_t *off,
+                         const sd_model *m) {
+    uint8_t *dst = cm->weights + *off;
+    out->w = dst;
+    out->type = w->type;
+    out->rows = w->rows;
+    out->cols = w->cols;
+    if (w->data != NULL) {
+        SD_CUDA_TRY(
+            cudaMemcpyAsync(dst, w->data, mat_bytes(w), cudaMemcpyHostToDevice, cm->ctx.stream));
+        /* pageable host memory: the call returns once the bytes are staged */
+    } else if (m->dummy != NULL && w->tensor_id >= 0) {
+        SD_TRY(sd_cuda_dummy_fill(&cm->ctx, dst, w->type, w->rows, w->cols, m->dummy->seed,
+                                  (uint64_t)w->tensor_id, sd_dummy_scale(w->cols)));
+    } else {
+        return sd_set_error(SD_ERR_INTERNAL, "a matrix without data to upload");
+    }
+    *off += align256(mat_bytes(w));
+    return SD_OK;
+}
+
+static sd_status put_vec(sd_cuda_model *cm, const float **out, const float *v, int64_t n,
+                         size_t *off) {
+    *out = NULL;
+    if (v == NULL) {
+        return SD_OK;
+    }
+    float *dst = (float *)(cm->weights + *off);
+    SD_CUDA_TRY(
+        cudaMemcpyAsync(dst, v, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, cm->ctx.stream));
+    *out = dst;
+    *off += align256((size_t)n * sizeof(float));
+    return SD_OK;
+}
+
+static sd_status model_upload(sd_cuda_model *cm, const sd_model *m) {
+    const sd_config *c = &m->cfg;
+    const int64_t D = c->hidden_size, QD = (int64_t)c->n_heads * c->head_dim;
+    const int64_t KVD = (int64_t)c->n_kv_heads * c->head_dim;
+    /* sizes first: one allocation */
+    size_t total = align256(mat_bytes(&m->w.tok_embd)) + align256((size_t)D * 4);
+    if (!c->tied_embeddings) {
+        total += align256(mat_bytes(&m->w.output));
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        const sd_layer *L = &m->w.layers[l];
+        const sd_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            total += align256(mat_bytes(ms[i]));
+        }
+        total +=
+            2 * align256((size_t)D * 4) + align256((size_t)QD * 4) + 2 * align256((size_t)KVD * 4);
+    }
+    total += align256((size_t)(c->head_dim / 2) * sizeof(double));
+    cudaError_t e = cudaMalloc((void **)&cm->weights, total);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        return sd_set_error(SD_ERR_CUDA,
+                            "the model's weights need %zu MiB of GPU memory, %zu MiB are free "
+                            "(cudaMalloc: %s)",
+                            total >> 20, free_b >> 20, cudaGetErrorString(e));
+    }
+    cm->weight_bytes = total;
+    cm->layers = (dlayer *)calloc((size_t)c->n_layers, sizeof(dlayer));
+    if (cm->layers == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    size_t off = 0;
+    SD_TRY(put_mat(cm, &cm->tok_embd, &m->w.tok_embd, &off, m));
+    if (c->tied_embeddings) {
+        cm->output = cm->tok_embd;
+    } else {
+        SD_TRY(put_mat(cm, &cm->output, &m->w.output, &off, m));
+    }
+    SD_TRY(put_vec(cm, &cm->out_norm, m->w.out_norm, D, &off));
+    for (int l = 0; l < c->n_layers; l++) {
+        const sd_layer *L = &m->w.layers[l];
+        dlayer *G = &cm->layers[l];
+        SD_TRY(put_mat(cm, &G->wq, &L->wq, &off, m));
+        SD_TRY(put_mat(cm, &G->wk, &L->wk, &off, m));
+        SD_TRY(put_mat(cm, &G->wv, &L->wv, &off, m));
+        SD_TRY(put_mat(cm, &G->wo, &L->wo, &off, m));
+        SD_TRY(put_mat(cm, &G->gate, &L->w_gate, &off, m));
+        SD_TRY(put_mat(cm, &G->up, &L->w_up, &off, m));
+        SD_TRY(put_mat(cm, &G->down, &L->w_down, &off, m));
+        SD_TRY(put_vec(cm, &G->attn_norm, L->attn_norm, D, &off));
+        SD_TRY(put_vec(cm, &G->ffn_norm, L->ffn_norm, D, &off));
+        SD_TRY(put_vec(cm, &G->bq, L->bq, QD, &off));
+        SD_TRY(put_vec(cm, &G->bk, L->bk, KVD, &off));
+        SD_TRY(put_vec(cm, &G->bv, L->bv, KVD, &off));
+    }
+    cm->rope_freq = (double *)(cm->weights + off);
+    SD_CUDA_TRY(cudaMemcpyAsync(cm->rope_freq, m->rope_freq,
+                                (size_t)(c->head_dim / 2) * sizeof(double), cudaMemcpyHostToDevice,
+                                cm->ctx.stream));
+    SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
+    return SD_OK;
+}
+
+extern "C" sd_status sd_cuda_model_create(sd_cuda_model **out, const sd_model *m, int gpu) {
+    *out = NULL;
+    sd_cuda_model *cm = (sd_cuda_model *)calloc(1, sizeof(*cm));
+    if (cm == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    cm->cfg = m->cfg;
+    cm->use_graphs = env_flag("SPECDEC_CUDA_GRAPHS", 1);
+    cm->use_cublas = env_flag("SPECDEC_CUDA_CUBLAS", 1);
+    sd_status st = sd_cuda_ctx_init(&cm->ctx, gpu);
+    if (st == SD_OK) {
+        st = model_upload(cm, m);
+    }
+    const int V = m->cfg.vocab_size;
+    if (st == SD_OK) {
+        st = sd_cuda_sorter_reserve(&cm->ctx, &cm->sorter, SD_MAX_DRAFT + 1, V);
+    }
+    if (st == SD_OK) {
+        const cudaError_t e1 =
+            cudaMalloc((void **)&cm->probs, (size_t)(SD_MAX_DRAFT + 1) * (size_t)V * sizeof(float));
+        const cudaError_t e2 = cudaMalloc((void **)&cm->work, (size_t)V * sizeof(float));
+        const cudaError_t e3 = cudaMalloc((void **)&cm->pick_dev, 2 * sizeof(int32_t));
+        const cudaError_t e4 = cudaMallocHost((void **)&cm->pick_host, 2 * sizeof(int32_t));
+        const cudaError_t e5 = cudaEventCreateWithFlags(&cm->join_ev, cudaEventDisableTiming);
+        if (e1 != cudaSuccess || e2 != cudaSuccess || e3 != cudaSuccess || e4 != cudaSuccess ||
+            e5 != cudaSuccess) {
+            st = sd_set_error(SD_ERR_CUDA, "%s:%d: allocating decoding buffers: %s", __FILE__,
+                              __LINE__, cudaGetErrorString(cudaGetLastError()));
+        }
+    }
+    for (int i = 0; st == SD_OK && i < STAGE_SLOTS; i++) {
+        if (cudaEventCreateWithFlags(&cm->stage_ev[i], cudaEventDisableTiming) != cudaSuccess) {
+            st = sd_set_error(SD_ERR_CUDA, "%s:%d: creating events: %s", __FILE__, __LINE__,
+                              cudaGetErrorString(cudaGetLastError()));
+        }
+    }
+    if (st != SD_OK) {
+        sd_cuda_model_free(cm);
+        return st;
+    }
+    *out = cm;
+    return SD_OK;
+}
+
+static void free_activations(sd_cuda_model *cm) {
+    cudaFree(cm->x);
+    cudaFree(cm->xb);
+    cudaFree(cm->q);
+    cudaFree(cm->k);
+    cudaFree(cm->v);
+    cudaFree(cm->hb);
+    cudaFree(cm->hb2);
+    cudaFree(cm->logits);
+    cudaFree(cm->xh);
+    cudaFree(cm->in_tokens);
+    cudaFree(cm->in_mask);
+    cm->x = cm->xb = cm->q = cm->k = cm->v = cm->hb = cm->hb2 = cm->logits = NULL;
+    cm->xh = NULL;
+    cm->in_tokens = cm->in_pos = cm->in_slots = NULL;
+    cm->in_n_attn = NULL;
+    cm->in_mask = NULL;
+    cm->cap_tokens = cm->cap_attn = cm->cap_logits = 0;
+}
+
+extern "C" void sd_cuda_model_free(sd_cuda_model *cm) {
+    if (cm == NULL) {
+        return;
+    }
+    if (cm->ctx.stream != NULL) {
+        cudaStreamSynchronize(cm->ctx.stream);
+    }
+    graphs_clear(cm);
+    free_activations(cm);
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        if (cm->stage[i] != NULL) {
+            cudaFreeHost(cm->stage[i]);
+        }
+        if (cm->stage_ev[i] != NULL) {
+            cudaEventDestroy(cm->stage_ev[i]);
+        }
+    }
+    sd_cuda_sorter_release(&cm->sorter);
+    cudaFree(cm->probs);
+    cudaFree(cm->work);
+    cudaFree(cm->pick_dev);
+    if (cm->pick_host != NULL) {
+        cudaFreeHost(cm->pick_host);
+    }
+    if (cm->join_ev != NULL) {
+        cudaEventDestroy(cm->join_ev);
+    }
+    cudaFree(cm->weights);
+    free(cm->layers);
+    sd_cuda_ctx_release(&cm->ctx);
+    free(cm);
+}
+
+extern "C" size_t sd_cuda_model_bytes(const sd_cuda_model *cm) {
+    return cm->weight_bytes;
+}
+
+extern "C" int sd_cuda_model_gpu(const sd_cuda_model *cm) {
+    return cm->ctx.device;
+}
+
+extern "C" sd_status sd_cuda_model_join(sd_cuda_model *waiter, sd_cuda_model *producer) {
+    if (waiter == producer) {
+        return SD_OK;
+    }
+    SD_CUDA_TRY(cudaEventRecord(producer->join_ev, producer->ctx.stream));
+    SD_CUDA_TRY(cudaStreamWaitEvent(waiter->ctx.stream, producer->join_ev, 0));
+    return SD_OK;
+}
+
+/* Grow the activation buffers for T tokens, n_attn attended slots and n_logits rows. Buffers
+ * baked into captured graphs move, so the graphs go (after the stream is idle). */
+static sd_status reserve(sd_cuda_model *cm, int T, int n_attn, int n_logits) {
+    if (T <= cm->cap_tokens && n_attn <= cm->cap_attn && n_logits <= cm->cap_logits) {
+        return SD_OK;
+    }
+    const sd_config *c = &cm->cfg;
+    SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
+    graphs_clear(cm);
+    const int nt = T > cm->cap_tokens ? T : cm->cap_tokens;
+    const int na = n_attn > cm->cap_attn ? n_attn : cm->cap_attn;
+    const int nl = n_logits > cm->cap_logits ? n_logits : cm->cap_logits;
+    free_activations(cm);
+    const size_t D = (size_t)c->hidden_size, QD = (size_t)c->n_heads * (size_t)c->head_dim;
+    const size_t KVD = (size_t)c->n_kv_heads * (size_t)c->head_dim, F = (size_t)c->ffn_size;
+    const size_t XB = D > QD ? D : QD, V = (size_t)c->vocab_size;
+    const size_t maxc = F > XB ? F : XB;
+    struct {
+        void **p;
+        size_t bytes;
+    } bufs[] = {
+        {(void **)&cm->x, (size_t)nt * D * 4},
+        {(void **)&cm->xb, (size_t)nt * XB * 4},
+        {(void **)&cm->q, (size_t)nt * QD * 4},
+        {(void **)&cm->k, (size_t)nt * KVD * 4},
+        {(void **)&cm->v, (size_t)nt * KVD * 4},
+        {(void **)&cm->hb, (size_t)nt * F * 4},
+        {(void **)&cm->hb2, (size_t)nt * F * 4},
+        {(void **)&cm->logits, (size_t)(nl > 0 ? nl : 1) * V * 4},
+        {(void **)&cm->xh, (size_t)nt * maxc * 2},
+        {(void **)&cm->in_tokens, (size_t)nt * 3 * 4 + 16},
+        {(void **)&cm->in_mask, (size_t)nt * (size_t)na},
+    };
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+        const cudaError_t e = cudaMalloc(bufs[i].p, bufs[i].bytes > 0 ? bufs[i].bytes : 1);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            free_activations(cm);
+            return sd_set_error(SD_ERR_CUDA,
+                                "out of GPU memory for a forward of %d tokens over %d slots "
+                                "(%zu MiB for one buffer)",
+                                T, n_attn, bufs[i].bytes >> 20);
+        }
+    }
+    cm->in_pos = cm->in_tokens + nt;
+    cm->in_slots = cm->in_pos + nt;
+    cm->in_n_attn = (int *)(cm->in_slots + nt);
+    cm->cap_tokens = nt;
+    cm->cap_attn = na;
+    cm->cap_logits = nl;
+    /* pinned staging for short batches: tokens, pos, slots, n_attn, the mask */
+    const size_t sb = (size_t)STAGE_TOKENS * 12 + 16 + (size_t)STAGE_TOKENS * (size_t)na;
+    if (sb > cm->stage_bytes) {
+        for (int i = 0; i < STAGE_SLOTS; i++) {
+            if (cm->stage[i] != NULL) {
+                cudaFreeHost(cm->stage[i]);
+                cm->stage[i] = NULL;
+            }
+        }
+        cm->stage_bytes = 0;
+        for (int i = 0; i < STAGE_SLOTS; i++) {
+            SD_CUDA_TRY(cudaMallocHost((void **)&cm->stage[i], sb));
+        }
+        cm->stage_bytes = sb;
+    }
+    return SD_OK;
+}
+
+/* ---- cache -------------------------------------------------------------------------------------
+ */
+
+extern "C" sd_status sd_cuda_cache_create(sd_cuda_cache **out, sd_cuda_model *cm, int capacity) {
+    *out = NULL;
+    const sd_config *c = &cm->cfg;
+    sd_cuda_cache *kc = (sd_cuda_cache *)calloc(1, sizeof(*kc));
+    if (kc == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    kc->cm = cm;
+    kc->capacity = capacity;
+    const size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)capacity *
+                     (size_t)c->head_dim * sizeof(float);
+    cudaError_t e = cudaMalloc((void **)&kc->k, n);
+    if (e == cudaSuccess) {
+        e = cudaMalloc((void **)&kc->v, n);
+    }
+    if (e == cudaSuccess) {
+        e = cudaMemsetAsync(kc->k, 0, n, cm->ctx.stream);
+    }
+    if (e == cudaSuccess) {
+        e = cudaMemsetAsync(kc->v, 0, n, cm->ctx.stream);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        sd_cuda_cache_free(kc);
+        return sd_set_error(SD_ERR_CUDA,
+                            "a KV cache of %d slots needs 2 x %zu MiB of GPU memory: %s", capacity,
+                            n >> 20, cudaGetErrorString(e));
+    }
+    *out = kc;
+    return SD_OK;
+}
+
+extern "C" void sd_cuda_cache_free(sd_cuda_cache *kc) {
+    if (kc == NULL) {
+        return;
+    }
+    sd_cuda_model *cm = kc->cm;
+    if (cm != NULL) {
+        cudaStreamSynchronize(cm->ctx.stream);
+        /* graphs that write this cache must not outlive it */
+        int j = 0;
+        for (int i = 0; i < cm->n_graphs; i++) {
+            if (cm->graphs[i].kc == kc->k) {
+                cudaGraphExecDestroy(cm->graphs[i].exec);
+            } else {
+                cm->graphs[j++] = cm->graphs[i];
+            }
+        }
+        cm->n_graphs = j;
+    }
+    cudaFree(kc->k);
+    cudaFree(kc->v);
+    free(kc);
+}
+
+extern "C" sd_status sd_cuda_cache_copy_slot(sd_cuda_cache *kc, int dst, int src) {
+    const sd_config *c = &kc->cm->cfg;
+    const size_t row = (size_t)c->head_dim * sizeof(float);
+    const size_t pitch = (size_t)kc->capacity * row; /* one KV head of one layer */
+    const size_t heads = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    SD_CUDA_TRY(cudaMemcpy2DAsync((uint8_t *)kc->k + (size_t)dst * row, pitch,
+                                  (const uint8_t *)kc->k + (size_t)src * row, pitch, row, heads,
+                                  cudaMemcpyDeviceToDevice, kc->cm->ctx.stream));
+    SD_CUDA_TRY(cudaMemcpy2DAsync((uint8_t *)kc->v + (size_t)dst * row, pitch,
+                                  (const uint8_t *)kc->v + (size_t)src * row, pitch, row, heads,
+                                  cudaMemcpyDeviceToDevice, kc->cm->ctx.stream));
+    return SD_OK;
+}
+
+extern "C" sd_status sd_cuda_cache_download(const sd_cuda_cache *kc, float *k, float *v) {
+    const sd_config *c = &kc->cm->cfg;
+    const size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)kc->capacity *
+                     (size_t)c->head_dim * sizeof(float);
+    SD_CUDA_TRY(cudaMemcpyAsync(k, kc->k, n, cudaMemcpyDeviceToHost, kc->cm->ctx.stream));
+    SD_CUDA_TRY(cudaMemcpyAsync(v, kc->v, n, cudaMemcpyDeviceToHost, kc->cm->ctx.stream));
+    SD_CUDA_TRY(cudaStreamSynchronize(kc->cm->ctx.stream));
+    return SD_OK;
+}
+
+/* ---- forward -----------------------------------------------------------------------------------
+ */
+
+static sd_status mm(sd_cuda_model *cm, float *y, const dmat *w, const float *x, int T,
+                    const float *bias, int accumulate, int cublas) {
+    if (cublas && (w->type == 0 || w->type == 1 || w->type == 30)) {
+        return sd_cuda_matmul_cublas(&cm->ctx, y, w->rows, w->w, w->type, w->rows, w->cols, x, T,
+                                     bias, accumulate, cm->xh);
+    }
+    return sd_cuda_matmul(&cm->ctx, y, w->rows, w->w, w->type, w->rows, w->cols, x, T, bias,
+                          accumulate);
+}
+
+/* The kernels of one forward (what a graph captures): every input read from the device. */
+static sd_status run_forward(sd_cuda_model *cm, sd_cuda_cache *kc, int T, int n_logits,
+                             int n_layers, const int32_t *tokens, int cublas) {
+    const sd_config *c = &cm->cfg;
+    sd_cuda_ctx *ctx = &cm->ctx;
+    const int D = c->hidden_size, Dh = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
+    const int F = c->ffn_size;
+    const size_t layer = (size_t)Hkv * (size_t)kc->capacity * (size_t)Dh;
+    SD_TRY(sd_cuda_embed(ctx, cm->x, cm->tok_embd.w, cm->tok_embd.type, D, tokens, T));
+    for (int l = 0; l < n_layers; l++) {
+        const dlayer *L = &cm->layers[l];
+        float *kcl = kc->k + (size_t)l * layer, *vcl = kc->v + (size_t)l * layer;
+        /* attention block: x += Wo . attn(rope(Wq n), rope(Wk n), Wv n), n = rmsnorm(x) */
+        SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x, L->attn_norm, T, D, c->rms_eps));
+        SD_TRY(mm(cm, cm->q, &L->wq, cm->xb, T, L->bq, 0, cublas));
+        SD_TRY(mm(cm, cm->k, &L->wk, cm->xb, T, L->bk, 0, cublas));
+        SD_TRY(mm(cm, cm->v, &L->wv, cm->xb, T, L->bv, 0, cublas));
+        SD_TRY(sd_cuda_rope(ctx, cm->q, cm->in_pos, cm->rope_freq, T, H, Dh, c->rope_neox));
+        SD_TRY(sd_cuda_rope(ctx, cm->k, cm->in_pos, cm->rope_freq, T, Hkv, Dh, c->rope_neox));
+        SD_TRY(
+            sd_cuda_kv_write(ctx, kcl, vcl, cm->k, cm->v, cm->in_slots, T, Hkv, Dh, kc->capacity));
+        SD_TRY(sd_cuda_attention_dev(ctx, cm->xb, cm->q, kcl, vcl, cm->in_mask, T, cm->in_n_attn, H,
+                                     Hkv, Dh, kc->capacity));
+        SD_TRY(mm(cm, cm->x, &L->wo, cm->xb, T, NULL, 1, cublas));
+        /* MLP block: x += Wdown . (silu(Wgate n) * (Wup n)), n = rmsnorm(x) */
+        SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x, L->ffn_norm, T, D, c->rms_eps));
+        SD_TRY(mm(cm, cm->hb, &L->gate, cm->xb, T, NULL, 0, cublas));
+        SD_TRY(mm(cm, cm->hb2, &L->up, cm->xb, T, NULL, 0, cublas));
+        SD_TRY(sd_cuda_swiglu(ctx, cm->hb, cm->hb, cm->hb2, (int64_t)T * F));
+        SD_TRY(mm(cm, cm->x, &L->down, cm->hb, T, NULL, 1, cublas));
+    }
+    if (n_logits > 0) {
+        const int first = T - n_logits;
+        SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x + (size_t)first * (size_t)D, cm->out_norm,
+                               n_logits, D, c->rms_eps));
+        SD_TRY(mm(cm, cm->logits, &cm->output, cm->xb, n_logits, NULL, 0,
+                  cublas && n_logits >= CUBLAS_MIN_TOKENS));
+    }
+    return SD_OK;
+}
+
+/* The forward as a graph: found by shape and buffers, or captured now. */
+static sd_status run_graph(sd_cuda_model *cm, sd_cuda_cache *kc, int T, int n_logits, int n_layers,
+                           const int32_t *tokens) {
+    for (int i = 0; i < cm->n_graphs; i++) {
+        const graph_entry *g = &cm->graphs[i];
+        if (g->T == T && g->n_logits == n_logits && g->n_layers == n_layers &&
+            g->tokens == tokens && g->kc == kc->k && g->capacity == kc->capacity) {
+            SD_CUDA_TRY(cudaGraphLaunch(g->exec, cm->ctx.stream));
+            return SD_OK;
+        }
+    }
+    if (cm->n_graphs == MAX_GRAPHS) {
+        graphs_clear(cm);
+    }
+    cudaGraph_t graph = NULL;
+    SD_CUDA_TRY(cudaStreamBeginCapture(cm->ctx.stream, cudaStreamCaptureModeThreadLocal));
+    const sd_status st = run_forward(cm, kc, T, n_logits, n_layers, tokens, 0);
+    const cudaError_t e = cudaStreamEndCapture(cm->ctx.stream, &graph);
+    if (st != SD_OK) {
+        if (graph != NULL) {
+            cudaGraphDestroy(graph);
+        }
+        return st;
+    }
+    SD_CUDA_TRY(e);
+    cudaGraphExec_t exec = NULL;
+    const cudaError_t ei = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    SD_CUDA_TRY(ei);
+    graph_entry *g = &cm->graphs[cm->n_graphs++];
+    g->T = T;
+    g->n_logits = n_logits;
+    g->n_layers = n_layers;
+    g->tokens = tokens;
+    g->kc = kc->k;
+    g->capacity = kc->capacity;
+    g->exec = exec;
+    SD_CUDA_TRY(cudaGraphLaunch(exec, cm->ctx.stream));
+    return SD_OK;
+}
+
+/* The batch's inputs to the device: through a pinned slot for short batches (so the copies
+ * stay asynchronous and the host may prepare the next batch at once), else from the caller's
+ * memory. */
+static sd_status stage_inputs(sd_cuda_model *cm, const sd_cuda_batch *b) {
+    const int T = b->n_tokens;
+    const size_t mask_bytes = (size_t)T * (size_t)b->n_attn;
+    cudaStream_t s = cm->ctx.stream;
+    if (T <= STAGE_TOKENS) {
+        const int i = cm->stage_next;
+        cm->stage_next = (i + 1) % STAGE_SLOTS;
+        SD_CUDA_TRY(cudaEventSynchronize(cm->stage_ev[i])); /* its last copy is done */
+        uint8_t *p = cm->stage[i];
+        int32_t *st = (int32_t *)p;
+        if (b->tokens != NULL) {
+            memcpy(st, b->tokens, (size_t)T * 4);
+        }
+        memcpy(st + STAGE_TOKENS, b->pos, (size_t)T * 4);
+        memcpy(st + 2 * STAGE_TOKENS, b->slots, (size_t)T * 4);
+        memcpy(st + 3 * STAGE_TOKENS, &b->n_attn, 4);
+        uint8_t *mask = p + (size_t)STAGE_TOKENS * 12 + 16;
+        memcpy(mask, b->mask, mask_bytes);
+        if (b->tokens != NULL) {
+            SD_CUDA_TRY(
+                cudaMemcpyAsync(cm->in_tokens, st, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+        }
+        SD_CUDA_TRY(cudaMemcpyAsync(cm->in_pos, st + STAGE_TOKENS, (size_t)T * 4,
+                                    cudaMemcpyHostToDevice, s));
+        SD_CUDA_TRY(cudaMemcpyAsync(cm->in_slots, st + 2 * STAGE_TOKENS, (size_t)T * 4,
+                                    cudaMemcpyHostToDevice, s));
+        SD_CUDA_TRY(
+            cudaMemcpyAsync(cm->in_n_attn, st + 3 * STAGE_TOKENS, 4, cudaMemcpyHostToDevice, s));
+        SD_CUDA_TRY(cudaMemcpyAsync(cm->in_mask, mask, mask_bytes, cudaMemcpyHostToDevice, s));
+        SD_CUDA_TRY(cudaEventRecord(cm->stage_ev[i], s));
+        return SD_OK;
+    }
+    /* pageable memory: each call returns once its bytes are staged by the driver */
+    if (b->tokens != NULL) {
+        SD_CUDA_TRY(
+            cudaMemcpyAsync(cm->in_tokens, b->tokens, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+    }
+    SD_CUDA_TRY(cudaMemcpyAsync(cm->in_pos, b->pos, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+    SD_CUDA_TRY(cudaMemcpyAsync(cm->in_slots, b->slots, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+    SD_CUDA_TRY(cudaMemcpyAsync(cm->in_n_attn, &b->n_attn, 4, cudaMemcpyHostToDevice, s));
+    SD_CUDA_TRY(cudaMemcpyAsync(cm->in_mask, b->mask, mask_bytes, cudaMemcpyHostToDevice, s));
+    SD_CUDA_TRY(cudaStreamSynchronize(s)); /* the caller frees its arrays on return */
+    return SD_OK;
+}
+
+extern "C" sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *kc, const sd_cuda_batch *b,
+                                     float *logits) {
+    const int T = b->n_tokens;
+    SD_TRY(reserve(cm, T, kc->capacity > b->n_attn ? kc->capacity : b->n_attn, b->n_logits));
+    SD_TRY(stage_inputs(cm, b));
+    const int32_t *tokens = b->tokens_dev != NULL ? b->tokens_dev : cm->in_tokens;
+    const int cublas = cm->use_cublas && T >= CUBLAS_MIN_TOKENS;
+    if (cm->use_graphs && T <= GRAPH_MAX_TOKENS && !cublas) {
+        SD_TRY(run_graph(cm, kc, T, b->n_logits, b->n_layers, tokens));
+    } else {
+        SD_TRY(run_forward(cm, kc, T, b->n_logits, b->n_layers, tokens, cublas));
+    }
+    if (logits != NULL && b->n_logits > 0) {
+        const size_t n = (size_t)b->n_logits * (size_t)cm->cfg.vocab_size * sizeof(float);
+        SD_CUDA_TRY(cudaMemcpyAsync(logits, cm->logits, n, cudaMemcpyDeviceToHost, cm->ctx.stream));
+        SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
+    }
+    return SD_OK;
+}
+
+extern "C" float *sd_cuda_logits_dev(sd_cuda_model *cm) {
+    return cm->logits;
+}
+
+/* ---- decoding ----------------------------------------------------------------------------------
+ */
+
+extern "C" sd_status sd_cuda_pick(sd_cuda_model *cm, int row, const sd_cuda_sampling *s,
+                                  uint64_t seed, uint64_t index, int32_t *out) {
+    const int V = cm->cfg.vocab_size;
+    const float *l = cm->logits + (size_t)row * (size_t)V;
+    if (s->temperature == 0.0f) {
+        SD_TRY(sd_cuda_argmax_rows(&cm->ctx, cm->pick_dev, l, 1, V));
+    } else {
+        SD_TRY(sd_cuda_process_rows(&cm->ctx, &cm->sorter, cm->probs, l, 1, V, s->temperature,
+                                    s->top_k, s->top_p, s->min_p));
+        SD_TRY(sd_cuda_sample_rows(&cm->ctx, cm->pick_dev, cm->probs, 1, V, seed, SD_STREAM_PLAIN,
+                                   index));
+    }
+    SD_CUDA_TRY(cudaMemcpyAsync(cm->pick_host, cm->pick_dev, sizeof(int32_t),
+                                cudaMemcpyDeviceToHost, cm->ctx.stream));
+    SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
+    *out = cm->pick_host[0];
+    return SD_OK;
+}
+
+__global__ void set_int_kernel(int32_t *p, int v) {
+    *p = v;
+}
+
+extern "C" sd_status sd_cuda_spec_create(sd_cuda_spec **out, sd_cuda_model *cm, int K) {
+    *out = NULL;
+    sd_cuda_spec *sp = (sd_cuda_spec *)calloc(1, sizeof(*sp));
+    if (sp == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    sp->cm = cm;
+    sp->K = K;
+    sp->V = cm->cfg.vocab_size;
+    cudaError_t e = cudaMalloc((void **)&sp->batch, (size_t)(K + 1 + 2 + 1 + 1) * sizeof(int32_t));
+    if (e == cudaSuccess) {
+        sp->result = sp->batch + K + 1;
+        sp->k_stop = sp->result + 2;
+        sp->next_in = sp->k_stop + 1;
+        e = cudaMalloc((void **)&sp->q, (size_t)K * (size_t)sp->V * sizeof(float));
+    }
+    if (e == cudaSuccess) {
+        e = cudaMallocHost((void **)&sp->host, (size_t)(3 + K) * sizeof(int32_t));
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        sd_cuda_spec_free(sp);
+        return sd_set_error(SD_ERR_CUDA, "allocating the speculative state: %s",
+                            cudaGetErrorString(e));
+    }
+    *out = sp;
+    return SD_OK;
+}
+
+extern "C" void sd_cuda_spec_free(sd_cuda_spec *sp) {
+    if (sp == NULL) {
+        return;
+    }
+    cudaStreamSynchronize(sp->cm->ctx.stream);
+    cudaFree(sp->batch);
+    cudaFree(sp->q);
+    if (sp->host != NULL) {
+        cudaFreeHost(sp->host);
+    }
+    free(sp);
+}
+
+extern "C" int32_t *sd_cuda_spec_batch(sd_cuda_spec *sp) {
+    return sp->batch;
+}
+
+extern "C" int32_t *sd_cuda_spec_next_input(sd_cuda_spec *sp) {
+    return sp->next_in;
+}
+
+extern "C" sd_status sd_cuda_spec_begin(sd_cuda_spec *sp, sd_cuda_model *dm, int32_t last, int k) {
+    /* batch[0] = the last token, the draft length mark = k: on the drafter's stream */
+    set_int_kernel<<<1, 1, 0, dm->ctx.stream>>>(sp->batch, last);
+    SD_CUDA_LAUNCHED("set_int_kernel");
+    set_int_kernel<<<1, 1, 0, dm->ctx.stream>>>(sp->k_stop, k);
+    SD_CUDA_LAUNCHED("set_int_kernel");
+    return SD_OK;
+}
+
+extern "C" sd_status sd_cuda_spec_draft_pick(sd_cuda_spec *sp, sd_cuda_model *dm, int i,
+                                             const sd_cuda_sampling *s, uint64_t seed,
+                                             uint64_t pos0, float p_min) {
+    const int V = sp->V;
+    float *qi = sp->q + (size_t)i * (size_t)V;
+    SD_TRY(sd_cuda_process_rows(&dm->ctx, &dm->sorter, qi, dm->logits, 1, V, s->temperature,
+                                s->top_k, s->top_p, s->min_p));
+    return sd_cuda_draft_pick_dev(&dm->ctx, sp->batch, sp->next_in, sp->k_stop, qi, dm->logits, V,
+                                  i, s->temperature, seed, pos0, p_min);
+}
+
+/* The step's result to the host: the one synchronisation of a step. */
+static sd_status spec_result(sd_cuda_spec *sp, sd_cuda_model *cm, int k, const int32_t *drafts_dev,
+                             int *n_acc, int32_t *drafts, int32_t *next, int *k_used) {
+    cudaStream_t s = cm->ctx.stream;
+    SD_CUDA_TRY(
+        cudaMemcpyAsync(sp->host, sp->result, 3 * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+    if (drafts != NULL && k > 0) {
+        SD_CUDA_TRY(cudaMemcpyAsync(sp->host + 3, drafts_dev, (size_t)k * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, s));
+    }
+    SD_CUDA_TRY(cudaStreamSynchronize(s));
+    *n_acc = sp->host[0];
+    *next = sp->host[1];
+    if (k_used != NULL) {
+        *k_used = sp->host[2] < k ? sp->host[2] : k;
+    }
+    if (drafts != NULL && k > 0) {
+        memcpy(drafts, sp->host + 3, (size_t)k * sizeof(int32_t));
+    }
+    return SD_OK;
+}
+
+extern "C" sd_status sd_cuda_spec_verify(sd_cuda_spec *sp, sd_cuda_model *cm, int k, int with_q,
+                                         const sd_cuda_sampling *s, uint64_t seed, uint64_t pos0,
+                                         int *n_acc, int32_t *drafts, int32_t *next, int *k_used) {
+    const int V = sp->V;
+    SD_TRY(sd_cuda_process_rows(&cm->ctx, &cm->sorter, cm->probs, cm->logits, k + 1, V,
+                                s->temperature, s->top_k, s->top_p, s->min_p));
+    /* the drafts: in the spec batch for model drafters, in the forward's inputs otherwise */
+    const int32_t *d = with_q ? sp->batch + 1 : cm->in_tokens + 1;
+    if (!with_q) {
+        set_int_kernel<<<1, 1, 0, cm->ctx.stream>>>(sp->k_stop, k);
+        SD_CUDA_LAUNCHED("set_int_kernel");
+    }
+    SD_TRY(sd_cuda_verify_dev(&cm->ctx, sp->result, cm->probs, with_q ? sp->q : NULL, d, k,
+                              with_q ? sp->k_stop : NULL, V, seed, pos0, cm->work));
+    /* k_stop sits right after result: copied with it */
+    return spec_result(sp, cm, k, d, n_acc, drafts, next, k_used);
+}
+
+extern "C" sd_status sd_cuda_spec_synthetic(sd_cuda_spec *sp, sd_cuda_model *cm, int k,
+                                            double alpha, uint64_t seed, uint64_t pos0, int *n_acc,
+                                            int32_t *next) {
+    SD_TRY(sd_cuda_synthetic_dev(&cm->ctx, sp->result, k, alpha, seed, pos0, cm->logits, sp->V));
+    return spec_result(sp, cm, k, NULL, n_acc, NULL, next, NULL);
+}
 
 extern "C" int sd_cuda_probe(int *cublas_version) {
     int v = 0;
@@ -15,10 +807,5 @@ extern "C" int sd_cuda_probe(int *cublas_version) {
         v = v * 1000 + minor;
     }
     *cublas_version = v;
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError(); /* clear the sticky error of a machine without a driver */
-        n = 0;
-    }
-    return n;
+    return sd_cuda_device_count();
 }

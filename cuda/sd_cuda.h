@@ -1,0 +1,175 @@
+/* sd_cuda.h — the CUDA backend as the C core sees it. Compiled in when the build finds nvcc
+ * (SD_WITH_CUDA); without it the core never calls these. Every call returns sd_status; a
+ * failed CUDA or cuBLAS call is SD_ERR_CUDA with a message naming the call, its error and
+ * file:line. Nothing here aborts, exits or prints.
+ *
+ * What lives on the device: one allocation holding every weight (matrices as the file stores
+ * them, norms and biases as f32), the KV caches, the forward's activations, and the state of
+ * the decoding loops (batch tokens, draft distributions, results), so a speculative step
+ * needs one host synchronisation: the copy of its result. Launchers of single kernels (used by
+ * the kernel checks) take the arguments of their CPU twins (twins.h) after the context. */
+#ifndef SD_CUDA_H
+#define SD_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "specdec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct sd_model;
+struct sd_kv_cache;
+typedef struct sd_cuda_model sd_cuda_model;
+typedef struct sd_cuda_cache sd_cuda_cache;
+typedef struct sd_cuda_ctx sd_cuda_ctx;
+
+/* ---- device, model, cache ------------------------------------------------------------------ */
+
+/* Visible CUDA devices (0 without a driver or GPU; never fails). */
+int sd_cuda_device_count(void);
+
+/* Copy the weights of the host model m (its sd_mat views; dummy matrices with data NULL are
+ * generated on the device) into one device allocation on GPU `gpu`, and set up the stream,
+ * cuBLAS handle and workspace. */
+sd_status sd_cuda_model_create(sd_cuda_model **out, const struct sd_model *m, int gpu);
+void sd_cuda_model_free(sd_cuda_model *cm);
+/* Bytes of device memory the model's weights take, and the GPU it is on. */
+size_t sd_cuda_model_bytes(const sd_cuda_model *cm);
+int sd_cuda_model_gpu(const sd_cuda_model *cm);
+
+/* Keys and values for `capacity` slots of every layer, (L, Hkv, capacity, Dh) f32, zeroed, on
+ * the model's device (the cache keeps a reference to cm, which must outlive it). */
+sd_status sd_cuda_cache_create(sd_cuda_cache **out, sd_cuda_model *cm, int capacity);
+void sd_cuda_cache_free(sd_cuda_cache *c);
+/* Slot src's keys and values (every layer) onto slot dst. */
+sd_status sd_cuda_cache_copy_slot(sd_cuda_cache *c, int dst, int src);
+/* Copy K and V ((L, Hkv, capacity, Dh) each) to the host (the cache self-check). */
+sd_status sd_cuda_cache_download(const sd_cuda_cache *c, float *k, float *v);
+
+/* ---- forward ------------------------------------------------------------------------------- */
+
+/* A batch as sd_forward validated and prepared it on the host: T tokens (token ids on the
+ * host, or, when tokens_dev is set, already on the device), positions, slots, the effective
+ * mask (T, n_attn) and how many layers and logits to compute. */
+typedef struct {
+    int n_tokens;
+    const int32_t *tokens;     /* (T) host ids, or NULL when tokens_dev is used */
+    const int32_t *tokens_dev; /* (T) device ids (a draft chain), or NULL */
+    const int32_t *pos;        /* (T) */
+    const int32_t *slots;      /* (T) */
+    const uint8_t *mask;       /* (T, n_attn) */
+    int n_attn;
+    int n_logits;
+    int n_layers; /* >= 1 */
+} sd_cuda_batch;
+
+/* Run the batch; the last n_logits rows of logits stay in the model's device buffer (see
+ * sd_cuda_logits_dev) and, when logits is not NULL, are copied to it ((n_logits, V), which
+ * synchronises). */
+sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *c, const sd_cuda_batch *b,
+                          float *logits);
+/* The device logits of the last forward: (n_logits, V). */
+float *sd_cuda_logits_dev(sd_cuda_model *cm);
+
+/* ---- decoding steps on the device ---------------------------------------------------------- */
+
+/* Sampling settings, as verify.h's sd_sampling. */
+typedef struct {
+    float temperature;
+    int top_k;
+    float top_p;
+    float min_p;
+} sd_cuda_sampling;
+
+/* The token chosen from the last forward's logits row `row`: greedy (argmax) or drawn with the
+ * uniform keyed (seed, SD_STREAM_PLAIN, index); copied to *out (synchronises). */
+sd_status sd_cuda_pick(sd_cuda_model *cm, int row, const sd_cuda_sampling *s, uint64_t seed,
+                       uint64_t index, int32_t *out);
+
+/* State of one speculative decoding call on the device: the batch [last, d1 .. dK] and, for
+ * drafters with distributions, the drafts' processed rows q (K, V); the result of a step. */
+typedef struct sd_cuda_spec sd_cuda_spec;
+sd_status sd_cuda_spec_create(sd_cuda_spec **out, sd_cuda_model *cm, int K);
+void sd_cuda_spec_free(sd_cuda_spec *sp);
+/* The device array of batch tokens (K + 1), and the one a model drafter's next forward reads
+ * its input token from. */
+int32_t *sd_cuda_spec_batch(sd_cuda_spec *sp);
+int32_t *sd_cuda_spec_next_input(sd_cuda_spec *sp);
+/* Make waiter's stream wait for the work queued so far on producer's (a draft model and its
+ * target share the step's device buffers). No host synchronisation. */
+sd_status sd_cuda_model_join(sd_cuda_model *waiter, sd_cuda_model *producer);
+
+/* One draft token of a model drafter: process the draft model dm's last logits row into
+ * q[i], pick d(i+1) (greedy, or drawn with (seed, SD_STREAM_DRAFT, pos0 + i)) into batch[1 + i];
+ * with p_min > 0, the first i whose token the draft gave less than p_min marks the draft's end
+ * (drafts after it are computed but not verified). No synchronisation. */
+sd_status sd_cuda_spec_draft_pick(sd_cuda_spec *sp, sd_cuda_model *dm, int i,
+                                  const sd_cuda_sampling *s, uint64_t seed, uint64_t pos0,
+                                  float p_min);
+/* Start a step on the drafter dm's stream: batch[0] = last, the draft length mark = k. */
+sd_status sd_cuda_spec_begin(sd_cuda_spec *sp, sd_cuda_model *dm, int32_t last, int k);
+
+/* The verify step after the target's forward over batch[0 .. k]: process its k + 1 logits
+ * rows, run the chain rule of verify.h against q (with_q) or one-hot drafts, with uniforms
+ * keyed (seed, SD_STREAM_ACCEPT / SD_STREAM_EMIT, pos0 + i); then copy to the host (the one
+ * synchronisation of a step) *n_acc, the drafts (k) into drafts, the emitted token *next and
+ * the draft length the p_min mark left (*k_used <= k). */
+sd_status sd_cuda_spec_verify(sd_cuda_spec *sp, sd_cuda_model *target, int k, int with_q,
+                              const sd_cuda_sampling *s, uint64_t seed, uint64_t pos0, int *n_acc,
+                              int32_t *drafts, int32_t *next, int *k_used);
+
+/* Benchmarks only (sd_bench_synthetic): after the target's forward over batch[0 .. k], accept
+ * each draft with probability alpha (uniforms keyed (seed, SD_STREAM_SYNTH, pos0 + i)) instead
+ * of by the rule, and take the argmax of the row after the accepted ones as the next token;
+ * copies *n_acc and *next to the host. */
+sd_status sd_cuda_spec_synthetic(sd_cuda_spec *sp, sd_cuda_model *target, int k, double alpha,
+                                 uint64_t seed, uint64_t pos0, int *n_acc, int32_t *next);
+
+/* ---- kernel checks --------------------------------------------------------------------------- */
+
+/* A context for single launches (stream and scratch, no model): the kernel checks. */
+sd_status sd_cuda_ctx_create(sd_cuda_ctx **out);
+void sd_cuda_ctx_free(sd_cuda_ctx *ctx);
+sd_status sd_cuda_alloc(sd_cuda_ctx *ctx, void **dev, size_t bytes);
+void sd_cuda_free(sd_cuda_ctx *ctx, void *dev);
+sd_status sd_cuda_upload(sd_cuda_ctx *ctx, void *dev, const void *host, size_t bytes);
+sd_status sd_cuda_download(sd_cuda_ctx *ctx, void *host, const void *dev, size_t bytes);
+sd_status sd_cuda_sync(sd_cuda_ctx *ctx);
+
+/* Launchers with the twins' arguments (twins.h), device pointers, after the context. */
+sd_status sd_cuda_embed(sd_cuda_ctx *ctx, float *out, const void *table, int type, int64_t D,
+                        const int32_t *tokens, int T);
+sd_status sd_cuda_rmsnorm(sd_cuda_ctx *ctx, float *out, const float *x, const float *w, int T,
+                          int n, float eps);
+sd_status sd_cuda_rope(sd_cuda_ctx *ctx, float *x, const int32_t *pos, const double *freq, int T,
+                       int n_heads, int head_dim, int neox);
+sd_status sd_cuda_swiglu(sd_cuda_ctx *ctx, float *out, const float *gate, const float *up,
+                         int64_t n);
+sd_status sd_cuda_kv_write(sd_cuda_ctx *ctx, float *kc, float *vc, const float *k, const float *v,
+                           const int32_t *slots, int T, int n_kv_heads, int head_dim, int capacity);
+sd_status sd_cuda_attention(sd_cuda_ctx *ctx, float *out, const float *q, const float *kc,
+                            const float *vc, const uint8_t *mask, int T, int n_attn, int n_heads,
+                            int n_kv_heads, int head_dim, int capacity);
+sd_status sd_cuda_matmul(sd_cuda_ctx *ctx, float *y, int64_t ldy, const void *w, int type,
+                         int64_t rows, int64_t cols, const float *x, int T, const float *bias,
+                         int accumulate);
+sd_status sd_cuda_process(sd_cuda_ctx *ctx, float *probs, const float *logits, int rows, int V,
+                          float temperature, int top_k, float top_p, float min_p);
+sd_status sd_cuda_argmax(sd_cuda_ctx *ctx, int32_t *out, const float *x, int rows, int V);
+sd_status sd_cuda_sample(sd_cuda_ctx *ctx, int32_t *out, const float *probs, int rows, int V,
+                         uint64_t seed, uint64_t stream, uint64_t index0);
+sd_status sd_cuda_verify(sd_cuda_ctx *ctx, int32_t *result, const float *p, const float *q,
+                         const int32_t *draft, int K, int V, uint64_t seed, uint64_t pos0);
+sd_status sd_cuda_synthetic_accept(sd_cuda_ctx *ctx, int32_t *n_acc, int K, double alpha,
+                                   uint64_t seed, uint64_t pos0);
+sd_status sd_cuda_dummy_fill(sd_cuda_ctx *ctx, void *dst, int type, int64_t rows, int64_t cols,
+                             uint64_t seed, uint64_t tensor, float scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SD_CUDA_H */
