@@ -117,7 +117,7 @@ static sd_status forward_cuda(sd_model *m, sd_kv_cache *kv, const sd_batch *b, f
                               const int32_t *tokens_dev, int new_len, int n_attn) {
     const int T = b->n_tokens;
     const int old_len = kv->length;
-    int32_t *pos = malloc((size_t)T * 2 * sizeof(int32_t) + (size_t)T * (size_t)n_attn);
+    int32_t *pos = calloc(1, (size_t)T * 2 * sizeof(int32_t) + (size_t)T * (size_t)n_attn);
     if (pos == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
     }
@@ -185,7 +185,7 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
     const int old_len = kv->length;
 
     /* positions and slots of this batch (defaults: append at the end) */
-    int32_t *pos = malloc((size_t)T * 2 * sizeof(int32_t));
+    int32_t *pos = calloc((size_t)T * 2, sizeof(int32_t));
     if (pos == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
     }

@@ -47,6 +47,21 @@ typedef struct {
 
 static PyTypeObject ModelType;
 static PyTypeObject CacheType;
+static PyObject *stats_dict(const sd_spec_stats *st, int k);
+
+/* A Python list of n token ids. */
+static PyObject *token_list(const int32_t *out, int n) {
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromLong(out[i]);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
 
 static int model_enter(ModelObject *self) {
     if (self->model == NULL) {
@@ -131,25 +146,8 @@ fail:
 
 /* ---- module functions ------------------------------------------------------------------------ */
 
-static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
-    (void)mod;
-    static char *kwlist[] = {"path", "threads", NULL};
-    PyObject *path_obj = NULL;
-    int threads = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|i:load", kwlist, PyUnicode_FSConverter,
-                                     &path_obj, &threads)) {
-        return NULL;
-    }
-    sd_model_params p = sd_model_default_params();
-    p.n_threads = threads;
-    sd_model *m = NULL;
-    sd_status st;
-    const char *path = PyBytes_AS_STRING(path_obj);
-    Py_BEGIN_ALLOW_THREADS st = sd_model_load(&m, path, &p);
-    Py_END_ALLOW_THREADS Py_DECREF(path_obj);
-    if (st != SD_OK) {
-        return raise_status(st);
-    }
+/* A new Model object owning m (freed on failure). */
+static PyObject *model_wrap(sd_model *m) {
     ModelObject *self = PyObject_New(ModelObject, &ModelType);
     if (self == NULL) {
         sd_model_free(m);
@@ -158,6 +156,213 @@ static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
     self->model = m;
     self->busy = 0;
     return (PyObject *)self;
+}
+
+static sd_model_params model_params(int threads, int device, int gpu) {
+    sd_model_params p = sd_model_default_params();
+    p.n_threads = threads;
+    p.device = device;
+    p.gpu = gpu;
+    return p;
+}
+
+/* load(path, threads=0, device=0, gpu=0) -> Model */
+static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
+    (void)mod;
+    static char *kwlist[] = {"path", "threads", "device", "gpu", NULL};
+    PyObject *path_obj = NULL;
+    int threads = 0, device = SD_DEVICE_CPU, gpu = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|iii:load", kwlist, PyUnicode_FSConverter,
+                                     &path_obj, &threads, &device, &gpu)) {
+        return NULL;
+    }
+    const sd_model_params p = model_params(threads, device, gpu);
+    sd_model *m = NULL;
+    sd_status st;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    Py_BEGIN_ALLOW_THREADS st = sd_model_load(&m, path, &p);
+    Py_END_ALLOW_THREADS Py_DECREF(path_obj);
+    if (st != SD_OK) {
+        return raise_status(st);
+    }
+    return model_wrap(m);
+}
+
+/* An int field of a config dict (required). */
+static int dict_int(PyObject *d, const char *key, int *out) {
+    PyObject *v = PyDict_GetItemString(d, key); /* borrowed */
+    if (v == NULL || !PyLong_Check(v) || PyBool_Check(v)) {
+        PyErr_Format(PyExc_ValueError, "the shape needs an integer '%s'", key);
+        return -1;
+    }
+    const long x = PyLong_AsLong(v);
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (x <= 0 || x > (1L << 30)) {
+        PyErr_Format(PyExc_ValueError, "'%s' must be a positive integer, got %ld", key, x);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+/* dummy(shape: dict, weight_type, seed, threads=0, device=0, gpu=0) -> Model with random
+ * weights (sd_model_create_dummy); shape: arch ("llama" | "qwen2"), vocab_size, hidden_size,
+ * n_layers, n_heads, n_kv_heads, head_dim, ffn_size, context_length (ints), rope_theta,
+ * rms_eps (floats), tied_embeddings (bool). */
+static PyObject *core_dummy(PyObject *mod, PyObject *args, PyObject *kwds) {
+    (void)mod;
+    static char *kwlist[] = {"shape", "weight_type", "seed", "threads", "device", "gpu", NULL};
+    PyObject *shape = NULL;
+    int weight_type = 0, threads = 0, device = SD_DEVICE_CPU, gpu = 0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iK|iii:dummy", kwlist, &PyDict_Type, &shape,
+                                     &weight_type, &seed, &threads, &device, &gpu)) {
+        return NULL;
+    }
+    sd_config c;
+    memset(&c, 0, sizeof(c));
+    PyObject *arch = PyDict_GetItemString(shape, "arch");
+    const char *an = arch != NULL && PyUnicode_Check(arch) ? PyUnicode_AsUTF8(arch) : NULL;
+    if (an == NULL || (strcmp(an, "llama") != 0 && strcmp(an, "qwen2") != 0)) {
+        PyErr_SetString(PyExc_ValueError, "the shape's 'arch' must be 'llama' or 'qwen2'");
+        return NULL;
+    }
+    c.arch = strcmp(an, "qwen2") == 0 ? SD_ARCH_QWEN2 : SD_ARCH_LLAMA;
+    if (dict_int(shape, "vocab_size", &c.vocab_size) < 0 ||
+        dict_int(shape, "hidden_size", &c.hidden_size) < 0 ||
+        dict_int(shape, "n_layers", &c.n_layers) < 0 ||
+        dict_int(shape, "n_heads", &c.n_heads) < 0 ||
+        dict_int(shape, "n_kv_heads", &c.n_kv_heads) < 0 ||
+        dict_int(shape, "head_dim", &c.head_dim) < 0 ||
+        dict_int(shape, "ffn_size", &c.ffn_size) < 0 ||
+        dict_int(shape, "context_length", &c.context_length) < 0) {
+        return NULL;
+    }
+    PyObject *theta = PyDict_GetItemString(shape, "rope_theta");
+    PyObject *eps = PyDict_GetItemString(shape, "rms_eps");
+    PyObject *tied = PyDict_GetItemString(shape, "tied_embeddings");
+    c.rope_theta = theta != NULL ? (float)PyFloat_AsDouble(theta) : 10000.0f;
+    c.rms_eps = eps != NULL ? (float)PyFloat_AsDouble(eps) : 1e-5f;
+    c.tied_embeddings = tied != NULL ? PyObject_IsTrue(tied) : 0;
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    const sd_model_params p = model_params(threads, device, gpu);
+    sd_model *m = NULL;
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_model_create_dummy(&m, &c, weight_type, (uint64_t)seed, &p);
+    Py_END_ALLOW_THREADS if (st != SD_OK) {
+        return raise_status(st);
+    }
+    return model_wrap(m);
+}
+
+/* kernel(name, device, args: list) -> None: run a CUDA kernel (device 1) or its CPU twin
+ * (device 0) on NumPy arrays, which are written in place (sd_kernel_run). Arrays must be
+ * C-contiguous and writable; None is a NULL array; ints and floats are scalars (ints up to
+ * 2^64 - 1 keep their bits: seeds). */
+static PyObject *core_kernel(PyObject *mod, PyObject *args) {
+    (void)mod;
+    const char *name = NULL;
+    int device = 0;
+    PyObject *list = NULL;
+    if (!PyArg_ParseTuple(args, "siO!:kernel", &name, &device, &PyList_Type, &list)) {
+        return NULL;
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n > 16) {
+        PyErr_SetString(PyExc_ValueError, "at most 16 kernel arguments");
+        return NULL;
+    }
+    sd_karg a[16];
+    memset(a, 0, sizeof(a));
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *v = PyList_GET_ITEM(list, j);
+        if (v == Py_None) {
+            continue;
+        }
+        if (PyArray_Check(v)) {
+            PyArrayObject *arr = (PyArrayObject *)v;
+            if (!PyArray_IS_C_CONTIGUOUS(arr) || !PyArray_ISWRITEABLE(arr)) {
+                PyErr_Format(PyExc_ValueError,
+                             "kernel argument %zd must be a C-contiguous writable array", j);
+                return NULL;
+            }
+            a[j].data = PyArray_DATA(arr);
+            a[j].bytes = (size_t)PyArray_NBYTES(arr);
+            if (a[j].data == NULL || a[j].bytes == 0) {
+                a[j].data = a; /* an empty array: a valid pointer to no bytes */
+                a[j].bytes = 0;
+            }
+        } else if (PyFloat_Check(v)) {
+            a[j].f = PyFloat_AsDouble(v);
+        } else if (PyLong_Check(v)) {
+            int overflow = 0;
+            const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow > 0) {
+                const unsigned long long u = PyLong_AsUnsignedLongLong(v);
+                if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+                    return NULL;
+                }
+                a[j].i = (int64_t)u;
+            } else if (overflow < 0 || (x == -1 && PyErr_Occurred())) {
+                PyErr_Format(PyExc_ValueError, "kernel argument %zd is out of range", j);
+                return NULL;
+            } else {
+                a[j].i = x;
+            }
+            a[j].f = (double)a[j].i;
+        } else {
+            PyErr_Format(PyExc_TypeError,
+                         "kernel argument %zd must be an array, None, an int or a float", j);
+            return NULL;
+        }
+    }
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_kernel_run(name, device, a, (int)n);
+    Py_END_ALLOW_THREADS if (st != SD_OK) {
+        return raise_status(st);
+    }
+    Py_RETURN_NONE;
+}
+
+/* copy_bench(gpu, bytes, iters) -> seconds per device-to-device copy (sd_bench_copy). */
+static PyObject *core_copy_bench(PyObject *mod, PyObject *args) {
+    (void)mod;
+    int gpu = 0, iters = 0;
+    unsigned long long bytes = 0;
+    if (!PyArg_ParseTuple(args, "iKi:copy_bench", &gpu, &bytes, &iters)) {
+        return NULL;
+    }
+    if (iters < 1 || bytes == 0) {
+        PyErr_SetString(PyExc_ValueError, "copy_bench needs bytes > 0 and iters >= 1");
+        return NULL;
+    }
+    double sec = 0.0;
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_bench_copy(&sec, gpu, (size_t)bytes, iters);
+    Py_END_ALLOW_THREADS if (st != SD_OK) {
+        return raise_status(st);
+    }
+    return PyFloat_FromDouble(sec);
+}
+
+static PyObject *core_kernel_names(PyObject *mod, PyObject *unused) {
+    (void)mod;
+    (void)unused;
+    PyObject *l = PyList_New(0);
+    for (int i = 0; l != NULL && sd_kernel_names(i) != NULL; i++) {
+        PyObject *s = PyUnicode_FromString(sd_kernel_names(i));
+        if (s == NULL || PyList_Append(l, s) < 0) {
+            Py_XDECREF(s);
+            Py_CLEAR(l);
+            break;
+        }
+        Py_DECREF(s);
+    }
+    return l;
 }
 
 static PyObject *core_simd_name(PyObject *mod, PyObject *unused) {
@@ -226,6 +431,82 @@ static int model_set_threads(ModelObject *self, PyObject *value, void *closure) 
 static PyObject *model_weight_bytes(ModelObject *self, void *closure) {
     (void)closure;
     return PyLong_FromSize_t(sd_model_weight_bytes(self->model));
+}
+
+static PyObject *model_device(ModelObject *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(sd_model_device(self->model) == SD_DEVICE_CUDA ? "cuda" : "cpu");
+}
+
+/* bench_forward(T, context, iters) -> seconds per forward (sd_bench_forward). */
+static PyObject *model_bench_forward(ModelObject *self, PyObject *args) {
+    int T = 0, context = 0, iters = 0;
+    if (!PyArg_ParseTuple(args, "iii:bench_forward", &T, &context, &iters)) {
+        return NULL;
+    }
+    if (model_enter(self) < 0) {
+        return NULL;
+    }
+    double sec = 0.0;
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_bench_forward(&sec, self->model, T, context, iters);
+    Py_END_ALLOW_THREADS model_leave(self);
+    if (st != SD_OK) {
+        return raise_status(st);
+    }
+    return PyFloat_FromDouble(sec);
+}
+
+/* bench_synthetic(prompt, max_new_tokens, k, alpha, seed) -> (list[int], stats dict): the
+ * benchmark-only loop of sd_bench_synthetic (its tokens are not the model's output). */
+static PyObject *model_bench_synthetic(ModelObject *self, PyObject *args) {
+    PyObject *prompt_obj = NULL;
+    int max_new = 0, k = 0;
+    double alpha = 0.0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTuple(args, "OiidK:bench_synthetic", &prompt_obj, &max_new, &k, &alpha,
+                          &seed)) {
+        return NULL;
+    }
+    if (max_new < 0) {
+        PyErr_Format(PyExc_ValueError, "max_new_tokens must be >= 0, got %d", max_new);
+        return NULL;
+    }
+    Py_ssize_t n_prompt = 0;
+    int32_t *prompt = tokens_from(prompt_obj, "prompt", &n_prompt);
+    if (prompt == NULL) {
+        return NULL;
+    }
+    int32_t *out = PyMem_Malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
+    PyObject *result = NULL, *list = NULL, *stats = NULL;
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (n_prompt > INT32_MAX || model_enter(self) < 0) {
+        goto done;
+    }
+    sd_spec_stats ss;
+    int n_out = 0;
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_bench_synthetic(
+        out, &n_out, &ss, self->model, prompt, (int)n_prompt, max_new, k, alpha, (uint64_t)seed);
+    Py_END_ALLOW_THREADS model_leave(self);
+    if (st != SD_OK) {
+        raise_status(st);
+        goto done;
+    }
+    list = token_list(out, n_out);
+    stats = stats_dict(&ss, k);
+    if (list != NULL && stats != NULL) {
+        result = PyTuple_Pack(2, list, stats);
+    }
+done:
+    Py_XDECREF(list);
+    Py_XDECREF(stats);
+    PyMem_Free(prompt);
+    PyMem_Free(out);
+    return result;
 }
 
 /* forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> (n_logits, V) */
@@ -577,15 +858,7 @@ static PyObject *model_generate(ModelObject *self, PyObject *args, PyObject *kwd
         raise_status(st);
         goto done;
     }
-    list = PyList_New(n_out);
-    for (int i = 0; list != NULL && i < n_out; i++) {
-        PyObject *v = PyLong_FromLong(out[i]);
-        if (v == NULL) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, i, v);
-    }
+    list = token_list(out, n_out);
     if (speculative) {
         stats = stats_dict(&ss, draft != NULL || skip_obj != Py_None ? dp.k : pl.k);
     } else {
@@ -733,6 +1006,11 @@ static PyMethodDef model_methods[] = {
      "on_token=None) "
      "-> (tokens, "
      "finish_reason, stats)"},
+    {"bench_forward", (PyCFunction)model_bench_forward, METH_VARARGS,
+     "bench_forward(T, context, iters) -> seconds per forward over T tokens"},
+    {"bench_synthetic", (PyCFunction)model_bench_synthetic, METH_VARARGS,
+     "bench_synthetic(prompt, max_new_tokens, k, alpha, seed) -> (tokens, stats): benchmarks "
+     "only (sd_bench_synthetic)"},
     {"set_token_pieces", (PyCFunction)model_set_token_pieces, METH_O,
      "set_token_pieces(list of bytes): the bytes of every token id, for stop strings"},
     {NULL, NULL, 0, NULL},
@@ -742,6 +1020,7 @@ static PyGetSetDef model_getset[] = {
     {"config", (getter)model_config, NULL, "hyper-parameters as a dict", NULL},
     {"threads", (getter)model_get_threads, (setter)model_set_threads, "worker threads", NULL},
     {"weight_bytes", (getter)model_weight_bytes, NULL, "bytes of weights one forward reads", NULL},
+    {"device", (getter)model_device, NULL, "'cpu' or 'cuda'", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1085,8 +1364,15 @@ static PyMethodDef core_methods[] = {
      "forward pass's, 1: portable, 2: SIMD without repacking"},
     {"cuda_probe", core_cuda_probe, METH_NOARGS,
      "CUDA builds: {'devices': n, 'cublas_version': v}; CPU-only builds: None"},
+    {"dummy", (PyCFunction)(void (*)(void))core_dummy, METH_VARARGS | METH_KEYWORDS,
+     "dummy(shape, weight_type, seed, threads=0, device=0, gpu=0) -> Model with random weights"},
+    {"kernel", core_kernel, METH_VARARGS,
+     "kernel(name, device, args) -> None: a CUDA kernel (device 1) or its CPU twin (0)"},
+    {"kernel_names", core_kernel_names, METH_NOARGS, "the kernels kernel() runs"},
+    {"copy_bench", core_copy_bench, METH_VARARGS,
+     "copy_bench(gpu, bytes, iters) -> seconds per device-to-device copy"},
     {"load", (PyCFunction)(void (*)(void))core_load, METH_VARARGS | METH_KEYWORDS,
-     "load(path, threads=0) -> Model"},
+     "load(path, threads=0, device=0, gpu=0) -> Model"},
     {"simd_name", core_simd_name, METH_NOARGS, "SIMD level of the CPU kernels"},
     {"built_with_cuda", core_built_with_cuda, METH_NOARGS,
      "whether the CUDA sources were compiled into this build"},

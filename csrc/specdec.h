@@ -345,6 +345,13 @@ sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_
                              const int32_t *prompt, int n_prompt, int max_new_tokens, int k,
                              double alpha, uint64_t seed);
 
+/* Seconds per forward over T tokens (logits for all T, left on the device for a CUDA model)
+ * after a `context`-token prefix, mean of iters calls after a warm-up: the verify-cost curve. */
+sd_status sd_bench_forward(double *seconds, sd_model *model, int T, int context, int iters);
+/* Seconds per device-to-device copy of `bytes` on CUDA device `gpu` (the bandwidth ceiling);
+ * SD_ERR_UNSUPPORTED without a CUDA backend. */
+sd_status sd_bench_copy(double *seconds, int gpu, size_t bytes, int iters);
+
 /* ---- kernel checks --------------------------------------------------------------------------- */
 
 /* The row kernels, callable on their own so tests and benchmarks can compare them with

@@ -809,3 +809,55 @@ extern "C" int sd_cuda_probe(int *cublas_version) {
     *cublas_version = v;
     return sd_cuda_device_count();
 }
+
+/* ---- benchmarks --------------------------------------------------------------------------------
+ */
+
+extern "C" sd_status sd_cuda_model_sync(sd_cuda_model *cm) {
+    SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
+    return SD_OK;
+}
+
+extern "C" sd_status sd_cuda_copy_bench(int gpu, size_t bytes, int iters, double *seconds) {
+    *seconds = 0.0;
+    sd_cuda_ctx ctx;
+    sd_status st = sd_cuda_ctx_init(&ctx, gpu);
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (st == SD_OK &&
+        (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
+         cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)) {
+        st = sd_set_error(SD_ERR_CUDA, "%s:%d: setting up the copy benchmark (%zu MiB): %s",
+                          __FILE__, __LINE__, bytes >> 20, cudaGetErrorString(cudaGetLastError()));
+    }
+    if (st == SD_OK && cudaMemsetAsync(a, 1, bytes, ctx.stream) != cudaSuccess) {
+        st = sd_set_error(SD_ERR_CUDA, "%s:%d: memset", __FILE__, __LINE__);
+    }
+    for (int w = 0; st == SD_OK && w < 2; w++) { /* warm-up, then timed */
+        const int n = w == 0 ? 2 : iters;
+        cudaEventRecord(e0, ctx.stream);
+        for (int i = 0; i < n; i++) {
+            cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice,
+                            ctx.stream);
+        }
+        cudaEventRecord(e1, ctx.stream);
+        const cudaError_t e = cudaEventSynchronize(e1);
+        if (e != cudaSuccess) {
+            st = sd_set_error(SD_ERR_CUDA, "%s:%d: copy benchmark: %s", __FILE__, __LINE__,
+                              cudaGetErrorString(e));
+        }
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, e0, e1);
+        *seconds = ms * 1e-3 / n;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    if (e0 != NULL) {
+        cudaEventDestroy(e0);
+    }
+    if (e1 != NULL) {
+        cudaEventDestroy(e1);
+    }
+    sd_cuda_ctx_release(&ctx);
+    return st;
+}

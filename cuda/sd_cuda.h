@@ -128,6 +128,14 @@ sd_status sd_cuda_spec_verify(sd_cuda_spec *sp, sd_cuda_model *target, int k, in
 sd_status sd_cuda_spec_synthetic(sd_cuda_spec *sp, sd_cuda_model *target, int k, double alpha,
                                  uint64_t seed, uint64_t pos0, int *n_acc, int32_t *next);
 
+/* ---- benchmarks ---------------------------------------------------------------------------- */
+
+/* Wait for the model's queued work. */
+sd_status sd_cuda_model_sync(sd_cuda_model *cm);
+/* Seconds per device-to-device copy of `bytes` on GPU `gpu` (mean of iters, after a warm-up;
+ * each copy reads and writes `bytes`): the memory bandwidth ceiling. */
+sd_status sd_cuda_copy_bench(int gpu, size_t bytes, int iters, double *seconds);
+
 /* ---- kernel checks --------------------------------------------------------------------------- */
 
 /* A context for single launches (stream and scratch, no model): the kernel checks. */

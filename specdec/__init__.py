@@ -17,10 +17,11 @@ except ImportError as e:  # pragma: no cover - only in a source tree without a b
         "`pip install .`; if you run from the source tree, run from another directory so that "
         "the installed package is imported, or build in place with "
         "`python setup.py build_ext --inplace`.") from e
+from .dummy import dummy_model
 from .generate import Generation, generate, stream
 from .model import Model, ModelConfig, load
 from .speculators import DraftModel, LayerSkip, PromptLookup, SpecStats
 
 __all__ = ["DraftModel", "Generation", "KVCache", "LayerSkip", "Model", "ModelConfig",
-           "PromptLookup", "SpecStats", "generate", "load", "stream"]
+           "PromptLookup", "SpecStats", "dummy_model", "generate", "load", "stream"]
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -160,6 +160,27 @@ class Model:
         return self._core.forward(cache, tokens, positions, slots, mask, int(n_logits))
 
 
+def parse_device(device: str) -> Tuple[int, int]:
+    """``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as (core device id, GPU index)."""
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got "
+                        f"{type(device).__name__}")
+    if device == "cpu":
+        return 0, 0
+    if device in ("cuda", "gpu"):
+        return 1, 0
+    if device.startswith("cuda:") and device[5:].isdigit():
+        return 1, int(device[5:])
+    raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
+
+
+def check_threads(threads: Optional[int]) -> int:
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
+                                or threads < 1):
+        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+    return threads or 0
+
+
 def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None) -> Model:
     """Load a model from a ``.gguf`` file or a Hugging Face model directory.
 
@@ -167,13 +188,18 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None) -> 
         path: a GGUF v2/v3 file, a directory with ``config.json`` and ``model.safetensors``
             (or a sharded ``model.safetensors.index.json``), or a model alias such as
             ``"smollm2-135m-instruct"`` (fetched once into a cache; see :mod:`specdec.hub`).
-        device: ``"cpu"``. (The CUDA backend is not available yet.)
+        device: ``"cpu"`` (default), or ``"cuda"`` / ``"cuda:N"``: the weights are copied once
+            to that GPU and forwards, caches and decoding loops run there (in a build made
+            where ``nvcc`` was found; ``specdec info`` tells).
         threads: worker threads (default: the cores this process may use).
 
     Raises:
         FileNotFoundError: ``path`` does not exist and is no alias.
         OSError: an alias's model could not be downloaded.
-        ValueError: the file is malformed, truncated, of an unsupported architecture or type.
+        ValueError: the file is malformed, truncated, of an unsupported architecture or type;
+            an unknown device; ``device="cuda"`` in a build without the CUDA backend.
+        RuntimeError: no usable GPU (the message names the failed CUDA call), or not enough
+            GPU memory.
     """
     p = os.fspath(path)
     if not os.path.exists(p):
@@ -183,12 +209,6 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None) -> 
             raise FileNotFoundError(
                 f"no such model file or directory: '{p}' (known model aliases: "
                 f"{', '.join(hub.known_aliases())})")
-    if device != "cpu":
-        if device in ("cuda", "gpu") or str(device).startswith("cuda:"):
-            raise NotImplementedError(
-                f"device={device!r}: the CUDA backend is not implemented yet; use device='cpu'")
-        raise ValueError(f"unknown device {device!r} (expected 'cpu')")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
-    core = _core.load(p, threads or 0)
-    return Model(core, p, device)
+    dev, gpu = parse_device(device)
+    core = _core.load(p, check_threads(threads), dev, gpu)
+    return Model(core, p, "cpu" if dev == 0 else f"cuda:{gpu}")

@@ -114,13 +114,12 @@ SETTINGS = {"T1": (1.0, 0, 1.0, 0.0), "T0.7-topk3": (0.7, 3, 1.0, 0.0),
 PROMPT = [1, 2, 3, 4]
 
 
-@pytest.fixture(scope="module")
-def v5(tmp_path_factory):
-    """A target and a draft of other random weights over a vocabulary of 5, with the reference
-    forward of each: (target, draft, row(weights, prefix, setting) -> processed row)."""
+def make_v5(d, device: str = "cpu"):
+    """A target and a draft of other random weights over a vocabulary of 5, written under d and
+    loaded on `device`, with the reference forward of each: (target, draft, target weights,
+    draft weights, row(weights, prefix, setting) -> processed row)."""
     cfg = tm.TinyConfig(arch="llama", vocab=5, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
                         ffn=32, context_length=32)
-    d = tmp_path_factory.mktemp("v5")
     w, wd = tm.make_weights(cfg, 11), tm.make_weights(cfg, 12)
     testing.write_gguf(str(d / "t.gguf"), cfg, w)
     testing.write_gguf(str(d / "d.gguf"), cfg, wd)
@@ -132,7 +131,13 @@ def v5(tmp_path_factory):
             cache[key] = process_ref(reference.forward(weights, cfg, list(seq))[-1], *setting)
         return cache[key]
 
-    return specdec.load(str(d / "t.gguf")), specdec.load(str(d / "d.gguf")), w, wd, row
+    return (specdec.load(str(d / "t.gguf"), device=device),
+            specdec.load(str(d / "d.gguf"), device=device), w, wd, row)
+
+
+@pytest.fixture(scope="module")
+def v5(tmp_path_factory):
+    return make_v5(tmp_path_factory.mktemp("v5"))
 
 
 def exact_joint(row, w, setting) -> np.ndarray:

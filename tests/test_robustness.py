@@ -181,10 +181,21 @@ def test_one_model_shared_by_threads_fails_cleanly(tiny):
 
 
 def test_device_and_thread_arguments(llama_gguf):
-    with pytest.raises(NotImplementedError, match="CUDA backend"):
-        specdec.load(llama_gguf.path, device="cuda")
+    from specdec import _core
+
+    if not _core.built_with_cuda():  # a CPU-only build says so
+        with pytest.raises(ValueError, match="no CUDA backend"):
+            specdec.load(llama_gguf.path, device="cuda")
+    elif _core.cuda_probe()["devices"] == 0:  # a CUDA build on a machine without a GPU
+        with pytest.raises(RuntimeError, match="CUDA device 0 is not available"):
+            specdec.load(llama_gguf.path, device="cuda")
+    else:
+        with pytest.raises(RuntimeError, match="CUDA device 999 is not available"):
+            specdec.load(llama_gguf.path, device="cuda:999")
     with pytest.raises(ValueError, match="unknown device"):
         specdec.load(llama_gguf.path, device="tpu")
+    with pytest.raises(ValueError, match="unknown device"):
+        specdec.load(llama_gguf.path, device="cuda:x")
     with pytest.raises(ValueError, match="threads"):
         specdec.load(llama_gguf.path, threads=0)
     m = specdec.load(llama_gguf.path, threads=3)

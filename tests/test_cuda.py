@@ -1,0 +1,311 @@
+"""The CUDA backend against the CPU: every kernel against its CPU twin on the same inputs
+(tests/kernels.py), the forward pass and greedy decoding against the CPU backend on tiny
+models, and on the GPU alone: verify batches that reproduce one-token steps bit for bit, the
+speculative loops' greedy output equal to plain decoding, the cache self-check after every
+step, sampled output drawing the CPU's tokens for the same seeds and distributed as the
+target's. Everything here needs a GPU and is skipped, with the reason, without one; CI builds
+the CUDA sources (when nvcc is there) and runs the rest of the suite.
+
+Tolerances (float32 on both sides, different summation orders): RMSNorm, RoPE, SwiGLU and
+attention 1e-5 relative; the matmul within 2e-6 of sum |w x| per output; the embedding, KV
+writes, argmax, sampling draws, the chain rule's decisions and dummy weights exactly; whole
+forwards 1e-4 of the logits' range."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import kernels as K
+import specdec
+import tinymodels as tm
+from specdec import _core, testing
+
+from test_draft_model import CFG, PROMPT, assert_joint_matches, exact_joint, make_v5, perturbed
+
+
+def _gpu_reason() -> str:
+    if not _core.built_with_cuda():
+        return "this build has no CUDA backend (nvcc was not found when it was built)"
+    if _core.cuda_probe()["devices"] == 0:
+        return "no CUDA device is visible (no GPU or driver here)"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(bool(_gpu_reason()), reason=_gpu_reason() or "GPU present")
+
+
+def both(name: str, args: list):
+    """(twin's arguments after the run, CUDA kernel's arguments after the run)."""
+    cpu = K.run(name, K.CPU, K.fresh(args))
+    gpu = K.run(name, K.CUDA, K.fresh(args))
+    return cpu, gpu
+
+
+# ---- kernels against their twins ------------------------------------------------------------------
+
+@pytest.mark.parametrize("type_name", list(K.TYPE_IDS))
+def test_embed(type_name):
+    for T in (1, 37):
+        args, _ = K.embed_case(type_name, T, seed=T)
+        cpu, gpu = both("embed", args)
+        np.testing.assert_array_equal(gpu[0], cpu[0])
+
+
+@pytest.mark.parametrize("T,n", [(1, 48), (37, 96), (3, 5000)])
+def test_rmsnorm(T, n):
+    cpu, gpu = both("rmsnorm", K.rmsnorm_case(T, n, seed=T)[0])
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox", [0, 1])
+@pytest.mark.parametrize("T,H,Dh", [(1, 5, 16), (37, 3, 48), (4, 8, 128)])
+def test_rope(T, H, Dh, neox):
+    cpu, gpu = both("rope", K.rope_case(T, H, Dh, neox, seed=T)[0])
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu():
+    cpu, gpu = both("swiglu", K.swiglu_case(100_003, seed=1)[0])
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-7)
+
+
+def test_kv_write():
+    cpu, gpu = both("kv_write", K.kv_write_case(37, 3, 48, 101, seed=2)[0])
+    np.testing.assert_array_equal(gpu[0], cpu[0])
+    np.testing.assert_array_equal(gpu[1], cpu[1])
+
+
+@pytest.mark.parametrize("T,n_attn,H,Hkv,Dh", [(1, 1, 4, 2, 16), (37, 61, 5, 1, 48),
+                                               (9, 700, 8, 2, 128), (2, 3000, 4, 4, 64)])
+def test_attention(T, n_attn, H, Hkv, Dh):
+    cpu, gpu = both("attention", K.attention_case(T, n_attn, H, Hkv, Dh, n_attn + 5, seed=T)[0])
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("type_name", list(K.TYPE_IDS))
+def test_matmul(type_name):
+    for T, rows, cols, acc in ((1, 37, 256, 0), (2, 19, 512, 1), (5, 64, 768, 0),
+                               (37, 48, 256, 1), (70, 33, 512, 0)):
+        args, (_, scale) = K.matmul_case(type_name, T, rows, cols, seed=T, accumulate=acc)
+        cpu, gpu = both("matmul", args)
+        assert np.all(np.abs(gpu[0][:, :rows] - cpu[0][:, :rows]) <= 2e-6 * scale + 1e-6)
+        np.testing.assert_array_equal(gpu[0][:, rows:], cpu[0][:, rows:])  # ldy padding kept
+
+
+def test_matmul_rows_of_a_batch_equal_single_tokens_bitwise():
+    """A token's bits do not depend on the batch: rows of T = 2..37 equal that token alone."""
+    for type_name in ("F32", "BF16", "Q4_0", "Q4_K", "Q6_K"):
+        args, _ = K.matmul_case(type_name, 37, 40, 512, seed=3, bias=False)
+        y, ldy, w, tid, rows, cols, x = args[:7]
+        for T in (2, 5, 9, 37):
+            batch = K.run("matmul", K.CUDA, [np.zeros((T, rows), np.float32), rows, w, tid, rows,
+                                             cols, x[:T].copy(), T, None, 0])[0]
+            for t in range(T):
+                one = K.run("matmul", K.CUDA, [np.zeros((1, rows), np.float32), rows, w, tid,
+                                               rows, cols, x[t:t + 1].copy(), 1, None, 0])[0]
+                np.testing.assert_array_equal(batch[t], one[0], err_msg=f"{type_name} T {T} t {t}")
+
+
+@pytest.mark.parametrize("setting", [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0),
+                                     (1.0, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.1), (0.8, 40, 0.8, 0.02)])
+def test_process(setting):
+    for rows, V in ((1, 97), (9, 50_000)):
+        cpu, gpu = both("process", K.process_case(rows, V, *setting, seed=rows))
+        np.testing.assert_array_equal(gpu[0] > 0, cpu[0] > 0)  # the same tokens kept
+        np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-9)
+
+
+def test_argmax_and_sample():
+    logits = K.logits_rows(9, 50_000, seed=4)
+    logits[3, 17] = logits[3, 4000] = logits[3].max() + 1  # a tie: the lower id wins
+    cpu, gpu = both("argmax", [np.zeros(9, np.int32), logits, 9, 50_000])
+    np.testing.assert_array_equal(gpu[0], cpu[0])
+    assert gpu[0][3] == 17
+    cpu, gpu = both("sample", K.sample_case(64, 97, seed=5))
+    np.testing.assert_array_equal(gpu[0], cpu[0])
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_verify(with_q):
+    for seed in range(40):
+        cpu, gpu = both("verify", K.verify_case(1 + seed % 8, 97, with_q, seed))
+        np.testing.assert_array_equal(gpu[0], cpu[0], err_msg=f"seed {seed}")
+
+
+def test_synthetic_accept_and_dummy_fill():
+    for i in range(50):
+        cpu, gpu = both("synthetic_accept", [np.zeros(1, np.int32), 6, 0.8, 3, 11 * i])
+        assert gpu[0][0] == cpu[0][0]
+    for type_name in K.TYPE_IDS:
+        tid = K.TYPE_IDS[type_name]
+        n = {0: 4, 1: 2, 30: 2}.get(tid)
+        nbytes = 7 * 512 * n if n else 7 * (512 // (256 if tid in (12, 13, 14) else 32)) * \
+            {2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 12: 144, 13: 176, 14: 210}[tid]
+        args = [np.zeros(nbytes, np.uint8), tid, 7, 512, 2**64 - 5, 3, 0.125]
+        cpu, gpu = both("dummy_fill", args)
+        np.testing.assert_array_equal(gpu[0], cpu[0], err_msg=type_name)
+
+
+# ---- whole models ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,fmt", [("llama_gqa2", "gguf-f32-v3"), ("qwen2", "hf-f32"),
+                                      ("llama_gqa2", "gguf-f16-v3-align64")])
+def test_forward_matches_the_cpu(tiny, name, fmt):
+    t = tiny(name, fmt)
+    cpu, gpu = specdec.load(t.path), specdec.load(t.path, device="cuda")
+    assert gpu.device == "cuda:0"
+    tokens = tm.random_tokens(t.cfg.vocab, 21, 1)
+    a, b = cpu.logits(tokens), gpu.logits(tokens)
+    assert np.max(np.abs(a - b)) <= 1e-4 * np.max(np.abs(a))
+    def steps(m):  # on a cache: a prefill, one token, a rollback and a batch of four
+        c = m.new_cache(64)
+        out = [m.forward(c, tokens[:10], n_logits=1), m.forward(c, tokens[10:11])]
+        c.rollback(10)
+        return out + [m.forward(c, tokens[10:14])]
+
+    for x, y in zip(steps(cpu), steps(gpu)):
+        assert np.max(np.abs(x - y)) <= 1e-4 * np.max(np.abs(x))
+
+
+def _margin(logits_row: np.ndarray) -> float:
+    s = np.sort(logits_row)
+    return float(s[-1] - s[-2])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0", "q4_k"])
+def test_greedy_matches_the_cpu_on_dummy_models(dtype):
+    """The same dummy weights on both devices (generated on each); greedy continuations agree,
+    or part only where the CPU's top-2 logits are within the float noise of each other."""
+    shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
+                 n_heads=4, n_kv_heads=2, vocab_size=301, n_layers=3)
+    cpu = specdec.dummy_model(shape, dtype, seed=9)
+    gpu = specdec.dummy_model(shape, dtype, device="cuda", seed=9)
+    for s in range(4):
+        prompt = tm.random_tokens(301, 7 + s, s)
+        a = specdec.generate(cpu, prompt, max_new_tokens=24).tokens
+        b = specdec.generate(gpu, prompt, max_new_tokens=24).tokens
+        if a != b:
+            k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+            row = cpu.logits(prompt + a[:k])[-1]
+            assert _margin(row) < 1e-4 * np.max(np.abs(row)), (dtype, s, k)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "q4_0", "q8_0", "q6_k"])
+def test_verify_batch_rows_equal_one_token_steps_bitwise(dtype):
+    shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
+                 n_heads=4, n_kv_heads=2, vocab_size=301)
+    m = specdec.dummy_model(shape, dtype, device="cuda", seed=1)
+    prompt = tm.random_tokens(301, 12, 2)
+    batch = tm.random_tokens(301, 9, 3)
+    c = m.new_cache(64)
+    m.forward(c, prompt, n_logits=0)
+    rows = m.forward(c, batch)
+    c.rollback(len(prompt))
+    for t, tok in enumerate(batch):
+        one = m.forward(c, [tok])
+        np.testing.assert_array_equal(rows[t], one[0], err_msg=f"{dtype} token {t}")
+
+
+@pytest.fixture(scope="module")
+def gpu_pair(tmp_path_factory):
+    """test_draft_model's target and drafts, on the GPU and on the CPU."""
+    d = tmp_path_factory.mktemp("gpu-draft")
+    w = tm.make_weights(CFG, 21)
+    far_cfg = tm.TinyConfig(arch="llama", vocab=40, dim=16, n_layers=1, n_heads=2, n_kv_heads=2,
+                            ffn=32, context_length=64)
+    out = {}
+    for name, cfg, weights in [("target", CFG, w), ("close", CFG, perturbed(w, 0.05, 1)),
+                               ("far", far_cfg, tm.make_weights(far_cfg, 22))]:
+        p = os.path.join(d, name + ".gguf")
+        testing.write_gguf(p, cfg, weights)
+        out[name] = specdec.load(p, device="cuda")
+        out[name + "-cpu"] = specdec.load(p)
+    return out
+
+
+def speculators(g, k):
+    yield specdec.PromptLookup(k=k, max_ngram=3, verify_slope=0)
+    yield specdec.DraftModel(g["close"], k=k, verify_slope=0)
+    yield specdec.DraftModel(g["far"], k=k, verify_slope=0)
+    yield specdec.LayerSkip(layers=1, k=k, verify_slope=0)
+    yield specdec.DraftModel(g["far"], k=k, verify_slope=0.5, p_min=0.3)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_speculative_greedy_is_plain_greedy(gpu_pair, k):
+    target = gpu_pair["target"]
+    for seed in range(3):
+        prompt = tm.random_tokens(CFG.vocab, 6, seed) * 3
+        plain = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[])
+        for sp in speculators(gpu_pair, k):
+            got = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[],
+                                   speculator=sp)
+            assert got.tokens == plain.tokens, (type(sp).__name__, seed)
+            st = got.stats
+            assert st.accepted + st.steps == st.new_tokens == 40
+
+
+@pytest.mark.parametrize("sampling", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)])
+def test_cache_check_after_every_step(gpu_pair, sampling):
+    target = gpu_pair["target"]
+    temperature, top_k, top_p = sampling
+    prompt = tm.random_tokens(CFG.vocab, 6, 3) * 3
+    kws = [dict(lookup=(8, 3, 1, 0.0)), dict(draft=(gpu_pair["close"]._core, 3, 0.0, 0.0)),
+           dict(draft=(gpu_pair["far"]._core, 8, 0.0, 0.5)), dict(layerskip=(1, 3, 0.0, 0.0))]
+    for kw in kws:
+        for n in (1, 5, 23):
+            tokens, reason, stats = target._core.generate(
+                prompt, n, temperature, 5, [], None, top_k, top_p, 0.0, kw.get("lookup"),
+                kw.get("draft"), kw.get("layerskip"), None, check_cache=True)
+            assert len(tokens) == n and reason == "length", kw
+
+
+def test_sampled_draws_are_the_cpus(gpu_pair):
+    """Same seed, same tokens on either device (the RNG is keyed alike and the processed
+    distributions agree to float rounding): at least 99% of 200 runs identical, per drafter."""
+    prompt = tm.random_tokens(CFG.vocab, 8, 1)
+    for setting in ((1.0, 0, 1.0, 0.0), (0.8, 5, 0.9, 0.05)):
+        T, top_k, top_p, min_p = setting
+        for make in (lambda g: None, lambda g: specdec.PromptLookup(k=4, verify_slope=0),
+                     lambda g: specdec.DraftModel(g["far"], k=3, verify_slope=0)):
+            same = 0
+            for s in range(200):
+                kw = dict(max_new_tokens=12, temperature=T, top_k=top_k, top_p=top_p,
+                          min_p=min_p, seed=s, stop_tokens=[])
+                a = specdec.generate(gpu_pair["target-cpu"], prompt,
+                                     speculator=make({"far": gpu_pair["far-cpu"]}), **kw).tokens
+                b = specdec.generate(gpu_pair["target"], prompt, speculator=make(gpu_pair),
+                                     **kw).tokens
+                same += a == b
+            assert same >= 198, (setting, same)
+
+
+def test_sampled_output_is_distributed_as_the_target(v5_gpu):
+    """test_draft_model's chi-square on the GPU loop (20,000 runs, alpha = 0.001)."""
+    m, dm, w, _, row = v5_gpu
+    setting = (1.0, 0, 1.0, 0.0)
+    assert_joint_matches(m, specdec.DraftModel(dm, k=2, verify_slope=0), setting,
+                         exact_joint(row, w, setting), N=20_000)
+
+
+@pytest.fixture(scope="module")
+def v5_gpu(tmp_path_factory):
+    return make_v5(tmp_path_factory.mktemp("v5-gpu"), device="cuda")
+
+
+def test_synthetic_speculation_matches_the_cpu():
+    cpu = specdec.dummy_model("tiny", "f32", seed=3)
+    gpu = specdec.dummy_model("tiny", "f32", device="cuda", seed=3)
+    for alpha, k in ((0.6, 2), (0.9, 8)):
+        a = specdec.dummy.synthetic_speculation(cpu, PROMPT, alpha=alpha, k=k, max_new_tokens=64)
+        b = specdec.dummy.synthetic_speculation(gpu, PROMPT, alpha=alpha, k=k, max_new_tokens=64)
+        assert (a.stats.steps, a.stats.accepted) == (b.stats.steps, b.stats.accepted)
+
+
+def test_models_on_different_devices_are_refused(gpu_pair):
+    with pytest.raises(ValueError, match="runs on the CPU and the target on the GPU"):
+        specdec.generate(gpu_pair["target"], [1, 2, 3], max_new_tokens=4,
+                         speculator=specdec.DraftModel(gpu_pair["far-cpu"]))

@@ -1,0 +1,132 @@
+"""The CPU twins of the CUDA kernels (csrc/twins.c) against NumPy references, on the inputs
+test_cuda.py gives the CUDA kernels. These run everywhere; the CUDA comparison needs a GPU.
+
+Tolerances: float32 results of float64 references, relative 1e-5 (RMSNorm, RoPE, SwiGLU,
+attention: a few roundings per element); the matmul within 1e-6 of sum |w x| per output (the
+twin sums the dequantized weights in double); copies and selections exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels as K
+from specdec import _core
+
+
+@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                       "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_embed_twin_is_the_dequantized_rows(type_name):
+    args, ref = K.embed_case(type_name, 37, seed=1)
+    out = K.run("embed", K.CPU, args)[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("T,n", [(1, 48), (37, 96), (3, 1000)])
+def test_rmsnorm_twin(T, n):
+    args, ref = K.rmsnorm_case(T, n, seed=T)
+    np.testing.assert_allclose(K.run("rmsnorm", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox", [0, 1])
+@pytest.mark.parametrize("T,H,Dh", [(1, 5, 16), (37, 3, 48)])
+def test_rope_twin(T, H, Dh, neox):
+    args, ref = K.rope_case(T, H, Dh, neox, seed=T + neox)
+    np.testing.assert_allclose(K.run("rope", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_swiglu_twin():
+    args, ref = K.swiglu_case(1001, seed=2)
+    np.testing.assert_allclose(K.run("swiglu", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_kv_write_twin():
+    args, (rk, rv) = K.kv_write_case(37, 3, 16, 53, seed=3)
+    out = K.run("kv_write", K.CPU, args)
+    np.testing.assert_array_equal(out[0], rk)
+    np.testing.assert_array_equal(out[1], rv)
+
+
+@pytest.mark.parametrize("T,n_attn,H,Hkv,Dh", [(1, 1, 4, 2, 16), (37, 61, 5, 1, 48),
+                                               (9, 200, 4, 4, 64)])
+def test_attention_twin(T, n_attn, H, Hkv, Dh):
+    args, ref = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 7, seed=T)
+    np.testing.assert_allclose(K.run("attention", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("accumulate", [0, 1])
+@pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                       "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_matmul_twin(type_name, accumulate):
+    for T in (1, 37):
+        args, (ref, scale) = K.matmul_case(type_name, T, rows=19, cols=256, seed=T,
+                                           accumulate=accumulate)
+        y = K.run("matmul", K.CPU, args)[0][:, :19]
+        assert np.all(np.abs(y - ref) <= 1e-6 * scale + 1e-6), type_name
+
+
+def test_process_sample_verify_twins_are_the_loops_rules():
+    """The sampling twins are the functions the CPU loops call (verify.c): same results as the
+    direct bindings those functions have, on the same rows and uniforms."""
+    args = K.process_case(3, 97, 0.8, 5, 0.9, 0.05, seed=4)
+    probs = K.run("process", K.CPU, args)[0]
+    logits = args[1]
+    for r in range(3):
+        direct = _core.process_logits(logits[r], 0.8, 5, 0.9, 0.05)
+        np.testing.assert_array_equal(probs[r], direct)
+    am = K.run("argmax", K.CPU, [np.zeros(3, np.int32), logits, 3, 97])[0]
+    np.testing.assert_array_equal(am, logits.argmax(axis=1))
+
+
+def test_sample_twin_inverts_the_cumulative_sum():
+    args = K.sample_case(50, 97, seed=5)
+    got = K.run("sample", K.CPU, args)[0]
+    p = args[1]
+    for r in range(50):
+        assert p[r, got[r]] > 0
+
+
+def test_verify_twin_accepts_identical_drafts_and_checks_sizes():
+    """p == q: every draft is accepted (u * q < p always) and the bonus is drawn from p[K]."""
+    args = K.verify_case(5, 97, True, seed=6)
+    args[2] = args[1][:5].copy()  # q = p for the drafted positions
+    res = K.run("verify", K.CPU, args)[0]
+    assert res[0] == 5 and args[1][5, res[1]] > 0
+    bad = K.verify_case(5, 97, True, seed=6)
+    bad[1] = bad[1][:3].copy()
+    with pytest.raises(ValueError, match="argument 1 must be an array of"):
+        K.run("verify", K.CPU, bad)
+
+
+def test_synthetic_accept_twin_rate():
+    """Draft i is accepted while its uniform is below alpha: over many positions the number
+    accepted has the truncated geometric law, mean sum_{i=1..K} alpha^i (tested at 5 sigma)."""
+    K_, alpha, n = 6, 0.7, 4000
+    got = [K.run("synthetic_accept", K.CPU, [np.zeros(1, np.int32), K_, alpha, 99, 10 * i])[0][0]
+           for i in range(n)]
+    mean = sum(alpha ** i for i in range(1, K_ + 1))
+    var = np.var(np.minimum(np.random.default_rng(0).geometric(1 - alpha, 200000) - 1, K_))
+    assert abs(np.mean(got) - mean) < 5 * np.sqrt(var / n)
+
+
+def test_kernel_checks_refuse_bad_arguments():
+    with pytest.raises(ValueError, match="no kernel named"):
+        _core.kernel("nope", 0, [])
+    with pytest.raises(ValueError, match="takes 6 arguments"):
+        _core.kernel("rmsnorm", 0, [np.zeros(3, np.float32)])
+    args, _ = K.rmsnorm_case(2, 8, seed=0)
+    args[1] = args[1][:1].copy()
+    with pytest.raises(ValueError, match="argument 1 must be an array of 64 bytes"):
+        _core.kernel("rmsnorm", 0, args)
+    args, _ = K.embed_case("F32", 2, seed=0)
+    args[4] = np.array([0, 97], np.int32)
+    with pytest.raises(ValueError, match="token 97 outside"):
+        _core.kernel("embed", 0, args)
+    args, _ = K.matmul_case("F32", 1, 4, 32, seed=0)
+    args[3] = 10  # Q2_K: geometry known, no kernels
+    with pytest.raises(ValueError, match="type 10 has no kernels"):
+        _core.kernel("matmul", 0, args)
+    if not _core.built_with_cuda():
+        args, _ = K.rmsnorm_case(2, 8, seed=0)
+        with pytest.raises(ValueError, match="no CUDA backend"):
+            _core.kernel("rmsnorm", 1, args)
