@@ -159,8 +159,12 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
     if (b == NULL || kv == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG, "sd_forward needs a batch and a cache");
     }
-    if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
-        kv->head_dim != c->head_dim || (kv->cuda != NULL) != (m->cuda != NULL)) {
+    int other = kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
+                kv->head_dim != c->head_dim || (kv->cuda != NULL) != (m->cuda != NULL);
+#ifdef SD_WITH_CUDA
+    other = other || (kv->cuda != NULL && sd_cuda_cache_model(kv->cuda) != m->cuda);
+#endif
+    if (other) {
         return sd_set_error(SD_ERR_INVALID_ARG, "the cache was made for a different model");
     }
     const int on_device = m->cuda != NULL;

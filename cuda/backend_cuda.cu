@@ -24,12 +24,10 @@ typedef struct {
     dmat wq, wk, wv, wo, gate, up, down;
 } dlayer;
 
-/* A captured forward: its shape and the buffers baked into its kernels. */
+/* A captured forward, found by its shape: every buffer it reads is the model's own (the
+ * cache through the device descriptor in_kv, tokens copied into in_tokens first). */
 typedef struct {
     int T, n_logits, n_layers;
-    const int32_t *tokens; /* the device ids it reads */
-    const float *kc;       /* the cache it writes */
-    int capacity;
     cudaGraphExec_t exec;
 } graph_entry;
 
@@ -56,6 +54,7 @@ struct sd_cuda_model {
     uint16_t *xh;                           /* (T, max cols) halves for cuBLAS */
     int32_t *in_tokens, *in_pos, *in_slots; /* (cap_tokens) */
     int *in_n_attn;                         /* (1) */
+    sd_cuda_kv_desc *in_kv;                 /* (1) the cache of this forward (never moves) */
     uint8_t *in_mask;                       /* (cap_tokens, cap_attn), rows n_attn apart */
 
     /* pinned staging of the inputs of short batches; slot i is reused only after its event */
@@ -71,6 +70,11 @@ struct sd_cuda_model {
     int32_t *pick_dev;  /* (2) */
     int32_t *pick_host; /* (2) pinned */
     cudaEvent_t join_ev;
+    /* a speculative call's device state (one call at a time per model): batch (SD_MAX_DRAFT + 1),
+     * result (2), k_stop (1), next_in (1); q (SD_MAX_DRAFT, V); host copy (3 + SD_MAX_DRAFT) */
+    int32_t *spec_ints;
+    float *spec_q;
+    int32_t *spec_host;
 
     int use_graphs, use_cublas;
     graph_entry graphs[MAX_GRAPHS];
@@ -101,6 +105,10 @@ static int env_flag(const char *name, int dflt) {
     }
     return strcmp(v, "0") != 0;
 }
+
+/* Every entry point makes the model's GPU current first: the calling thread may have another
+ * one current (other models, other threads, kernel checks). */
+#define USE_DEVICE(cm) SD_CUDA_TRY(cudaSetDevice((cm)->ctx.device))
 
 /* ---- graphs ------------------------------------------------------------------------------------
  */
@@ -233,7 +241,7 @@ extern "C" sd_status sd_cuda_model_create(sd_cuda_model **out, const sd_model *m
     }
     cm->cfg = m->cfg;
     cm->use_graphs = env_flag("SPECDEC_CUDA_GRAPHS", 1);
-    cm->use_cublas = env_flag("SPECDEC_CUDA_CUBLAS", 1);
+    cm->use_cublas = env_flag("SPECDEC_CUDA_CUBLAS", 0);
     sd_status st = sd_cuda_ctx_init(&cm->ctx, gpu);
     if (st == SD_OK) {
         st = model_upload(cm, m);
@@ -249,8 +257,16 @@ extern "C" sd_status sd_cuda_model_create(sd_cuda_model **out, const sd_model *m
         const cudaError_t e3 = cudaMalloc((void **)&cm->pick_dev, 2 * sizeof(int32_t));
         const cudaError_t e4 = cudaMallocHost((void **)&cm->pick_host, 2 * sizeof(int32_t));
         const cudaError_t e5 = cudaEventCreateWithFlags(&cm->join_ev, cudaEventDisableTiming);
+        const cudaError_t e6 =
+            cudaMalloc((void **)&cm->spec_ints, (size_t)(SD_MAX_DRAFT + 5) * sizeof(int32_t));
+        const cudaError_t e7 =
+            cudaMalloc((void **)&cm->spec_q, (size_t)SD_MAX_DRAFT * (size_t)V * sizeof(float));
+        const cudaError_t e8 =
+            cudaMallocHost((void **)&cm->spec_host, (size_t)(SD_MAX_DRAFT + 3) * sizeof(int32_t));
+        const cudaError_t e9 = cudaMalloc((void **)&cm->in_kv, sizeof(sd_cuda_kv_desc));
         if (e1 != cudaSuccess || e2 != cudaSuccess || e3 != cudaSuccess || e4 != cudaSuccess ||
-            e5 != cudaSuccess) {
+            e5 != cudaSuccess || e6 != cudaSuccess || e7 != cudaSuccess || e8 != cudaSuccess ||
+            e9 != cudaSuccess) {
             st = sd_set_error(SD_ERR_CUDA, "%s:%d: allocating decoding buffers: %s", __FILE__,
                               __LINE__, cudaGetErrorString(cudaGetLastError()));
         }
@@ -293,6 +309,7 @@ extern "C" void sd_cuda_model_free(sd_cuda_model *cm) {
     if (cm == NULL) {
         return;
     }
+    cudaSetDevice(cm->ctx.device);
     if (cm->ctx.stream != NULL) {
         cudaStreamSynchronize(cm->ctx.stream);
     }
@@ -316,6 +333,12 @@ extern "C" void sd_cuda_model_free(sd_cuda_model *cm) {
     if (cm->join_ev != NULL) {
         cudaEventDestroy(cm->join_ev);
     }
+    cudaFree(cm->spec_ints);
+    cudaFree(cm->spec_q);
+    cudaFree(cm->in_kv);
+    if (cm->spec_host != NULL) {
+        cudaFreeHost(cm->spec_host);
+    }
     cudaFree(cm->weights);
     free(cm->layers);
     sd_cuda_ctx_release(&cm->ctx);
@@ -334,6 +357,7 @@ extern "C" sd_status sd_cuda_model_join(sd_cuda_model *waiter, sd_cuda_model *pr
     if (waiter == producer) {
         return SD_OK;
     }
+    USE_DEVICE(producer);
     SD_CUDA_TRY(cudaEventRecord(producer->join_ev, producer->ctx.stream));
     SD_CUDA_TRY(cudaStreamWaitEvent(waiter->ctx.stream, producer->join_ev, 0));
     return SD_OK;
@@ -368,8 +392,8 @@ static sd_status reserve(sd_cuda_model *cm, int T, int n_attn, int n_logits) {
         {(void **)&cm->hb, (size_t)nt * F * 4},
         {(void **)&cm->hb2, (size_t)nt * F * 4},
         {(void **)&cm->logits, (size_t)(nl > 0 ? nl : 1) * V * 4},
-        {(void **)&cm->xh, (size_t)nt * maxc * 2},
-        {(void **)&cm->in_tokens, (size_t)nt * 3 * 4 + 16},
+        {(void **)&cm->xh, (size_t)nt * maxc * 2 * 2},
+        {(void **)&cm->in_tokens, (size_t)nt * 3 * 4 + 64},
         {(void **)&cm->in_mask, (size_t)nt * (size_t)na},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
@@ -389,8 +413,9 @@ static sd_status reserve(sd_cuda_model *cm, int T, int n_attn, int n_logits) {
     cm->cap_tokens = nt;
     cm->cap_attn = na;
     cm->cap_logits = nl;
-    /* pinned staging for short batches: tokens, pos, slots, n_attn, the mask */
-    const size_t sb = (size_t)STAGE_TOKENS * 12 + 16 + (size_t)STAGE_TOKENS * (size_t)na;
+    /* pinned staging for short batches: tokens, pos, slots, n_attn, the cache descriptor, the
+     * mask */
+    const size_t sb = (size_t)STAGE_TOKENS * 12 + 64 + (size_t)STAGE_TOKENS * (size_t)na;
     if (sb > cm->stage_bytes) {
         for (int i = 0; i < STAGE_SLOTS; i++) {
             if (cm->stage[i] != NULL) {
@@ -419,6 +444,11 @@ extern "C" sd_status sd_cuda_cache_create(sd_cuda_cache **out, sd_cuda_model *cm
     }
     kc->cm = cm;
     kc->capacity = capacity;
+    if (cudaSetDevice(cm->ctx.device) != cudaSuccess) {
+        free(kc);
+        return sd_set_error(SD_ERR_CUDA, "%s:%d: cudaSetDevice(%d) failed", __FILE__, __LINE__,
+                            cm->ctx.device);
+    }
     const size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)capacity *
                      (size_t)c->head_dim * sizeof(float);
     cudaError_t e = cudaMalloc((void **)&kc->k, n);
@@ -447,18 +477,9 @@ extern "C" void sd_cuda_cache_free(sd_cuda_cache *kc) {
         return;
     }
     sd_cuda_model *cm = kc->cm;
-    if (cm != NULL) {
+    if (cm != NULL) { /* no queued work may still read it */
+        cudaSetDevice(cm->ctx.device);
         cudaStreamSynchronize(cm->ctx.stream);
-        /* graphs that write this cache must not outlive it */
-        int j = 0;
-        for (int i = 0; i < cm->n_graphs; i++) {
-            if (cm->graphs[i].kc == kc->k) {
-                cudaGraphExecDestroy(cm->graphs[i].exec);
-            } else {
-                cm->graphs[j++] = cm->graphs[i];
-            }
-        }
-        cm->n_graphs = j;
     }
     cudaFree(kc->k);
     cudaFree(kc->v);
@@ -466,6 +487,7 @@ extern "C" void sd_cuda_cache_free(sd_cuda_cache *kc) {
 }
 
 extern "C" sd_status sd_cuda_cache_copy_slot(sd_cuda_cache *kc, int dst, int src) {
+    USE_DEVICE(kc->cm);
     const sd_config *c = &kc->cm->cfg;
     const size_t row = (size_t)c->head_dim * sizeof(float);
     const size_t pitch = (size_t)kc->capacity * row; /* one KV head of one layer */
@@ -480,6 +502,7 @@ extern "C" sd_status sd_cuda_cache_copy_slot(sd_cuda_cache *kc, int dst, int src
 }
 
 extern "C" sd_status sd_cuda_cache_download(const sd_cuda_cache *kc, float *k, float *v) {
+    USE_DEVICE(kc->cm);
     const sd_config *c = &kc->cm->cfg;
     const size_t n = (size_t)c->n_layers * (size_t)c->n_kv_heads * (size_t)kc->capacity *
                      (size_t)c->head_dim * sizeof(float);
@@ -487,6 +510,10 @@ extern "C" sd_status sd_cuda_cache_download(const sd_cuda_cache *kc, float *k, f
     SD_CUDA_TRY(cudaMemcpyAsync(v, kc->v, n, cudaMemcpyDeviceToHost, kc->cm->ctx.stream));
     SD_CUDA_TRY(cudaStreamSynchronize(kc->cm->ctx.stream));
     return SD_OK;
+}
+
+extern "C" const sd_cuda_model *sd_cuda_cache_model(const sd_cuda_cache *kc) {
+    return kc->cm;
 }
 
 /* ---- forward -----------------------------------------------------------------------------------
@@ -503,17 +530,14 @@ static sd_status mm(sd_cuda_model *cm, float *y, const dmat *w, const float *x, 
 }
 
 /* The kernels of one forward (what a graph captures): every input read from the device. */
-static sd_status run_forward(sd_cuda_model *cm, sd_cuda_cache *kc, int T, int n_logits,
-                             int n_layers, const int32_t *tokens, int cublas) {
+static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layers, int cublas) {
     const sd_config *c = &cm->cfg;
     sd_cuda_ctx *ctx = &cm->ctx;
     const int D = c->hidden_size, Dh = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
     const int F = c->ffn_size;
-    const size_t layer = (size_t)Hkv * (size_t)kc->capacity * (size_t)Dh;
-    SD_TRY(sd_cuda_embed(ctx, cm->x, cm->tok_embd.w, cm->tok_embd.type, D, tokens, T));
+    SD_TRY(sd_cuda_embed(ctx, cm->x, cm->tok_embd.w, cm->tok_embd.type, D, cm->in_tokens, T));
     for (int l = 0; l < n_layers; l++) {
         const dlayer *L = &cm->layers[l];
-        float *kcl = kc->k + (size_t)l * layer, *vcl = kc->v + (size_t)l * layer;
         /* attention block: x += Wo . attn(rope(Wq n), rope(Wk n), Wv n), n = rmsnorm(x) */
         SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x, L->attn_norm, T, D, c->rms_eps));
         SD_TRY(mm(cm, cm->q, &L->wq, cm->xb, T, L->bq, 0, cublas));
@@ -521,10 +545,9 @@ static sd_status run_forward(sd_cuda_model *cm, sd_cuda_cache *kc, int T, int n_
         SD_TRY(mm(cm, cm->v, &L->wv, cm->xb, T, L->bv, 0, cublas));
         SD_TRY(sd_cuda_rope(ctx, cm->q, cm->in_pos, cm->rope_freq, T, H, Dh, c->rope_neox));
         SD_TRY(sd_cuda_rope(ctx, cm->k, cm->in_pos, cm->rope_freq, T, Hkv, Dh, c->rope_neox));
-        SD_TRY(
-            sd_cuda_kv_write(ctx, kcl, vcl, cm->k, cm->v, cm->in_slots, T, Hkv, Dh, kc->capacity));
-        SD_TRY(sd_cuda_attention_dev(ctx, cm->xb, cm->q, kcl, vcl, cm->in_mask, T, cm->in_n_attn, H,
-                                     Hkv, Dh, kc->capacity));
+        SD_TRY(sd_cuda_kv_write_dev(ctx, cm->in_kv, l, cm->k, cm->v, cm->in_slots, T, Hkv, Dh));
+        SD_TRY(sd_cuda_attention_dev(ctx, cm->xb, cm->q, cm->in_kv, l, cm->in_mask, T,
+                                     cm->in_n_attn, H, Hkv, Dh));
         SD_TRY(mm(cm, cm->x, &L->wo, cm->xb, T, NULL, 1, cublas));
         /* MLP block: x += Wdown . (silu(Wgate n) * (Wup n)), n = rmsnorm(x) */
         SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x, L->ffn_norm, T, D, c->rms_eps));
@@ -543,13 +566,11 @@ static sd_status run_forward(sd_cuda_model *cm, sd_cuda_cache *kc, int T, int n_
     return SD_OK;
 }
 
-/* The forward as a graph: found by shape and buffers, or captured now. */
-static sd_status run_graph(sd_cuda_model *cm, sd_cuda_cache *kc, int T, int n_logits, int n_layers,
-                           const int32_t *tokens) {
+/* The forward as a graph: found by shape, or captured now. */
+static sd_status run_graph(sd_cuda_model *cm, int T, int n_logits, int n_layers) {
     for (int i = 0; i < cm->n_graphs; i++) {
         const graph_entry *g = &cm->graphs[i];
-        if (g->T == T && g->n_logits == n_logits && g->n_layers == n_layers &&
-            g->tokens == tokens && g->kc == kc->k && g->capacity == kc->capacity) {
+        if (g->T == T && g->n_logits == n_logits && g->n_layers == n_layers) {
             SD_CUDA_TRY(cudaGraphLaunch(g->exec, cm->ctx.stream));
             return SD_OK;
         }
@@ -559,7 +580,7 @@ static sd_status run_graph(sd_cuda_model *cm, sd_cuda_cache *kc, int T, int n_lo
     }
     cudaGraph_t graph = NULL;
     SD_CUDA_TRY(cudaStreamBeginCapture(cm->ctx.stream, cudaStreamCaptureModeThreadLocal));
-    const sd_status st = run_forward(cm, kc, T, n_logits, n_layers, tokens, 0);
+    const sd_status st = run_forward(cm, T, n_logits, n_layers, 0);
     const cudaError_t e = cudaStreamEndCapture(cm->ctx.stream, &graph);
     if (st != SD_OK) {
         if (graph != NULL) {
@@ -576,36 +597,44 @@ static sd_status run_graph(sd_cuda_model *cm, sd_cuda_cache *kc, int T, int n_lo
     g->T = T;
     g->n_logits = n_logits;
     g->n_layers = n_layers;
-    g->tokens = tokens;
-    g->kc = kc->k;
-    g->capacity = kc->capacity;
     g->exec = exec;
     SD_CUDA_TRY(cudaGraphLaunch(exec, cm->ctx.stream));
     return SD_OK;
 }
 
-/* The batch's inputs to the device: through a pinned slot for short batches (so the copies
- * stay asynchronous and the host may prepare the next batch at once), else from the caller's
- * memory. */
-static sd_status stage_inputs(sd_cuda_model *cm, const sd_cuda_batch *b) {
+/* The batch's inputs to the device: positions, slots, the mask, its width and the cache's
+ * descriptor (and the token ids, from the host or copied from a device array), through a pinned
+ * slot for short batches (so the copies stay asynchronous and the host may prepare the next
+ * batch at once), else from pageable memory. */
+static sd_status stage_inputs(sd_cuda_model *cm, sd_cuda_cache *kc, const sd_cuda_batch *b) {
     const int T = b->n_tokens;
     const size_t mask_bytes = (size_t)T * (size_t)b->n_attn;
     cudaStream_t s = cm->ctx.stream;
+    sd_cuda_kv_desc kd;
+    memset(&kd, 0, sizeof(kd));
+    kd.k = kc->k;
+    kd.v = kc->v;
+    kd.capacity = kc->capacity;
+    if (b->tokens_dev != NULL) { /* a draft chain's own picks: device to device */
+        SD_CUDA_TRY(cudaMemcpyAsync(cm->in_tokens, b->tokens_dev, (size_t)T * 4,
+                                    cudaMemcpyDeviceToDevice, s));
+    }
     if (T <= STAGE_TOKENS) {
         const int i = cm->stage_next;
         cm->stage_next = (i + 1) % STAGE_SLOTS;
         SD_CUDA_TRY(cudaEventSynchronize(cm->stage_ev[i])); /* its last copy is done */
         uint8_t *p = cm->stage[i];
         int32_t *st = (int32_t *)p;
-        if (b->tokens != NULL) {
+        if (b->tokens != NULL && b->tokens_dev == NULL) {
             memcpy(st, b->tokens, (size_t)T * 4);
         }
         memcpy(st + STAGE_TOKENS, b->pos, (size_t)T * 4);
         memcpy(st + 2 * STAGE_TOKENS, b->slots, (size_t)T * 4);
         memcpy(st + 3 * STAGE_TOKENS, &b->n_attn, 4);
-        uint8_t *mask = p + (size_t)STAGE_TOKENS * 12 + 16;
+        memcpy(st + 3 * STAGE_TOKENS + 8, &kd, sizeof(kd));
+        uint8_t *mask = p + (size_t)STAGE_TOKENS * 12 + 64;
         memcpy(mask, b->mask, mask_bytes);
-        if (b->tokens != NULL) {
+        if (b->tokens != NULL && b->tokens_dev == NULL) {
             SD_CUDA_TRY(
                 cudaMemcpyAsync(cm->in_tokens, st, (size_t)T * 4, cudaMemcpyHostToDevice, s));
         }
@@ -615,34 +644,39 @@ static sd_status stage_inputs(sd_cuda_model *cm, const sd_cuda_batch *b) {
                                     cudaMemcpyHostToDevice, s));
         SD_CUDA_TRY(
             cudaMemcpyAsync(cm->in_n_attn, st + 3 * STAGE_TOKENS, 4, cudaMemcpyHostToDevice, s));
+        SD_CUDA_TRY(cudaMemcpyAsync(cm->in_kv, st + 3 * STAGE_TOKENS + 8, sizeof(kd),
+                                    cudaMemcpyHostToDevice, s));
         SD_CUDA_TRY(cudaMemcpyAsync(cm->in_mask, mask, mask_bytes, cudaMemcpyHostToDevice, s));
         SD_CUDA_TRY(cudaEventRecord(cm->stage_ev[i], s));
         return SD_OK;
     }
-    /* pageable memory: each call returns once its bytes are staged by the driver */
-    if (b->tokens != NULL) {
+    if (b->tokens != NULL && b->tokens_dev == NULL) {
         SD_CUDA_TRY(
             cudaMemcpyAsync(cm->in_tokens, b->tokens, (size_t)T * 4, cudaMemcpyHostToDevice, s));
     }
     SD_CUDA_TRY(cudaMemcpyAsync(cm->in_pos, b->pos, (size_t)T * 4, cudaMemcpyHostToDevice, s));
     SD_CUDA_TRY(cudaMemcpyAsync(cm->in_slots, b->slots, (size_t)T * 4, cudaMemcpyHostToDevice, s));
     SD_CUDA_TRY(cudaMemcpyAsync(cm->in_n_attn, &b->n_attn, 4, cudaMemcpyHostToDevice, s));
+    SD_CUDA_TRY(cudaMemcpyAsync(cm->in_kv, &kd, sizeof(kd), cudaMemcpyHostToDevice, s));
     SD_CUDA_TRY(cudaMemcpyAsync(cm->in_mask, b->mask, mask_bytes, cudaMemcpyHostToDevice, s));
-    SD_CUDA_TRY(cudaStreamSynchronize(s)); /* the caller frees its arrays on return */
+    SD_CUDA_TRY(cudaStreamSynchronize(s)); /* the caller's arrays and kd go on return */
     return SD_OK;
 }
 
 extern "C" sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *kc, const sd_cuda_batch *b,
                                      float *logits) {
+    USE_DEVICE(cm);
+    if (kc->cm != cm) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "the cache was made for a different model");
+    }
     const int T = b->n_tokens;
     SD_TRY(reserve(cm, T, kc->capacity > b->n_attn ? kc->capacity : b->n_attn, b->n_logits));
-    SD_TRY(stage_inputs(cm, b));
-    const int32_t *tokens = b->tokens_dev != NULL ? b->tokens_dev : cm->in_tokens;
+    SD_TRY(stage_inputs(cm, kc, b));
     const int cublas = cm->use_cublas && T >= CUBLAS_MIN_TOKENS;
     if (cm->use_graphs && T <= GRAPH_MAX_TOKENS && !cublas) {
-        SD_TRY(run_graph(cm, kc, T, b->n_logits, b->n_layers, tokens));
+        SD_TRY(run_graph(cm, T, b->n_logits, b->n_layers));
     } else {
-        SD_TRY(run_forward(cm, kc, T, b->n_logits, b->n_layers, tokens, cublas));
+        SD_TRY(run_forward(cm, T, b->n_logits, b->n_layers, cublas));
     }
     if (logits != NULL && b->n_logits > 0) {
         const size_t n = (size_t)b->n_logits * (size_t)cm->cfg.vocab_size * sizeof(float);
@@ -661,6 +695,7 @@ extern "C" float *sd_cuda_logits_dev(sd_cuda_model *cm) {
 
 extern "C" sd_status sd_cuda_pick(sd_cuda_model *cm, int row, const sd_cuda_sampling *s,
                                   uint64_t seed, uint64_t index, int32_t *out) {
+    USE_DEVICE(cm);
     const int V = cm->cfg.vocab_size;
     const float *l = cm->logits + (size_t)row * (size_t)V;
     if (s->temperature == 0.0f) {
@@ -684,29 +719,23 @@ __global__ void set_int_kernel(int32_t *p, int v) {
 
 extern "C" sd_status sd_cuda_spec_create(sd_cuda_spec **out, sd_cuda_model *cm, int K) {
     *out = NULL;
+    if (K < 1 || K > SD_MAX_DRAFT) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "k must be in [1, %d], got %d", SD_MAX_DRAFT, K);
+    }
     sd_cuda_spec *sp = (sd_cuda_spec *)calloc(1, sizeof(*sp));
     if (sp == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
     }
+    /* the model's own buffers: one call at a time uses a model */
     sp->cm = cm;
     sp->K = K;
     sp->V = cm->cfg.vocab_size;
-    cudaError_t e = cudaMalloc((void **)&sp->batch, (size_t)(K + 1 + 2 + 1 + 1) * sizeof(int32_t));
-    if (e == cudaSuccess) {
-        sp->result = sp->batch + K + 1;
-        sp->k_stop = sp->result + 2;
-        sp->next_in = sp->k_stop + 1;
-        e = cudaMalloc((void **)&sp->q, (size_t)K * (size_t)sp->V * sizeof(float));
-    }
-    if (e == cudaSuccess) {
-        e = cudaMallocHost((void **)&sp->host, (size_t)(3 + K) * sizeof(int32_t));
-    }
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        sd_cuda_spec_free(sp);
-        return sd_set_error(SD_ERR_CUDA, "allocating the speculative state: %s",
-                            cudaGetErrorString(e));
-    }
+    sp->batch = cm->spec_ints;
+    sp->result = sp->batch + SD_MAX_DRAFT + 1;
+    sp->k_stop = sp->result + 2;
+    sp->next_in = sp->k_stop + 1;
+    sp->q = cm->spec_q;
+    sp->host = cm->spec_host;
     *out = sp;
     return SD_OK;
 }
@@ -715,12 +744,8 @@ extern "C" void sd_cuda_spec_free(sd_cuda_spec *sp) {
     if (sp == NULL) {
         return;
     }
+    cudaSetDevice(sp->cm->ctx.device);
     cudaStreamSynchronize(sp->cm->ctx.stream);
-    cudaFree(sp->batch);
-    cudaFree(sp->q);
-    if (sp->host != NULL) {
-        cudaFreeHost(sp->host);
-    }
     free(sp);
 }
 
@@ -733,6 +758,7 @@ extern "C" int32_t *sd_cuda_spec_next_input(sd_cuda_spec *sp) {
 }
 
 extern "C" sd_status sd_cuda_spec_begin(sd_cuda_spec *sp, sd_cuda_model *dm, int32_t last, int k) {
+    USE_DEVICE(dm);
     /* batch[0] = the last token, the draft length mark = k: on the drafter's stream */
     set_int_kernel<<<1, 1, 0, dm->ctx.stream>>>(sp->batch, last);
     SD_CUDA_LAUNCHED("set_int_kernel");
@@ -744,6 +770,7 @@ extern "C" sd_status sd_cuda_spec_begin(sd_cuda_spec *sp, sd_cuda_model *dm, int
 extern "C" sd_status sd_cuda_spec_draft_pick(sd_cuda_spec *sp, sd_cuda_model *dm, int i,
                                              const sd_cuda_sampling *s, uint64_t seed,
                                              uint64_t pos0, float p_min) {
+    USE_DEVICE(dm);
     const int V = sp->V;
     float *qi = sp->q + (size_t)i * (size_t)V;
     SD_TRY(sd_cuda_process_rows(&dm->ctx, &dm->sorter, qi, dm->logits, 1, V, s->temperature,
@@ -777,6 +804,7 @@ static sd_status spec_result(sd_cuda_spec *sp, sd_cuda_model *cm, int k, const i
 extern "C" sd_status sd_cuda_spec_verify(sd_cuda_spec *sp, sd_cuda_model *cm, int k, int with_q,
                                          const sd_cuda_sampling *s, uint64_t seed, uint64_t pos0,
                                          int *n_acc, int32_t *drafts, int32_t *next, int *k_used) {
+    USE_DEVICE(cm);
     const int V = sp->V;
     SD_TRY(sd_cuda_process_rows(&cm->ctx, &cm->sorter, cm->probs, cm->logits, k + 1, V,
                                 s->temperature, s->top_k, s->top_p, s->min_p));
@@ -795,6 +823,7 @@ extern "C" sd_status sd_cuda_spec_verify(sd_cuda_spec *sp, sd_cuda_model *cm, in
 extern "C" sd_status sd_cuda_spec_synthetic(sd_cuda_spec *sp, sd_cuda_model *cm, int k,
                                             double alpha, uint64_t seed, uint64_t pos0, int *n_acc,
                                             int32_t *next) {
+    USE_DEVICE(cm);
     SD_TRY(sd_cuda_synthetic_dev(&cm->ctx, sp->result, k, alpha, seed, pos0, cm->logits, sp->V));
     return spec_result(sp, cm, k, NULL, n_acc, NULL, next, NULL);
 }
@@ -814,6 +843,7 @@ extern "C" int sd_cuda_probe(int *cublas_version) {
  */
 
 extern "C" sd_status sd_cuda_model_sync(sd_cuda_model *cm) {
+    USE_DEVICE(cm);
     SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
     return SD_OK;
 }

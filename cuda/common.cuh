@@ -193,15 +193,29 @@ static __device__ __forceinline__ float sd_dev_float_at(int type, const void *ro
 
 /* ---- launchers the forward pass uses with device-side scalars -------------------------------- */
 
+/* Where a forward's KV cache is, read by the kernels at run time, so that one captured graph
+ * serves every cache of its model. */
+typedef struct {
+    float *k, *v; /* (L, Hkv, capacity, Dh) */
+    int capacity;
+    int pad;
+} sd_cuda_kv_desc;
+
+/* KV write into layer `layer` of the cache kd describes (sd_cuda_kv_write's twin). */
+sd_status sd_cuda_kv_write_dev(sd_cuda_ctx *ctx, const sd_cuda_kv_desc *kd, int layer,
+                               const float *k, const float *v, const int32_t *slots, int T,
+                               int n_kv_heads, int head_dim);
+
 /* Masked attention as sd_cuda_attention, the mask's width read from n_attn_dev (so a captured
  * graph serves every step). */
 extern "C" sd_status sd_cuda_attention_dev(sd_cuda_ctx *ctx, float *out, const float *q,
-                                           const float *kc, const float *vc, const uint8_t *mask,
-                                           int T, const int *n_attn_dev, int n_heads,
-                                           int n_kv_heads, int head_dim, int capacity);
+                                           const sd_cuda_kv_desc *kd, int layer,
+                                           const uint8_t *mask, int T, const int *n_attn_dev,
+                                           int n_heads, int n_kv_heads, int head_dim);
 
-/* The matmul through cuBLAS (F32/F16/BF16 weights; long prefills): xh_scratch holds T * cols
- * halves for x rounded to the weights' type. Not batch-invariant, unlike sd_cuda_matmul. */
+/* The matmul through cuBLAS (F32/F16/BF16 weights; long prefills): xh_scratch holds 2 * T * cols
+ * halves for x split into two halves of the weights' type. Not batch-invariant, unlike
+ * sd_cuda_matmul. */
 sd_status sd_cuda_matmul_cublas(sd_cuda_ctx *ctx, float *y, int64_t ldy, const void *w, int type,
                                 int64_t rows, int64_t cols, const float *x, int T,
                                 const float *bias, int accumulate, void *xh_scratch);

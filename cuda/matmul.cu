@@ -5,7 +5,7 @@
  * A token's arithmetic is therefore the same whatever the batch (no split by batch size, no
  * shared partial sums), so a verify batch reproduces one-token decoding bit for bit, as on
  * the CPU. Long prefills of F16/BF16/F32 matrices may go through cuBLAS instead (tensor
- * cores; sd_cuda_matmul_fwd with allow_cublas), which is fast but not batch-invariant. */
+ * cores; SPECDEC_CUDA_CUBLAS=1, off by default), which is fast but not batch-invariant. */
 #include "common.cuh"
 
 #define MM_WARPS 8 /* warps per block */
@@ -243,13 +243,20 @@ static sd_status mm_small(sd_cuda_ctx *ctx, float *y, int64_t ldy, const void *w
  * ld = ldy), X is X' (cols x T, ld = cols) and W is W' (cols x rows, ld = cols), so
  *     Y' = W'^T X'   :  gemm(op(A) = T, op(B) = N, m = rows, n = T, k = cols,
  *                          A = W, lda = cols, B = X, ldb = cols, C = Y, ldc = ldy).
- * F16/BF16 weights take X rounded to their type (cuBLAS wants A and B of one type) and
- * accumulate in f32; beta = 1 adds to Y. This is the only place cuBLAS is called. */
+ * cuBLAS wants A and B of one type, so F16/BF16 weights take X in their type, split in two so
+ * that little is lost: X = hi + lo with hi = round(X), lo = round(X - hi) (about 16 bits of
+ * mantissa for BF16 instead of 8), Y = W hi + W lo, accumulated in f32 (beta = 1 adds to Y).
+ * F16 cannot hold activations beyond 65504. This is the only place cuBLAS is called. */
 
-__global__ void to_half_kernel(uint16_t *dst, const float *src, int64_t n, int bf16) {
+__global__ void split_half_kernel(uint16_t *hi, uint16_t *lo, const float *src, int64_t n,
+                                  int bf16) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        dst[i] = bf16 ? sd_hd_f32_to_bf16(src[i]) : sd_hd_f32_to_f16(src[i]);
+        const float x = src[i];
+        const uint16_t h = bf16 ? sd_hd_f32_to_bf16(x) : sd_hd_f32_to_f16(x);
+        const float hv = bf16 ? sd_hd_bf16_to_f32(h) : sd_hd_f16_to_f32(h);
+        hi[i] = h;
+        lo[i] = bf16 ? sd_hd_f32_to_bf16(x - hv) : sd_hd_f32_to_f16(x - hv);
     }
 }
 
@@ -271,13 +278,17 @@ static sd_status mm_cublas(sd_cuda_ctx *ctx, float *y, int64_t ldy, const void *
                                   (int)ldy));
     } else {
         const int64_t n = (int64_t)T * cols;
-        to_half_kernel<<<sd_div_up(n, 256), 256, 0, ctx->stream>>>((uint16_t *)xh_scratch, x, n,
-                                                                   type == 30);
-        SD_CUDA_LAUNCHED("to_half_kernel");
+        uint16_t *hi = (uint16_t *)xh_scratch, *lo = hi + n;
+        split_half_kernel<<<sd_div_up(n, 256), 256, 0, ctx->stream>>>(hi, lo, x, n, type == 30);
+        SD_CUDA_LAUNCHED("split_half_kernel");
         const cudaDataType_t dt = type == 30 ? CUDA_R_16BF : CUDA_R_16F;
+        const float one = 1.0f;
         SD_CUBLAS_TRY(cublasGemmEx(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, T, (int)cols,
-                                   &alpha, w, dt, (int)cols, xh_scratch, dt, (int)cols, &beta, y,
+                                   &alpha, w, dt, (int)cols, hi, dt, (int)cols, &beta, y,
                                    CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        SD_CUBLAS_TRY(cublasGemmEx(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, T, (int)cols,
+                                   &alpha, w, dt, (int)cols, lo, dt, (int)cols, &one, y, CUDA_R_32F,
+                                   (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     if (bias != NULL) {
         add_bias_kernel<<<sd_div_up(rows * T, 256), 256, 0, ctx->stream>>>(y, ldy, bias, rows, T);

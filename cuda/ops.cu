@@ -130,11 +130,16 @@ extern "C" sd_status sd_cuda_sync(sd_cuda_ctx *ctx) {
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
-/* One thread per output element (float types) or per 32-element sub-block (quantized). */
+/* One thread per output element (float types) or per 32-element sub-block (quantized): `items`
+ * of them per token, T tokens along one grid dimension (long prompts fit). */
 __global__ void embed_kernel(float *out, const uint8_t *table, int type, int64_t D,
-                             size_t row_bytes, const int32_t *tokens, int T) {
-    const int t = blockIdx.y;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+                             size_t row_bytes, const int32_t *tokens, int T, int64_t items) {
+    const int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (int64_t)T * items) {
+        return;
+    }
+    const int t = (int)(g / items);
+    const int64_t i = g % items;
     const uint8_t *row = table + (size_t)tokens[t] * row_bytes;
     float *o = out + (size_t)t * (size_t)D;
     const int bs = sd_dev_block_size(type);
@@ -165,9 +170,8 @@ extern "C" sd_status sd_cuda_embed(sd_cuda_ctx *ctx, float *out, const void *tab
     }
     const size_t row_bytes = (size_t)(D / bs) * (size_t)sd_dev_type_size(type);
     const int64_t items = bs == 1 ? D : D / 32;
-    dim3 grid(sd_div_up(items, 128), (unsigned)T);
-    embed_kernel<<<grid, 128, 0, ctx->stream>>>(out, (const uint8_t *)table, type, D, row_bytes,
-                                                tokens, T);
+    embed_kernel<<<sd_div_up(items * T, 128), 128, 0, ctx->stream>>>(
+        out, (const uint8_t *)table, type, D, row_bytes, tokens, T, items);
     SD_CUDA_LAUNCHED("embed_kernel");
     return SD_OK;
 }
@@ -247,30 +251,64 @@ extern "C" sd_status sd_cuda_swiglu(sd_cuda_ctx *ctx, float *out, const float *g
 
 /* ---- KV cache -------------------------------------------------------------------------------- */
 
-/* kc, vc: one layer, (Hkv, capacity, Dh); token t's rows of k, v (T, Hkv * Dh) go to slots[t]. */
-__global__ void kv_write_kernel(float *kc, float *vc, const float *k, const float *v,
-                                const int32_t *slots, int T, int n_kv_heads, int head_dim,
-                                int capacity) {
+/* Layer `layer` of the cache kd describes, (Hkv, capacity, Dh): token t's rows of k, v
+ * (T, Hkv * Dh) go to slots[t]. The cache is read from kd at run time, so a captured graph
+ * serves any cache. */
+__global__ void kv_write_kernel(const sd_cuda_kv_desc *kd, int layer, const float *k,
+                                const float *v, const int32_t *slots, int T, int n_kv_heads,
+                                int head_dim) {
     const int64_t kvd = (int64_t)n_kv_heads * head_dim;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)T * kvd) {
         return;
     }
+    const size_t cap = (size_t)kd->capacity;
+    const size_t base = (size_t)layer * (size_t)n_kv_heads * cap * (size_t)head_dim;
     const int t = (int)(idx / kvd);
     const int h = (int)(idx % kvd / head_dim), d = (int)(idx % head_dim);
-    const size_t dst = ((size_t)h * (size_t)capacity + (size_t)slots[t]) * (size_t)head_dim + d;
-    kc[dst] = k[idx];
-    vc[dst] = v[idx];
+    const size_t dst = base + ((size_t)h * cap + (size_t)slots[t]) * (size_t)head_dim + d;
+    kd->k[dst] = k[idx];
+    kd->v[dst] = v[idx];
+}
+
+sd_status sd_cuda_kv_write_dev(sd_cuda_ctx *ctx, const sd_cuda_kv_desc *kd, int layer,
+                               const float *k, const float *v, const int32_t *slots, int T,
+                               int n_kv_heads, int head_dim) {
+    const int64_t n = (int64_t)T * n_kv_heads * head_dim;
+    kv_write_kernel<<<sd_div_up(n, 256), 256, 0, ctx->stream>>>(kd, layer, k, v, slots, T,
+                                                                n_kv_heads, head_dim);
+    SD_CUDA_LAUNCHED("kv_write_kernel");
+    return SD_OK;
+}
+
+/* A descriptor of one cache layer (kc, vc, capacity) in device memory, for the single-kernel
+ * launchers of the kernel checks. */
+static sd_status temp_desc(sd_cuda_ctx *ctx, sd_cuda_kv_desc **out, float *kc, float *vc,
+                           int capacity) {
+    sd_cuda_kv_desc h;
+    memset(&h, 0, sizeof(h));
+    h.k = kc;
+    h.v = vc;
+    h.capacity = capacity;
+    SD_CUDA_TRY(cudaMalloc((void **)out, sizeof(h)));
+    SD_CUDA_TRY(cudaMemcpyAsync(*out, &h, sizeof(h), cudaMemcpyHostToDevice, ctx->stream));
+    SD_CUDA_TRY(cudaStreamSynchronize(ctx->stream)); /* h is on this stack */
+    return SD_OK;
 }
 
 extern "C" sd_status sd_cuda_kv_write(sd_cuda_ctx *ctx, float *kc, float *vc, const float *k,
                                       const float *v, const int32_t *slots, int T, int n_kv_heads,
                                       int head_dim, int capacity) {
-    const int64_t n = (int64_t)T * n_kv_heads * head_dim;
-    kv_write_kernel<<<sd_div_up(n, 256), 256, 0, ctx->stream>>>(kc, vc, k, v, slots, T, n_kv_heads,
-                                                                head_dim, capacity);
-    SD_CUDA_LAUNCHED("kv_write_kernel");
-    return SD_OK;
+    sd_cuda_kv_desc *kd = NULL;
+    sd_status st = temp_desc(ctx, &kd, kc, vc, capacity);
+    if (st == SD_OK) {
+        st = sd_cuda_kv_write_dev(ctx, kd, 0, k, v, slots, T, n_kv_heads, head_dim);
+    }
+    if (st == SD_OK) {
+        st = sd_cuda_sync(ctx);
+    }
+    cudaFree(kd);
+    return st;
 }
 
 /* ---- attention ------------------------------------------------------------------------------- */
@@ -284,18 +322,21 @@ extern "C" sd_status sd_cuda_kv_write(sd_cuda_ctx *ctx, float *kc, float *vc, co
  * four warps' partial results are merged at the end. Only slots the token's mask opens count.
  * A query's arithmetic depends on its own mask and the cache alone, never on the batch. */
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
-    attention_kernel(float *out, const float *q, const float *kc, const float *vc,
+    attention_kernel(float *out, const float *q, const sd_cuda_kv_desc *kd, int layer,
                      const uint8_t *mask, const int *n_attn_dev, int n_heads, int n_kv_heads,
-                     int head_dim, int capacity, float scale) {
+                     int head_dim, float scale) {
     __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS];
     __shared__ float sacc[ATTN_WARPS][ATTN_MAX_DH];
     const int th = blockIdx.x; /* token * H + head */
     const int t = th / n_heads, h = th % n_heads;
     const int kvh = h / (n_heads / n_kv_heads);
     const int n_attn = *n_attn_dev;
+    const size_t capacity = (size_t)kd->capacity;
+    const size_t head = capacity * (size_t)head_dim;
+    const size_t base = ((size_t)layer * (size_t)n_kv_heads + (size_t)kvh) * head;
     const float *qv = q + (size_t)th * (size_t)head_dim;
-    const float *k = kc + (size_t)kvh * (size_t)capacity * (size_t)head_dim;
-    const float *v = vc + (size_t)kvh * (size_t)capacity * (size_t)head_dim;
+    const float *k = kd->k + base;
+    const float *v = kd->v + base;
     const uint8_t *m = mask + (size_t)t * (size_t)n_attn;
     const int lane = threadIdx.x % SD_WARP, warp = threadIdx.x / SD_WARP;
     const int per = (head_dim + SD_WARP - 1) / SD_WARP; /* elements per lane, <= 8 */
@@ -361,16 +402,16 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
 }
 
 extern "C" sd_status sd_cuda_attention_dev(sd_cuda_ctx *ctx, float *out, const float *q,
-                                           const float *kc, const float *vc, const uint8_t *mask,
-                                           int T, const int *n_attn_dev, int n_heads,
-                                           int n_kv_heads, int head_dim, int capacity) {
+                                           const sd_cuda_kv_desc *kd, int layer,
+                                           const uint8_t *mask, int T, const int *n_attn_dev,
+                                           int n_heads, int n_kv_heads, int head_dim) {
     if (head_dim > ATTN_MAX_DH) {
         return sd_set_error(SD_ERR_UNSUPPORTED, "CUDA attention supports head_dim <= %d, got %d",
                             ATTN_MAX_DH, head_dim);
     }
     const float scale = 1.0f / sqrtf((float)head_dim);
     attention_kernel<<<(unsigned)(T * n_heads), ATTN_WARPS * 32, 0, ctx->stream>>>(
-        out, q, kc, vc, mask, n_attn_dev, n_heads, n_kv_heads, head_dim, capacity, scale);
+        out, q, kd, layer, mask, n_attn_dev, n_heads, n_kv_heads, head_dim, scale);
     SD_CUDA_LAUNCHED("attention_kernel");
     return SD_OK;
 }
@@ -380,22 +421,23 @@ extern "C" sd_status sd_cuda_attention(sd_cuda_ctx *ctx, float *out, const float
                                        int n_attn, int n_heads, int n_kv_heads, int head_dim,
                                        int capacity) {
     int *n_dev = NULL;
+    sd_cuda_kv_desc *kd = NULL;
     SD_CUDA_TRY(cudaMalloc((void **)&n_dev, sizeof(int)));
-    sd_status st = SD_OK;
-    const cudaError_t e =
-        cudaMemcpyAsync(n_dev, &n_attn, sizeof(int), cudaMemcpyHostToDevice, ctx->stream);
-    if (e != cudaSuccess) {
+    sd_status st = temp_desc(ctx, &kd, (float *)kc, (float *)vc, capacity);
+    if (st == SD_OK && cudaMemcpyAsync(n_dev, &n_attn, sizeof(int), cudaMemcpyHostToDevice,
+                                       ctx->stream) != cudaSuccess) {
         st = sd_set_error(SD_ERR_CUDA, "%s:%d: copying n_attn: %s", __FILE__, __LINE__,
-                          cudaGetErrorString(e));
+                          cudaGetErrorString(cudaGetLastError()));
     }
     if (st == SD_OK) {
-        st = sd_cuda_attention_dev(ctx, out, q, kc, vc, mask, T, n_dev, n_heads, n_kv_heads,
-                                   head_dim, capacity);
+        st = sd_cuda_attention_dev(ctx, out, q, kd, 0, mask, T, n_dev, n_heads, n_kv_heads,
+                                   head_dim);
     }
     if (st == SD_OK) {
-        st = sd_cuda_sync(ctx);
+        st = sd_cuda_sync(ctx); /* before n_attn leaves this stack */
     }
     cudaFree(n_dev);
+    cudaFree(kd);
     return st;
 }
 

@@ -7,7 +7,10 @@
  * them, norms and biases as f32), the KV caches, the forward's activations, and the state of
  * the decoding loops (batch tokens, draft distributions, results), so a speculative step
  * needs one host synchronisation: the copy of its result. Launchers of single kernels (used by
- * the kernel checks) take the arguments of their CPU twins (twins.h) after the context. */
+ * the kernel checks) take the arguments of their CPU twins (twins.h) after the context.
+ * Quantized weights are multiplied with f32 activations (the CPU forward rounds activations to
+ * 8 bits first), so the backends agree on float models to rounding and on quantized models to
+ * the CPU's activation rounding. */
 #ifndef SD_CUDA_H
 #define SD_CUDA_H
 
@@ -46,6 +49,8 @@ sd_status sd_cuda_cache_create(sd_cuda_cache **out, sd_cuda_model *cm, int capac
 void sd_cuda_cache_free(sd_cuda_cache *c);
 /* Slot src's keys and values (every layer) onto slot dst. */
 sd_status sd_cuda_cache_copy_slot(sd_cuda_cache *c, int dst, int src);
+/* The model a cache belongs to. */
+const sd_cuda_model *sd_cuda_cache_model(const sd_cuda_cache *c);
 /* Copy K and V ((L, Hkv, capacity, Dh) each) to the host (the cache self-check). */
 sd_status sd_cuda_cache_download(const sd_cuda_cache *c, float *k, float *v);
 

@@ -92,8 +92,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if probe is None:
         print("CUDA        : not compiled in (CPU-only build)")
     else:
-        print(f"CUDA        : sources compiled, cuBLAS {probe['cublas_version']}, "
-              f"{probe['devices']} device(s) visible; the GPU backend is not implemented yet")
+        print(f"CUDA        : backend compiled in, cuBLAS {probe['cublas_version']}, "
+              f"{probe['devices']} device(s) visible (device='cuda' needs one)")
     if args.model:
         model = specdec.load(args.model)
         print(model)
