@@ -137,13 +137,14 @@ PARTS = {"copy": part_copy, "decode": part_decode, "verify": part_verify,
          "equality": part_equality}
 
 
-def run_part(name: str, arg: str, timeout: float) -> dict:
+def run_part(name: str, arg: str, timeout: float, env: dict | None = None) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--part", name]
     if arg:
         cmd += ["--arg", arg]
     t0 = time.perf_counter()
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, **(env or {})))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if r.returncode != 0:
@@ -178,6 +179,9 @@ def main() -> None:
     res["copy"] = run_part("copy", "", 120)
     res["decode"] = run_part("decode", "", 240)
     res["verify"] = run_part("verify", "", 240)
+    # the same two with BF16 matmuls on the tensor cores
+    res["decode_mma"] = run_part("decode", "", 240, {"SPECDEC_CUDA_MMA": "1"})
+    res["verify_mma"] = run_part("verify", "", 240, {"SPECDEC_CUDA_MMA": "1"})
     rel = res["verify"].get("relative", {})
     res["synthetic"] = run_part("synthetic", json.dumps(rel), 300) if rel else {
         "error": "no verify curve"}
@@ -202,6 +206,17 @@ def main() -> None:
             + " |")
     else:
         print(f"| (c) verify | error: {res['verify'].get('error', '')[-300:]!r} |")
+    dm, vm = res["decode_mma"], res["verify_mma"].get("relative", {})
+    if "forward_GBps" in dm:
+        frac = dm["forward_GBps"] / cp["GBps"] if cp.get("GBps") else None
+        print(f"| (b, mma) 8B BF16 forward, 1 token, tensor cores | {dm['forward_s'] * 1e3:.2f} ms = "
+              f"{dm['forward_GBps']:.0f} GB/s ({fmt(frac, '.0%')} of copy); "
+              f"{dm['tokens_per_s']:.1f} tok/s |")
+    else:
+        print(f"| (b, mma) | error: {dm.get('error', '')[-300:]!r} |")
+    if vm:
+        print("| (c, mma) verify T=2,4,8,16 / T=1 | " + ", ".join(
+            f"{float(vm[str(T)]):.2f}" for T in (2, 4, 8, 16)) + " |")
     syn = res["synthetic"]
     if "rows" in syn:
         print("\n| alpha | K | speedup | predicted | tau (expected) |\n|---|---|---|---|---|")

@@ -144,6 +144,15 @@ static sd_status run_matmul(kctx *c, void **p, const sd_karg *a) {
     ON_GPU(sd_cuda_matmul(c, p[0], L(1), p[2], I(3), L(4), L(5), p[6], I(7), p[8], I(9)));
 }
 
+/* matmul_mma: the same arguments; the tensor-core kernel of BF16 rows (twin: the same twin) */
+static sd_status run_matmul_mma(kctx *c, void **p, const sd_karg *a) {
+    if (c == NULL) {
+        sd_twin_matmul(p[0], L(1), p[2], I(3), L(4), L(5), p[6], I(7), p[8], I(9));
+        return SD_OK;
+    }
+    ON_GPU(sd_cuda_matmul_mma(c, p[0], L(1), p[2], I(3), L(4), L(5), p[6], I(7), p[8], I(9)));
+}
+
 /* process(probs, logits, rows, V, temperature, top_k, top_p, min_p) */
 static void sz_process(const sd_karg *a, size_t *n) {
     n[0] = n[1] = (size_t)I(2) * (size_t)I(3) * 4;
@@ -236,6 +245,7 @@ static const kop g_ops[] = {
     {"kv_write", "bbbbbiiii", sz_kv_write, run_kv_write},
     {"attention", "bbbbbiiiiii", sz_attention, run_attention},
     {"matmul", "bibiiibini", sz_matmul, run_matmul},
+    {"matmul_mma", "bibiiibini", sz_matmul, run_matmul_mma},
     {"process", "bbiififf", sz_process, run_process},
     {"argmax", "bbii", sz_argmax, run_argmax},
     {"sample", "bbiiiii", sz_sample, run_sample},
@@ -253,7 +263,7 @@ static int type_arg(const char *name) {
     if (strcmp(name, "embed") == 0) {
         return 2;
     }
-    if (strcmp(name, "matmul") == 0) {
+    if (strcmp(name, "matmul") == 0 || strcmp(name, "matmul_mma") == 0) {
         return 3;
     }
     return strcmp(name, "dummy_fill") == 0 ? 1 : -1;

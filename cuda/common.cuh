@@ -56,6 +56,7 @@ struct sd_cuda_ctx {
     void *workspace; /* cuBLAS workspace (fixed, so graph capture never allocates) */
     size_t workspace_bytes;
     int n_sms;
+    int use_mma; /* BF16 matmuls on the tensor cores (SPECDEC_CUDA_MMA=1) */
 };
 
 /* Create a context on `device` (stream, cuBLAS handle, workspace) / release it. */

@@ -20,27 +20,35 @@ __device__ __forceinline__ void mm_store(float *y, int64_t ldy, float v, const f
     *dst = accumulate ? *dst + v : v;
 }
 
+/* 8 consecutive elements of a float-typed row (16 bytes of F16/BF16, 32 of F32), as floats. */
 template <int TYPE>
-__device__ __forceinline__ void mm_load4(float *o, const uint8_t *row, int64_t k) {
+__device__ __forceinline__ void mm_load8(float *o, const uint8_t *row, int64_t k) {
     if (TYPE == 0) {
-        const float4 v = *(const float4 *)((const float *)row + k);
-        o[0] = v.x;
-        o[1] = v.y;
-        o[2] = v.z;
-        o[3] = v.w;
+        const float4 a = *(const float4 *)((const float *)row + k);
+        const float4 b = *(const float4 *)((const float *)row + k + 4);
+        o[0] = a.x;
+        o[1] = a.y;
+        o[2] = a.z;
+        o[3] = a.w;
+        o[4] = b.x;
+        o[5] = b.y;
+        o[6] = b.z;
+        o[7] = b.w;
     } else {
-        const uint2 v = *(const uint2 *)((const uint16_t *)row + k);
-        const uint16_t h[4] = {(uint16_t)(v.x & 0xffffu), (uint16_t)(v.x >> 16),
-                               (uint16_t)(v.y & 0xffffu), (uint16_t)(v.y >> 16)};
+        const uint4 v = *(const uint4 *)((const uint16_t *)row + k);
+        const uint32_t wds[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
         for (int e = 0; e < 4; e++) {
-            o[e] = TYPE == 1 ? sd_hd_f16_to_f32(h[e]) : sd_hd_bf16_to_f32(h[e]);
+            const uint16_t lo = (uint16_t)(wds[e] & 0xffffu), hi = (uint16_t)(wds[e] >> 16);
+            o[2 * e] = TYPE == 1 ? sd_hd_f16_to_f32(lo) : sd_hd_bf16_to_f32(lo);
+            o[2 * e + 1] = TYPE == 1 ? sd_hd_f16_to_f32(hi) : sd_hd_bf16_to_f32(hi);
         }
     }
 }
 
-/* Float weights (TYPE 0 F32, 1 F16, 30 BF16). vec: cols % 4 == 0, so rows of W and x are
- * 16- (8-) byte aligned and a lane takes 4 columns at a time; else one at a time. Which of the
- * two depends on cols only, never on the batch. */
+/* Float weights (TYPE 0 F32, 1 F16, 30 BF16). vec: cols % 8 == 0, so rows of W and x are 16-
+ * byte aligned and a lane takes 8 columns at a time (16-byte loads); else one at a time. Which
+ * of the two depends on cols only, never on the batch. */
 template <int TYPE, int TT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     mm_float_kernel(float *y, int64_t ldy, const uint8_t *w, int64_t rows, int64_t cols,
@@ -54,32 +62,35 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
         return;
     }
     float acc[MM_ROWS][TT];
+#pragma unroll
     for (int r = 0; r < MM_ROWS; r++) {
+#pragma unroll
         for (int t = 0; t < TT; t++) {
             acc[r][t] = 0.0f;
         }
     }
     const float *xb = x + (size_t)t0 * (size_t)cols;
     if (vec) {
-        for (int64_t k = (int64_t)lane * 4; k < cols; k += 4 * SD_WARP) {
-            float xv[TT][4];
-            for (int t = 0; t < TT; t++) {
-                if (t < nt) {
-                    const float4 v = *(const float4 *)(xb + (size_t)t * (size_t)cols + k);
-                    xv[t][0] = v.x;
-                    xv[t][1] = v.y;
-                    xv[t][2] = v.z;
-                    xv[t][3] = v.w;
-                }
-            }
+        for (int64_t k = (int64_t)lane * 8; k < cols; k += 8 * SD_WARP) {
+            float wv[MM_ROWS][8];
+#pragma unroll
             for (int r = 0; r < MM_ROWS; r++) {
                 if (r0 + r < rows) {
-                    float wv[4];
-                    mm_load4<TYPE>(wv, w + (size_t)(r0 + r) * row_bytes, k);
-                    for (int t = 0; t < TT; t++) {
-                        if (t < nt) {
-                            for (int e = 0; e < 4; e++) {
-                                acc[r][t] = fmaf(wv[e], xv[t][e], acc[r][t]);
+                    mm_load8<TYPE>(wv[r], w + (size_t)(r0 + r) * row_bytes, k);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                if (t < nt) {
+                    const float *xt = xb + (size_t)t * (size_t)cols + k;
+                    const float4 a = *(const float4 *)xt, b = *(const float4 *)(xt + 4);
+                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int r = 0; r < MM_ROWS; r++) {
+                        if (r0 + r < rows) {
+#pragma unroll
+                            for (int e = 0; e < 8; e++) {
+                                acc[r][t] = fmaf(wv[r][e], xv[e], acc[r][t]);
                             }
                         }
                     }
@@ -88,9 +99,11 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
         }
     } else {
         for (int64_t k = lane; k < cols; k += SD_WARP) {
+#pragma unroll
             for (int r = 0; r < MM_ROWS; r++) {
                 if (r0 + r < rows) {
                     const float wv = sd_dev_float_at(TYPE, w + (size_t)(r0 + r) * row_bytes, k);
+#pragma unroll
                     for (int t = 0; t < TT; t++) {
                         if (t < nt) {
                             acc[r][t] = fmaf(wv, xb[(size_t)t * (size_t)cols + k], acc[r][t]);
@@ -100,7 +113,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
             }
         }
     }
+#pragma unroll
     for (int r = 0; r < MM_ROWS; r++) {
+#pragma unroll
         for (int t = 0; t < TT; t++) {
             const float v = sd_warp_sum(acc[r][t]);
             if (lane == 0 && t < nt && r0 + r < rows) {
@@ -108,6 +123,135 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
             }
         }
     }
+}
+
+/* ---- BF16 on the tensor cores -----------------------------------------------------------------
+ * mma.sync m16n8k16 (bf16 x bf16 -> f32): a warp computes 16 rows x 8 tokens at a time. The
+ * activations enter as two bf16 halves, x = hi + lo (hi = bf16(x), lo = bf16(x - hi)), so a
+ * product keeps about 16 bits of x, not 8; two mmas per step. Each output column is one token's
+ * dot product, untouched by the other columns, so a token's bits do not depend on the batch.
+ * The k order inside a 64-column chunk is permuted the same way for weights and activations
+ * (lane t4 of a quad owns columns 16 t4 .. 16 t4 + 15 of the chunk, loaded with 16-byte loads;
+ * mma step s takes its elements 4s .. 4s + 3 into the fragment slots 2 t4, 2 t4 + 1, 2 t4 + 8,
+ * 2 t4 + 9), which a sum over k does not see. */
+
+__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    return (uint32_t)sd_hd_f32_to_bf16(lo) | ((uint32_t)sd_hd_f32_to_bf16(hi) << 16);
+}
+
+__device__ __forceinline__ float round_bf16(float x) {
+    return sd_hd_bf16_to_f32(sd_hd_f32_to_bf16(x));
+}
+
+#define MMA_WARPS 4
+
+/* NT tiles of 8 tokens (blockIdx.y walks groups of NT tiles); rows in tiles of 16 per warp. */
+template <int NT>
+__global__ void __launch_bounds__(MMA_WARPS * 32)
+    mm_bf16_mma_kernel(float *y, int64_t ldy, const uint16_t *w, int64_t rows, int64_t cols,
+                       const float *x, int T, const float *bias, int accumulate) {
+    const int warp = threadIdx.x / SD_WARP, lane = threadIdx.x % SD_WARP;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int64_t r0 = ((int64_t)blockIdx.x * MMA_WARPS + warp) * 16;
+    const int tb = blockIdx.y * 8 * NT;
+    if (r0 >= rows) {
+        return;
+    }
+    const bool ra = r0 + g < rows, rb = r0 + g + 8 < rows;
+    const uint16_t *wa = w + (size_t)(ra ? r0 + g : 0) * (size_t)cols;
+    const uint16_t *wb = w + (size_t)(rb ? r0 + g + 8 : 0) * (size_t)cols;
+    float c[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+    }
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int64_t k0 = 0; k0 < cols; k0 += 64) {
+        const int64_t kk = k0 + 16 * t4;
+        /* this lane's 16 weights of rows g and g + 8: words j hold elements 2j, 2j + 1 */
+        uint32_t wA[8], wB[8];
+        {
+            const uint4 a0 = ra ? *(const uint4 *)(wa + kk) : zero;
+            const uint4 a1 = ra ? *(const uint4 *)(wa + kk + 8) : zero;
+            const uint4 b0 = rb ? *(const uint4 *)(wb + kk) : zero;
+            const uint4 b1 = rb ? *(const uint4 *)(wb + kk + 8) : zero;
+            const uint32_t t[16] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w,
+                                    b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                wA[j] = t[j];
+                wB[j] = t[8 + j];
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const int tok = tb + 8 * n + g;
+            float xv[16];
+            if (tok < T) {
+                const float4 *xp = (const float4 *)(x + (size_t)tok * (size_t)cols + kk);
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float4 v = xp[q];
+                    xv[4 * q] = v.x;
+                    xv[4 * q + 1] = v.y;
+                    xv[4 * q + 2] = v.z;
+                    xv[4 * q + 3] = v.w;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 16; e++) {
+                    xv[e] = 0.0f;
+                }
+            }
+            for (int st = 0; st < 4; st++) { /* elements 4 st .. 4 st + 3 */
+                const uint32_t a[4] = {wA[2 * st], wB[2 * st], wA[2 * st + 1], wB[2 * st + 1]};
+                float hi[4], lo[4];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    hi[e] = round_bf16(xv[4 * st + e]);
+                    lo[e] = xv[4 * st + e] - hi[e];
+                }
+                mma_bf16(c[n], a, pack_bf16(hi[0], hi[1]), pack_bf16(hi[2], hi[3]));
+                mma_bf16(c[n], a, pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]));
+            }
+        }
+    }
+/* c[n][0..1]: row g, tokens 2 t4, 2 t4 + 1 of tile n; c[n][2..3]: row g + 8, the same */
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t r = r0 + g + (e >= 2 ? 8 : 0);
+            const int tok = tb + 8 * n + 2 * t4 + (e & 1);
+            if (r < rows && tok < T) {
+                mm_store(y, ldy, c[n][e], bias, r, tok, accumulate);
+            }
+        }
+    }
+}
+
+static sd_status mm_bf16_mma(sd_cuda_ctx *ctx, float *y, int64_t ldy, const uint16_t *w,
+                             int64_t rows, int64_t cols, const float *x, int T, const float *bias,
+                             int accumulate) {
+    const int nt = T > 8 ? 2 : 1; /* 8 or 16 tokens per block */
+    const dim3 grid(sd_div_up(rows, MMA_WARPS * 16), sd_div_up(T, 8 * nt));
+    if (nt == 2) {
+        mm_bf16_mma_kernel<2><<<grid, MMA_WARPS * 32, 0, ctx->stream>>>(y, ldy, w, rows, cols, x, T,
+                                                                        bias, accumulate);
+    } else {
+        mm_bf16_mma_kernel<1><<<grid, MMA_WARPS * 32, 0, ctx->stream>>>(y, ldy, w, rows, cols, x, T,
+                                                                        bias, accumulate);
+    }
+    SD_CUDA_LAUNCHED("mm_bf16_mma_kernel");
+    return SD_OK;
 }
 
 /* Quantized weights: a lane takes one 32-element sub-block of a row at a time, decodes it
@@ -127,7 +271,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     constexpr int BS = TYPE == 12 || TYPE == 13 || TYPE == 14 ? 256 : 32;
     const int ts = sd_dev_type_size(TYPE);
     float acc[MM_ROWS][TT];
+#pragma unroll
     for (int r = 0; r < MM_ROWS; r++) {
+#pragma unroll
         for (int t = 0; t < TT; t++) {
             acc[r][t] = 0.0f;
         }
@@ -137,6 +283,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     for (int64_t j = lane; j < nsub; j += SD_WARP) {
         const int64_t blk = j * 32 / BS;
         const int sub = (int)(j * 32 % BS) / 32;
+#pragma unroll
         for (int r = 0; r < MM_ROWS; r++) {
             if (r0 + r >= rows) {
                 continue;
@@ -144,14 +291,17 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
             sd_sub32 s;
             sd_dev_decode(TYPE, &s, w + (size_t)(r0 + r) * row_bytes + (size_t)blk * ts, sub);
             float wv[32];
+#pragma unroll
             for (int e = 0; e < 32; e++) {
                 /* d * q, then + m: the C decoder's two roundings (no fused multiply-add) */
                 wv[e] = __fadd_rn(__fmul_rn(e < 16 ? s.d_lo : s.d_hi, (float)s.q[e]), s.m);
             }
+#pragma unroll
             for (int t = 0; t < TT; t++) {
                 if (t < nt) {
                     const float4 *xt =
                         (const float4 *)(xb + (size_t)t * (size_t)cols + (size_t)j * 32);
+#pragma unroll
                     for (int e4 = 0; e4 < 8; e4++) {
                         const float4 v = xt[e4];
                         acc[r][t] = fmaf(wv[4 * e4 + 0], v.x, acc[r][t]);
@@ -163,7 +313,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
             }
         }
     }
+#pragma unroll
     for (int r = 0; r < MM_ROWS; r++) {
+#pragma unroll
         for (int t = 0; t < TT; t++) {
             const float v = sd_warp_sum(acc[r][t]);
             if (lane == 0 && t < nt && r0 + r < rows) {
@@ -182,7 +334,7 @@ static sd_status mm_launch(sd_cuda_ctx *ctx, float *y, int64_t ldy, const uint8_
     const dim3 grid(sd_div_up(rows, MM_WARPS * MM_ROWS), sd_div_up(T, MM_TOK));
     const int tt = T >= MM_TOK ? 8 : T > 2 ? (T > 4 ? 8 : 4) : T;
     const unsigned threads = MM_WARPS * 32;
-    const int vec = cols % 4 == 0;
+    const int vec = cols % 8 == 0;
 #define MM_FLOAT(TTv)                                                                              \
     mm_float_kernel<TYPE, TTv><<<grid, threads, 0, ctx->stream>>>(                                 \
         y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, vec)
@@ -221,6 +373,9 @@ static sd_status mm_small(sd_cuda_ctx *ctx, float *y, int64_t ldy, const void *w
                             (long long)cols);
     }
     const size_t row_bytes = (size_t)(cols / bs) * (size_t)sd_dev_type_size(type);
+    if (type == 30 && ctx->use_mma && cols % 64 == 0) {
+        return mm_bf16_mma(ctx, y, ldy, (const uint16_t *)w, rows, cols, x, T, bias, accumulate);
+    }
     switch (type) {
     case 0: return mm_launch<0>(ctx, y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate);
     case 1: return mm_launch<1>(ctx, y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate);
@@ -307,4 +462,16 @@ extern "C" sd_status sd_cuda_matmul(sd_cuda_ctx *ctx, float *y, int64_t ldy, con
                                     int type, int64_t rows, int64_t cols, const float *x, int T,
                                     const float *bias, int accumulate) {
     return mm_small(ctx, y, ldy, w, type, rows, cols, x, T, bias, accumulate);
+}
+
+extern "C" sd_status sd_cuda_matmul_mma(sd_cuda_ctx *ctx, float *y, int64_t ldy, const void *w,
+                                        int type, int64_t rows, int64_t cols, const float *x, int T,
+                                        const float *bias, int accumulate) {
+    if (type != 30 || cols % 64 != 0) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "the tensor-core matmul takes BF16 rows of a multiple of 64 elements, "
+                            "got type %d with rows of %lld",
+                            type, (long long)cols);
+    }
+    return mm_bf16_mma(ctx, y, ldy, (const uint16_t *)w, rows, cols, x, T, bias, accumulate);
 }

@@ -169,6 +169,11 @@ sd_status sd_cuda_attention(sd_cuda_ctx *ctx, float *out, const float *q, const 
 sd_status sd_cuda_matmul(sd_cuda_ctx *ctx, float *y, int64_t ldy, const void *w, int type,
                          int64_t rows, int64_t cols, const float *x, int T, const float *bias,
                          int accumulate);
+/* The BF16 matmul on the tensor cores (cols % 64 == 0; sd_cuda_matmul takes it for BF16 when
+ * SPECDEC_CUDA_MMA=1): the same twin, x split into two bf16 halves (about 2^-16 relative). */
+sd_status sd_cuda_matmul_mma(sd_cuda_ctx *ctx, float *y, int64_t ldy, const void *w, int type,
+                             int64_t rows, int64_t cols, const float *x, int T, const float *bias,
+                             int accumulate);
 sd_status sd_cuda_process(sd_cuda_ctx *ctx, float *probs, const float *logits, int rows, int V,
                           float temperature, int top_k, float top_p, float min_p);
 sd_status sd_cuda_argmax(sd_cuda_ctx *ctx, int32_t *out, const float *x, int rows, int V);

@@ -95,6 +95,63 @@ def test_matmul(type_name):
         np.testing.assert_array_equal(gpu[0][:, rows:], cpu[0][:, rows:])  # ldy padding kept
 
 
+def test_matmul_mma_bf16():
+    """The tensor-core kernel (SPECDEC_CUDA_MMA=1 for BF16): activations as two bf16 halves,
+    so within 3e-5 of sum |w x| (about 2^-16 relative per product); rows of a batch equal the
+    token alone bit for bit."""
+    for T, rows, cols, acc in ((1, 37, 256, 0), (5, 64, 512, 1), (9, 19, 768, 0),
+                               (16, 48, 256, 1), (37, 33, 512, 0)):
+        args, (_, scale) = K.matmul_case("BF16", T, rows, cols, seed=T, accumulate=acc)
+        cpu = K.run("matmul", K.CPU, K.fresh(args))
+        gpu = K.run("matmul_mma", K.CUDA, K.fresh(args))
+        assert np.all(np.abs(gpu[0][:, :rows] - cpu[0][:, :rows]) <= 3e-5 * scale + 1e-6), T
+    args, _ = K.matmul_case("BF16", 20, 40, 512, seed=3, bias=False)
+    w, x = args[2], args[6]
+    for T in (2, 9, 20):
+        batch = K.run("matmul_mma", K.CUDA, [np.zeros((T, 40), np.float32), 40, w, 30, 40, 512,
+                                             x[:T].copy(), T, None, 0])[0]
+        for t in range(T):
+            one = K.run("matmul_mma", K.CUDA, [np.zeros((1, 40), np.float32), 40, w, 30, 40, 512,
+                                               x[t:t + 1].copy(), 1, None, 0])[0]
+            np.testing.assert_array_equal(batch[t], one[0], err_msg=f"T {T} t {t}")
+
+
+def test_mma_models_decode_like_the_cpu_and_speculate_exactly():
+    """With SPECDEC_CUDA_MMA=1 (a child process): a BF16 dummy model's greedy tokens are the
+    CPU's but at near-ties, and prompt lookup's greedy output is plain greedy output."""
+    import json
+    import subprocess
+    import sys
+
+    from test_robustness import HERE, child_env
+
+    shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
+                 n_heads=4, n_kv_heads=2, vocab_size=301)
+    prompts = [tm.random_tokens(301, 6, s) * 2 for s in range(4)]
+    code = ("import json, sys, specdec\n"
+            "shape, prompts = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+            "m = specdec.dummy_model(shape, 'bf16', device='cuda', seed=7)\n"
+            "out = []\n"
+            "for p in prompts:\n"
+            "    a = specdec.generate(m, p, max_new_tokens=24).tokens\n"
+            "    b = specdec.generate(m, p, max_new_tokens=24, speculator=specdec.PromptLookup("
+            "k=4, verify_slope=0)).tokens\n"
+            "    out.append([a, b])\n"
+            "print(json.dumps(out))")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(shape), json.dumps(prompts)],
+                       env=child_env(SPECDEC_CUDA_MMA="1"), capture_output=True, text=True,
+                       timeout=300, cwd=HERE)
+    assert r.returncode == 0, r.stderr
+    cpu = specdec.dummy_model(shape, "bf16", seed=7)
+    for p, (plain, spec) in zip(prompts, json.loads(r.stdout)):
+        assert spec == plain
+        ref = specdec.generate(cpu, p, max_new_tokens=24).tokens
+        if ref != plain:
+            k = next(i for i, (u, v) in enumerate(zip(ref, plain)) if u != v)
+            row = cpu.logits(p + ref[:k])[-1]
+            assert _margin(row) < 1e-3 * np.max(np.abs(row)), k
+
+
 def test_matmul_rows_of_a_batch_equal_single_tokens_bitwise():
     """A token's bits do not depend on the batch: rows of T = 2..37 equal that token alone."""
     for type_name in ("F32", "BF16", "Q4_0", "Q4_K", "Q6_K"):
