@@ -122,9 +122,13 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
 
 /* ---- row-parallel elementwise work ----------------------------------------------------------- */
 
-/* Tokens per task: a task of a few thousand elements keeps the dispatch cost small. */
-static int rows_per_task(int T, int64_t n) {
+/* Tokens per task: a task of a few thousand elements keeps the dispatch cost small, and a
+ * short batch is still shared by every thread (8 tokens on 2 threads: 4 and 4, not 7 and 1). */
+static int rows_per_task(sd_threadpool *pool, int T, int64_t n) {
     int64_t r = 4096 / (n > 0 ? n : 1);
+    const int nt = sd_threadpool_size(pool);
+    const int share = (T + nt - 1) / nt;
+    r = r > share ? share : r;
     return r < 1 ? 1 : r > T ? T : (int)r;
 }
 
@@ -151,7 +155,7 @@ static void quant_task(void *ctx, int task, int thread) {
 
 void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, float *xt, const float *x, int T,
                       int64_t n) {
-    quant_ctx c = {xq, xt, x, T, rows_per_task(T, n), n};
+    quant_ctx c = {xq, xt, x, T, rows_per_task(pool, T, n), n};
     sd_threadpool_run(pool, quant_task, &c, (T + c.per - 1) / c.per);
 }
 
@@ -173,7 +177,7 @@ static void swiglu_task(void *ctx, int task, int thread) {
 
 void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
                     int64_t n) {
-    rows_ctx c = {out, gate, up, T, rows_per_task(T, n), n, 0.0f};
+    rows_ctx c = {out, gate, up, T, rows_per_task(pool, T, n), n, 0.0f};
     sd_threadpool_run(pool, swiglu_task, &c, (T + c.per - 1) / c.per);
 }
 
@@ -187,7 +191,7 @@ static void rmsnorm_task(void *ctx, int task, int thread) {
 
 void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
                      float eps) {
-    rows_ctx c = {out, x, w, T, rows_per_task(T, n), n, eps};
+    rows_ctx c = {out, x, w, T, rows_per_task(pool, T, n), n, eps};
     sd_threadpool_run(pool, rmsnorm_task, &c, (T + c.per - 1) / c.per);
 }
 
