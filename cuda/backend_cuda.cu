@@ -410,11 +410,9 @@ static sd_status reserve(sd_cuda_model *cm, int T, int n_attn, int n_logits) {
     cm->in_pos = cm->in_tokens + nt;
     cm->in_slots = cm->in_pos + nt;
     cm->in_n_attn = (int *)(cm->in_slots + nt);
-    cm->cap_tokens = nt;
-    cm->cap_attn = na;
-    cm->cap_logits = nl;
     /* pinned staging for short batches: tokens, pos, slots, n_attn, the cache descriptor, the
-     * mask */
+     * mask. The capacities are published only once it is in place: a failure here leaves the
+     * model with no buffers (the next forward tries again), never with too small ones. */
     const size_t sb = (size_t)STAGE_TOKENS * 12 + 64 + (size_t)STAGE_TOKENS * (size_t)na;
     if (sb > cm->stage_bytes) {
         for (int i = 0; i < STAGE_SLOTS; i++) {
@@ -425,10 +423,20 @@ static sd_status reserve(sd_cuda_model *cm, int T, int n_attn, int n_logits) {
         }
         cm->stage_bytes = 0;
         for (int i = 0; i < STAGE_SLOTS; i++) {
-            SD_CUDA_TRY(cudaMallocHost((void **)&cm->stage[i], sb));
+            const cudaError_t e = cudaMallocHost((void **)&cm->stage[i], sb);
+            if (e != cudaSuccess) {
+                cudaGetLastError();
+                free_activations(cm);
+                return sd_set_error(SD_ERR_CUDA,
+                                    "%s:%d: pinned staging of %zu KiB: cudaMallocHost failed: %s",
+                                    __FILE__, __LINE__, sb >> 10, cudaGetErrorString(e));
+            }
         }
         cm->stage_bytes = sb;
     }
+    cm->cap_tokens = nt;
+    cm->cap_attn = na;
+    cm->cap_logits = nl;
     return SD_OK;
 }
 
