@@ -7,7 +7,7 @@
 /* sd_forward, with the batch's token ids optionally already on the device (tokens_dev, CUDA
  * models only: a draft chain feeding its own picks; b->tokens is then ignored and the ids are
  * trusted, the picking kernels writing only ids < V). On a CUDA model logits may be NULL with
- * n_logits > 0: the rows then stay on the device (sd_cuda_logits_dev). */
+ * n_logits > 0: the rows then stay on the device, for the device-side picking and verifying. */
 sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *logits,
                         const int32_t *tokens_dev);
 

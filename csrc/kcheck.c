@@ -22,7 +22,8 @@ typedef void kctx;
 #define ON_GPU(call) return sd_set_error(SD_ERR_UNSUPPORTED, "this build has no CUDA backend")
 #endif
 
-/* An op: its argument kinds ('b' array, 'n' array or None, 'i' integer, 'f' float), the
+/* An op: its argument kinds ('b' array, 'n' array or None, 'i' integer >= 0, 'u' 64 bits of
+ * any value (seeds, counters), 'f' float), the
  * bytes each array must hold given the scalars, and the call (ctx NULL: the twin). */
 typedef struct {
     const char *name;
@@ -248,15 +249,11 @@ static const kop g_ops[] = {
     {"matmul_mma", "bibiiibini", sz_matmul, run_matmul_mma},
     {"process", "bbiififf", sz_process, run_process},
     {"argmax", "bbii", sz_argmax, run_argmax},
-    {"sample", "bbiiiii", sz_sample, run_sample},
-    {"verify", "bbnbiiii", sz_verify, run_verify},
-    {"synthetic_accept", "bifii", sz_synthetic, run_synthetic},
-    {"dummy_fill", "biiiiif", sz_dummy, run_dummy},
+    {"sample", "bbiiuuu", sz_sample, run_sample},
+    {"verify", "bbnbiiuu", sz_verify, run_verify},
+    {"synthetic_accept", "bifuu", sz_synthetic, run_synthetic},
+    {"dummy_fill", "biiiuuf", sz_dummy, run_dummy},
 };
-
-static char arg_kind(const kop *op, int j) {
-    return op->sig[j];
-}
 
 /* The ops with a weight type: its argument index, or -1. */
 static int type_arg(const char *name) {
@@ -297,9 +294,7 @@ sd_status sd_kernel_run(const char *name, int device, sd_karg *args, int n_args)
         }
     }
     for (int j = 0; j < n; j++) {
-        if (op->sig[j] == 'i' && args[j].i < 0 && strcmp(name, "sample") != 0 &&
-            strcmp(name, "verify") != 0 && strcmp(name, "synthetic_accept") != 0 &&
-            strcmp(name, "dummy_fill") != 0) {
+        if (op->sig[j] == 'i' && args[j].i < 0) {
             return sd_set_error(SD_ERR_INVALID_ARG, "kernel '%s': argument %d is negative", name,
                                 j);
         }
@@ -307,7 +302,7 @@ sd_status sd_kernel_run(const char *name, int device, sd_karg *args, int n_args)
     size_t need[16] = {0};
     op->sizes(args, need);
     for (int j = 0; j < n; j++) {
-        const char k = arg_kind(op, j);
+        const char k = op->sig[j];
         if ((k == 'b' && args[j].data == NULL) ||
             ((k == 'b' || k == 'n') && args[j].data != NULL && args[j].bytes != need[j])) {
             return sd_set_error(SD_ERR_INVALID_ARG,
@@ -336,7 +331,7 @@ sd_status sd_kernel_run(const char *name, int device, sd_karg *args, int n_args)
     SD_TRY(sd_cuda_ctx_create(&ctx));
     sd_status st = SD_OK;
     for (int j = 0; st == SD_OK && j < n; j++) {
-        if (args[j].data != NULL && (arg_kind(op, j) == 'b' || arg_kind(op, j) == 'n')) {
+        if (args[j].data != NULL && (op->sig[j] == 'b' || op->sig[j] == 'n')) {
             st = sd_cuda_alloc(ctx, &p[j], args[j].bytes);
             if (st == SD_OK) {
                 st = sd_cuda_upload(ctx, p[j], args[j].data, args[j].bytes);

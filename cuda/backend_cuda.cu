@@ -345,10 +345,6 @@ extern "C" void sd_cuda_model_free(sd_cuda_model *cm) {
     free(cm);
 }
 
-extern "C" size_t sd_cuda_model_bytes(const sd_cuda_model *cm) {
-    return cm->weight_bytes;
-}
-
 extern "C" int sd_cuda_model_gpu(const sd_cuda_model *cm) {
     return cm->ctx.device;
 }
@@ -692,10 +688,6 @@ extern "C" sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *kc, const
         SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
     }
     return SD_OK;
-}
-
-extern "C" float *sd_cuda_logits_dev(sd_cuda_model *cm) {
-    return cm->logits;
 }
 
 /* ---- decoding ----------------------------------------------------------------------------------

@@ -67,66 +67,51 @@ void sd_cuda_ctx_release(sd_cuda_ctx *ctx);
 
 #define SD_WARP 32
 
-__device__ __forceinline__ float sd_warp_sum(float v) {
+/* Reductions over a warp and over a block, for the sum (float or double) and the maximum. */
+struct sd_op_sum {
+    template <typename T> __device__ __forceinline__ static T apply(T a, T b) { return a + b; }
+    template <typename T> __device__ __forceinline__ static T identity() { return T(0); }
+};
+struct sd_op_max {
+    template <typename T> __device__ __forceinline__ static T apply(T a, T b) {
+        return a > b ? a : b;
+    }
+    template <typename T> __device__ __forceinline__ static T identity() { return T(-INFINITY); }
+};
+
+template <typename Op, typename T> __device__ __forceinline__ T sd_warp_reduce(T v) {
     for (int o = SD_WARP / 2; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+        v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
     }
     return v;
 }
 
-__device__ __forceinline__ double sd_warp_sum_d(double v) {
-    for (int o = SD_WARP / 2; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    }
-    return v;
-}
-
-__device__ __forceinline__ float sd_warp_max(float v) {
-    for (int o = SD_WARP / 2; o > 0; o >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    }
-    return v;
-}
-
-/* Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets
- * the total. `sh` holds 32 values. */
-__device__ __forceinline__ double sd_block_sum_d(double v, double *sh) {
+/* Over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets the
+ * result. `sh` holds 32 values. */
+template <typename Op, typename T> __device__ __forceinline__ T sd_block_reduce(T v, T *sh) {
     const int lane = threadIdx.x % SD_WARP, w = threadIdx.x / SD_WARP;
-    v = sd_warp_sum_d(v);
+    v = sd_warp_reduce<Op>(v);
     __syncthreads(); /* sh may still be read by an earlier call */
     if (lane == 0) {
         sh[w] = v;
     }
     __syncthreads();
     const int nw = blockDim.x / SD_WARP;
-    v = lane < nw ? sh[lane] : 0.0;
-    return sd_warp_sum_d(v);
+    v = lane < nw ? sh[lane] : Op::template identity<T>();
+    return sd_warp_reduce<Op>(v);
 }
 
+__device__ __forceinline__ float sd_warp_sum(float v) {
+    return sd_warp_reduce<sd_op_sum>(v);
+}
+__device__ __forceinline__ double sd_block_sum_d(double v, double *sh) {
+    return sd_block_reduce<sd_op_sum>(v, sh);
+}
 __device__ __forceinline__ float sd_block_sum(float v, float *sh) {
-    const int lane = threadIdx.x % SD_WARP, w = threadIdx.x / SD_WARP;
-    v = sd_warp_sum(v);
-    __syncthreads();
-    if (lane == 0) {
-        sh[w] = v;
-    }
-    __syncthreads();
-    const int nw = blockDim.x / SD_WARP;
-    v = lane < nw ? sh[lane] : 0.0f;
-    return sd_warp_sum(v);
+    return sd_block_reduce<sd_op_sum>(v, sh);
 }
-
 __device__ __forceinline__ float sd_block_max(float v, float *sh) {
-    const int lane = threadIdx.x % SD_WARP, w = threadIdx.x / SD_WARP;
-    v = sd_warp_max(v);
-    __syncthreads();
-    if (lane == 0) {
-        sh[w] = v;
-    }
-    __syncthreads();
-    const int nw = blockDim.x / SD_WARP;
-    v = lane < nw ? sh[lane] : -INFINITY;
-    return sd_warp_max(v);
+    return sd_block_reduce<sd_op_max>(v, sh);
 }
 
 static inline unsigned sd_div_up(int64_t a, int64_t b) {

@@ -15,6 +15,18 @@
 /* ---- block-wide pieces ------------------------------------------------------------------------
  */
 
+/* The (value, index) pair with the largest value, the lowest index on ties, over a warp. */
+__device__ __forceinline__ void warp_argmax(float *best, int *bi) {
+    for (int o = SD_WARP / 2; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, *best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
+        if (ov > *best || (ov == *best && oi < *bi)) {
+            *best = ov;
+            *bi = oi;
+        }
+    }
+}
+
 /* Index of the largest x (the lowest index on ties) over a block. */
 __device__ int block_argmax(const float *x, int n) {
     __shared__ float sv[32];
@@ -27,14 +39,7 @@ __device__ int block_argmax(const float *x, int n) {
             bi = i;
         }
     }
-    for (int o = SD_WARP / 2; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
-    }
+    warp_argmax(&best, &bi);
     const int lane = threadIdx.x % SD_WARP, w = threadIdx.x / SD_WARP;
     __syncthreads();
     if (lane == 0) {
@@ -46,14 +51,7 @@ __device__ int block_argmax(const float *x, int n) {
         const int nw = blockDim.x / SD_WARP;
         best = lane < nw ? sv[lane] : -INFINITY;
         bi = lane < nw ? si[lane] : n;
-        for (int o = SD_WARP / 2; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) {
-                best = ov;
-                bi = oi;
-            }
-        }
+        warp_argmax(&best, &bi);
         if (lane == 0) {
             si[0] = bi < n ? bi : 0;
         }

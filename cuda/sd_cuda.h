@@ -39,8 +39,7 @@ int sd_cuda_device_count(void);
  * cuBLAS handle and workspace. */
 sd_status sd_cuda_model_create(sd_cuda_model **out, const struct sd_model *m, int gpu);
 void sd_cuda_model_free(sd_cuda_model *cm);
-/* Bytes of device memory the model's weights take, and the GPU it is on. */
-size_t sd_cuda_model_bytes(const sd_cuda_model *cm);
+/* The GPU the model is on. */
 int sd_cuda_model_gpu(const sd_cuda_model *cm);
 
 /* Keys and values for `capacity` slots of every layer, (L, Hkv, capacity, Dh) f32, zeroed, on
@@ -71,13 +70,11 @@ typedef struct {
     int n_layers; /* >= 1 */
 } sd_cuda_batch;
 
-/* Run the batch; the last n_logits rows of logits stay in the model's device buffer (see
- * sd_cuda_logits_dev) and, when logits is not NULL, are copied to it ((n_logits, V), which
- * synchronises). */
+/* Run the batch; the last n_logits rows of logits stay in the model's device buffer (where
+ * sd_cuda_pick and the speculative steps read them) and, when logits is not NULL, are copied
+ * to it ((n_logits, V), which synchronises). */
 sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *c, const sd_cuda_batch *b,
                           float *logits);
-/* The device logits of the last forward: (n_logits, V). */
-float *sd_cuda_logits_dev(sd_cuda_model *cm);
 
 /* ---- decoding steps on the device ---------------------------------------------------------- */
 
