@@ -20,6 +20,24 @@ __device__ __forceinline__ void mm_store(float *y, int64_t ldy, float v, const f
     *dst = accumulate ? *dst + v : v;
 }
 
+/* The end of a float-accumulating kernel: each (row, token) partial sum reduced over the warp and
+ * stored by lane 0 for the rows and tokens that exist. */
+template <int TT>
+__device__ __forceinline__ void mm_finish(const float (&acc)[MM_ROWS][TT], float *y, int64_t ldy,
+                                          const float *bias, int64_t rows, int64_t r0, int t0,
+                                          int nt, int accumulate, int lane) {
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++) {
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            const float v = sd_warp_sum(acc[r][t]);
+            if (lane == 0 && t < nt && r0 + r < rows) {
+                mm_store(y, ldy, v, bias, r0 + r, t0 + t, accumulate);
+            }
+        }
+    }
+}
+
 /* 8 consecutive elements of a float-typed row (16 bytes of F16/BF16, 32 of F32), as floats. */
 template <int TYPE>
 __device__ __forceinline__ void mm_load8(float *o, const uint8_t *row, int64_t k) {
@@ -61,14 +79,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     if (r0 >= rows) {
         return;
     }
-    float acc[MM_ROWS][TT];
-#pragma unroll
-    for (int r = 0; r < MM_ROWS; r++) {
-#pragma unroll
-        for (int t = 0; t < TT; t++) {
-            acc[r][t] = 0.0f;
-        }
-    }
+    float acc[MM_ROWS][TT] = {};
     const float *xb = x + (size_t)t0 * (size_t)cols;
     if (vec) {
         for (int64_t k = (int64_t)lane * 8; k < cols; k += 8 * SD_WARP) {
@@ -113,16 +124,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < MM_ROWS; r++) {
-#pragma unroll
-        for (int t = 0; t < TT; t++) {
-            const float v = sd_warp_sum(acc[r][t]);
-            if (lane == 0 && t < nt && r0 + r < rows) {
-                mm_store(y, ldy, v, bias, r0 + r, t0 + t, accumulate);
-            }
-        }
-    }
+    mm_finish<TT>(acc, y, ldy, bias, rows, r0, t0, nt, accumulate, lane);
 }
 
 /* ---- BF16 on the tensor cores -----------------------------------------------------------------
@@ -270,14 +272,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     }
     constexpr int BS = TYPE == 12 || TYPE == 13 || TYPE == 14 ? 256 : 32;
     const int ts = sd_dev_type_size(TYPE);
-    float acc[MM_ROWS][TT];
-#pragma unroll
-    for (int r = 0; r < MM_ROWS; r++) {
-#pragma unroll
-        for (int t = 0; t < TT; t++) {
-            acc[r][t] = 0.0f;
-        }
-    }
+    float acc[MM_ROWS][TT] = {};
     const float *xb = x + (size_t)t0 * (size_t)cols;
     const int64_t nsub = cols / 32;
     for (int64_t j = lane; j < nsub; j += SD_WARP) {
@@ -313,16 +308,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < MM_ROWS; r++) {
-#pragma unroll
-        for (int t = 0; t < TT; t++) {
-            const float v = sd_warp_sum(acc[r][t]);
-            if (lane == 0 && t < nt && r0 + r < rows) {
-                mm_store(y, ldy, v, bias, r0 + r, t0 + t, accumulate);
-            }
-        }
-    }
+    mm_finish<TT>(acc, y, ldy, bias, rows, r0, t0, nt, accumulate, lane);
 }
 
 /* The kernel for a type and a pass width: TT is the smallest of 1, 2, 4, 8 holding the batch
