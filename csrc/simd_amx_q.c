@@ -151,9 +151,18 @@ SD_AMX SD_INLINE void block16(const int f, const int TT, __m512 *acc, const int3
  * still in flight, so they get a block's time to land), block b + 1 is multiplied in one tile
  * set while block b's sums, from the other set, are scaled on the vector units. */
 #define AMX_RING 4
+/* Block b of the next 16 rows (both 8-row groups, group bytes apart) into L2, a block at a time
+ * as the current rows are unpacked, so the loads spread over the block loop. */
+SD_INLINE void prefetch_block(const uint8_t *p, int bb, size_t group) {
+    for (int o = 0; o < bb; o += 64) {
+        _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+        _mm_prefetch((const char *)p + group + o, _MM_HINT_T1);
+    }
+}
 SD_AMX SD_INLINE void rows16_dot(const int f, const int TT, __m512 *out, const uint8_t *p0,
                                  const uint8_t *p1, int bb, int64_t nb, const int8_t *xq, size_t rb,
-                                 const float *xs) {
+                                 const float *xs, const uint8_t *pn) {
+    const size_t group = (size_t)(p1 - p0);
     uint8_t bt[AMX_RING][512] __attribute__((aligned(64)));
     int32_t c[2][AMX_TOKENS * 16] __attribute__((aligned(64)));
     __m512 acc[AMX_TOKENS];
@@ -161,7 +170,13 @@ SD_AMX SD_INLINE void rows16_dot(const int f, const int TT, __m512 *out, const u
         acc[t] = _mm512_setzero_ps();
     }
 #define UNPACK(b)                                                                                  \
-    unpack16(f, bt[(b) % AMX_RING], p0 + (size_t)(b) * (size_t)bb, p1 + (size_t)(b) * (size_t)bb)
+    do {                                                                                           \
+        unpack16(f, bt[(b) % AMX_RING], p0 + (size_t)(b) * (size_t)bb,                             \
+                 p1 + (size_t)(b) * (size_t)bb);                                                   \
+        if (pn != NULL) {                                                                          \
+            prefetch_block(pn + (size_t)(b) * (size_t)bb, bb, group);                              \
+        }                                                                                          \
+    } while (0)
 #define SCALE(b)                                                                                   \
     do {                                                                                           \
         __m512 dwb, mwb;                                                                           \
@@ -212,7 +227,7 @@ SD_AMX SD_INLINE void store16(float *y, __m512 v, const float *bias, int accumul
 }
 
 #define ROWS16_TT(TT_)                                                                             \
-    case TT_: rows16_dot(f, TT_, out, P0, P0 + group, bb, nb, xq, rb, xs); break;
+    case TT_: rows16_dot(f, TT_, out, P0, P0 + group, bb, nb, xq, rb, xs, pn); break;
 
 SD_AMX SD_INLINE void amx_tile(const int f, float *y, int64_t ldy, const void *packed,
                                int64_t nrows, const sd_acts *a, int T, int64_t n, const float *bias,
@@ -224,11 +239,6 @@ SD_AMX SD_INLINE void amx_tile(const int f, float *y, int64_t ldy, const void *p
     int configured = 0; /* loaded on every call: other code on this thread may use AMX too */
     for (int64_t r0 = 0; r0 < n16; r0 += 16) {
         const uint8_t *P0 = (const uint8_t *)packed + (size_t)(r0 / 8) * group;
-        if (r0 + 16 < n16) { /* the next 16 rows, while these are unpacked and multiplied */
-            for (size_t o = 0; o < 2 * group; o += 64) {
-                _mm_prefetch((const char *)P0 + 2 * group + o, _MM_HINT_T1);
-            }
-        }
         for (int t0 = 0; t0 < T; t0 += AMX_TOKENS) {
             const int tt = T - t0 < AMX_TOKENS ? T - t0 : AMX_TOKENS;
             if (configured != tt) { /* the tile shapes follow the number of tokens */
@@ -238,6 +248,8 @@ SD_AMX SD_INLINE void amx_tile(const int f, float *y, int64_t ldy, const void *p
             const int8_t *xq = (const int8_t *)(a->xq + (size_t)t0 * rb);
             /* this chunk's scales d (at 0) and the offsets' multipliers (s at 16, e at 32) */
             const float *xs = a->xt + (size_t)(t0 / AMX_TOKENS) * (size_t)nb * 48;
+            /* the next 16 rows are fetched while the first chunk of tokens runs over these */
+            const uint8_t *pn = t0 == 0 && r0 + 16 < n16 ? P0 + 2 * group : NULL;
             __m512 out[AMX_TOKENS];
             switch (tt) {
                 ROWS16_TT(16)
