@@ -136,27 +136,47 @@ typedef struct {
     unsigned char *xq;
     float *xt;
     const float *x;
-    int T, per;
-    int64_t n;
+    int T, per;        /* tokens per task */
+    int64_t n, bper;   /* blocks per task */
+    int block_tasks;   /* tasks per range of tokens */
 } quant_ctx;
 
 static void quant_task(void *ctx, int task, int thread) {
     (void)thread;
     const quant_ctx *c = (const quant_ctx *)ctx;
-    const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
-    for (int t = task * c->per; t < t1; t++) {
+    const int t0 = task / c->block_tasks * c->per;
+    const int t1 = t0 + c->per < c->T ? t0 + c->per : c->T;
+    const int64_t nb = c->n / 32, b0 = task % c->block_tasks * c->bper;
+    const int64_t b1 = b0 + c->bper < nb ? b0 + c->bper : nb;
+    for (int t = t0; t < t1; t++) {
         unsigned char *row = c->xq + (size_t)t * SD_Q8_ROW_BYTES(c->n);
-        sd_quantize_q8(row, c->x + (size_t)t * (size_t)c->n, c->n);
+        sd_quantize_q8_range(row, c->x + (size_t)t * (size_t)c->n, c->n, b0, b1);
         if (c->xt != NULL) {
-            sd_q8_scatter_scalars(c->xt, row, t, c->n);
+            sd_q8_scatter_scalars(c->xt, row, t, c->n, b0, b1);
         }
     }
 }
 
+/* The gathered scalars of one block hold 16 tokens side by side (quant.h): threads that split
+ * those tokens would write the same cache lines. So a batch of up to 16 tokens is split by
+ * blocks (ranges of whole 64-byte lines of quants), a longer one by tokens, 16 at a time when
+ * the scalars are gathered. */
 void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, float *xt, const float *x, int T,
                       int64_t n) {
-    quant_ctx c = {xq, xt, x, T, rows_per_task(pool, T, n), n};
-    sd_threadpool_run(pool, quant_task, &c, (T + c.per - 1) / c.per);
+    const int nt = sd_threadpool_size(pool);
+    const int64_t nb = n / 32;
+    quant_ctx c = {xq, xt, x, T, T, n, nb, 1};
+    if (T <= 16 && nt > 1) {
+        c.bper = (nb + 2 * nt - 1) / (2 * nt);
+        c.bper += c.bper % 2;
+        c.block_tasks = (int)((nb + c.bper - 1) / c.bper);
+    } else {
+        c.per = rows_per_task(pool, T, n);
+        if (xt != NULL) {
+            c.per = (c.per + 15) / 16 * 16;
+        }
+    }
+    sd_threadpool_run(pool, quant_task, &c, (T + c.per - 1) / c.per * c.block_tasks);
 }
 
 typedef struct {

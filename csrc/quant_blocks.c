@@ -15,12 +15,8 @@ static float round_f16(float x) {
     return sd_f16_to_f32(sd_f32_to_f16(x));
 }
 
-void sd_quantize_q8_ref(unsigned char *dst, const float *x, int64_t n) {
-    int8_t *q = (int8_t *)dst;
-    float *d = (float *)(dst + n);
-    float *s = d + n / 32;
-    float *e = s + n / 32;
-    for (int64_t b = 0; b < n / 32; b++) {
+void sd_quantize_q8_ref(int8_t *q, float *d, float *s, float *e, const float *x, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) {

@@ -8,9 +8,9 @@
 #include "blocks.h"
 #include "quant.h"
 
-/* The portable quantization of one activation row (sd_quantize_q8 of quant.h picks this or its
- * AVX2 twin, which gives the same bytes). */
-void sd_quantize_q8_ref(unsigned char *dst, const float *x, int64_t n);
+/* The portable quantization of activation blocks (an sd_quantize_q8_fn; sd_quantize_q8 of
+ * quant.h picks this or its AVX2 twin, which gives the same bytes). */
+void sd_quantize_q8_ref(int8_t *q, float *d, float *s, float *e, const float *x, int64_t nb);
 
 /* Decode sub-block `sub` (0 <= sub < block_size / 32) of the block at `blk`. */
 typedef void (*sd_decode_fn)(sd_sub32 *out, const uint8_t *blk, int sub);

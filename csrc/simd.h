@@ -41,7 +41,7 @@ SD_DECLARE_AVX2_QTILE(q5_K)
 SD_DECLARE_AVX2_QTILE(q6_K)
 
 /* The activation quantization of quant.h, byte for byte the portable one's. */
-void sd_quantize_q8_avx2(unsigned char *dst, const float *x, int64_t n);
+void sd_quantize_q8_avx2(int8_t *q, float *d, float *s, float *e, const float *x, int64_t nb);
 
 /* AVX512-VNNI tiles of the 32-element formats (simd_vnni_q.c). */
 int sd_cpu_has_avx512vnni(void);

@@ -143,79 +143,6 @@ SD_AMX SD_INLINE void block16(const int f, const int TT, __m512 *acc, const int3
         _tile_dpbsud(tc, ta, tb);                                                                  \
     } while (0)
 
-/* 16 rows (8-row groups p0, p1 of the repacked copy, block stride bb) against TT tokens. xq:
- * the first token's quantized activations (rows rb bytes apart); xs: the tokens' gathered
- * scalars (quant.h), block b's at xs + 48 b.
- * out[t] lane k = dot(row k, token t).
- * A pipeline over blocks: block b + 2 is unpacked (a tile load cannot take bytes from stores
- * still in flight, so they get a block's time to land), block b + 1 is multiplied in one tile
- * set while block b's sums, from the other set, are scaled on the vector units. */
-#define AMX_RING 4
-/* Block b of the next 16 rows (both 8-row groups, group bytes apart) into L2, a block at a time
- * as the current rows are unpacked, so the loads spread over the block loop. */
-SD_INLINE void prefetch_block(const uint8_t *p, int bb, size_t group) {
-    for (int o = 0; o < bb; o += 64) {
-        _mm_prefetch((const char *)p + o, _MM_HINT_T1);
-        _mm_prefetch((const char *)p + group + o, _MM_HINT_T1);
-    }
-}
-SD_AMX SD_INLINE void rows16_dot(const int f, const int TT, __m512 *out, const uint8_t *p0,
-                                 const uint8_t *p1, int bb, int64_t nb, const int8_t *xq, size_t rb,
-                                 const float *xs, const uint8_t *pn) {
-    const size_t group = (size_t)(p1 - p0);
-    uint8_t bt[AMX_RING][512] __attribute__((aligned(64)));
-    int32_t c[2][AMX_TOKENS * 16] __attribute__((aligned(64)));
-    __m512 acc[AMX_TOKENS];
-    for (int t = 0; t < TT; t++) {
-        acc[t] = _mm512_setzero_ps();
-    }
-#define UNPACK(b)                                                                                  \
-    do {                                                                                           \
-        unpack16(f, bt[(b) % AMX_RING], p0 + (size_t)(b) * (size_t)bb,                             \
-                 p1 + (size_t)(b) * (size_t)bb);                                                   \
-        if (pn != NULL) {                                                                          \
-            prefetch_block(pn + (size_t)(b) * (size_t)bb, bb, group);                              \
-        }                                                                                          \
-    } while (0)
-#define SCALE(b)                                                                                   \
-    do {                                                                                           \
-        __m512 dwb, mwb;                                                                           \
-        scales16(f, &dwb, &mwb, p0 + (size_t)(b) * (size_t)bb, p1 + (size_t)(b) * (size_t)bb);     \
-        block16(f, TT, acc, c[(b) % 2], dwb, mwb, xs + 48 * (b));                                  \
-    } while (0)
-    UNPACK(0);
-    if (nb > 1) {
-        UNPACK(1);
-    }
-    AMX_MUL(0, 1, 2, xq, rb, bt[0]);
-    for (int64_t b = 0; b < nb; b += 2) { /* here block b is in tile set 0 */
-        if (b + 2 < nb) {
-            UNPACK(b + 2);
-        }
-        if (b + 1 < nb) {
-            AMX_MUL(3, 4, 5, xq + 32 * (b + 1), rb, bt[(b + 1) % AMX_RING]);
-        }
-        _tile_stored(0, c[0], 64);
-        SCALE(b);
-        if (b + 1 == nb) {
-            break;
-        }
-        if (b + 3 < nb) {
-            UNPACK(b + 3);
-        }
-        if (b + 2 < nb) {
-            AMX_MUL(0, 1, 2, xq + 32 * (b + 2), rb, bt[(b + 2) % AMX_RING]);
-        }
-        _tile_stored(3, c[1], 64);
-        SCALE(b + 1);
-    }
-#undef UNPACK
-#undef SCALE
-    for (int t = 0; t < TT; t++) {
-        out[t] = acc[t];
-    }
-}
-
 SD_AMX SD_INLINE void store16(float *y, __m512 v, const float *bias, int accumulate) {
     if (bias != NULL) {
         v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
@@ -226,8 +153,124 @@ SD_AMX SD_INLINE void store16(float *y, __m512 v, const float *bias, int accumul
     _mm512_storeu_ps(y, v);
 }
 
-#define ROWS16_TT(TT_)                                                                             \
-    case TT_: rows16_dot(f, TT_, out, P0, P0 + group, bb, nb, xq, rb, xs, pn); break;
+/* A position in a stream of blocks: block b (of nb per row) of a pair of 8-row groups of the
+ * repacked copy, p = that block in the pair's first group (the second is `group` bytes on). */
+typedef struct {
+    const uint8_t *p;
+    int64_t b;
+} amx_cursor;
+
+SD_INLINE void cursor_next(amx_cursor *c, int bb, int64_t nb, size_t group) {
+    c->p += bb;
+    if (++c->b == nb) { /* past the first group's last block: on to the next pair */
+        c->b = 0;
+        c->p += group;
+    }
+}
+
+/* Blocks unpacked ahead of the multiply that reads them (a tile load cannot take bytes from
+ * stores still in flight, so they get a few blocks' time to land), and the ring they wait in. */
+#define AMX_AHEAD 4
+#define AMX_RING 8
+
+/* Block p of both 8-row groups of a pair (group bytes apart) into L2. */
+SD_INLINE void prefetch_block(const uint8_t *p, int bb, size_t group) {
+    for (int o = 0; o < bb; o += 64) {
+        _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+        _mm_prefetch((const char *)p + group + o, _MM_HINT_T1);
+    }
+}
+
+/* ng pairs of 8-row groups from P (rows 16 g .. 16 g + 15 -> y + 16 g) against TT tokens, as one
+ * stream of ng * nb blocks, pipelined across the pairs: while block i + 1 is multiplied in one
+ * tile set and block i's sums leave the other, block i - 1's sums (stored one step earlier)
+ * are scaled on the vector units and block i + AMX_AHEAD is unpacked; a pair's outputs are
+ * stored as its last block is scaled. xq: the first token's quantized activations (rows rb
+ * bytes apart); xs: the tokens' gathered scalars (quant.h), block b's at xs + 48 b. The block of
+ * the next pair is fetched as each block is unpacked, while that is below pend. */
+SD_AMX SD_INLINE void rows16_stream(const int f, const int TT, float *y, int64_t ldy,
+                                    const uint8_t *P, int64_t ng, size_t group, int bb, int64_t nb,
+                                    const int8_t *xq, size_t rb, const float *xs,
+                                    const float *bias, int accumulate, const uint8_t *pend) {
+    uint8_t ring[AMX_RING][512] __attribute__((aligned(64)));
+    int32_t c[3][AMX_TOKENS * 16] __attribute__((aligned(64)));
+    __m512 acc[AMX_TOKENS];
+    for (int t = 0; t < TT; t++) {
+        acc[t] = _mm512_setzero_ps();
+    }
+    const int64_t total = ng * nb;
+    amx_cursor u = {P, 0}, sc = {P, 0}; /* the next block to unpack, the next to scale */
+    int64_t mb = 0;                     /* the block index of the next multiply */
+    int64_t g = 0;                      /* the pair being scaled */
+#define UNPACK(i)                                                                                  \
+    do {                                                                                           \
+        unpack16(f, ring[(i) % AMX_RING], u.p, u.p + group);                                       \
+        if (u.p + 2 * group < pend) {                                                              \
+            prefetch_block(u.p + 2 * group, bb, group);                                            \
+        }                                                                                          \
+        cursor_next(&u, bb, nb, group);                                                            \
+    } while (0)
+#define MUL(i, tc, ta, tb)                                                                         \
+    do {                                                                                           \
+        AMX_MUL(tc, ta, tb, xq + 32 * mb, rb, ring[(i) % AMX_RING]);                               \
+        mb = mb + 1 == nb ? 0 : mb + 1;                                                            \
+    } while (0)
+#define SCALE(i)                                                                                   \
+    do {                                                                                           \
+        __m512 dwb, mwb;                                                                           \
+        scales16(f, &dwb, &mwb, sc.p, sc.p + group);                                               \
+        block16(f, TT, acc, c[(i) % 3], dwb, mwb, xs + 48 * sc.b);                                 \
+        if (sc.b == nb - 1) { /* the pair's last block: its outputs are done */                   \
+            const float *bv = bias != NULL ? bias + 16 * g : NULL;                                 \
+            for (int t = 0; t < TT; t++) {                                                         \
+                store16(y + (size_t)t * (size_t)ldy + (size_t)(16 * g), acc[t], bv, accumulate);   \
+                acc[t] = _mm512_setzero_ps();                                                      \
+            }                                                                                      \
+            g++;                                                                                   \
+        }                                                                                          \
+        cursor_next(&sc, bb, nb, group);                                                           \
+    } while (0)
+    for (int64_t i = 0; i < AMX_AHEAD && i < total; i++) {
+        UNPACK(i);
+    }
+    MUL(0, 0, 1, 2);
+    for (int64_t i = 0; i < total; i += 2) { /* here block i is in tile set 0 */
+        if (i + AMX_AHEAD < total) {
+            UNPACK(i + AMX_AHEAD);
+        }
+        if (i + 1 < total) {
+            MUL(i + 1, 3, 4, 5);
+        }
+        _tile_stored(0, c[i % 3], 64);
+        if (i > 0) {
+            SCALE(i - 1);
+        }
+        if (i + 1 == total) {
+            break;
+        }
+        if (i + 1 + AMX_AHEAD < total) {
+            UNPACK(i + 1 + AMX_AHEAD);
+        }
+        if (i + 2 < total) {
+            MUL(i + 2, 0, 1, 2);
+        }
+        _tile_stored(3, c[(i + 1) % 3], 64);
+        SCALE(i);
+    }
+    SCALE(total - 1);
+#undef UNPACK
+#undef MUL
+#undef SCALE
+}
+
+/* Pairs of 8-row groups per stream when the tokens take more than one pass: four pairs (64
+ * rows, at most 40 KB for n = 2048 of Q4_x) stay in L2 while every chunk of tokens passes. */
+#define AMX_PAIRS_PER_PASS 4
+
+#define STREAM_TT(TT_)                                                                             \
+    case TT_:                                                                                      \
+        rows16_stream(f, TT_, yc, ldy, P0, ng, group, bb, nb, xq, rb, xs, bv, accumulate, pend);   \
+        break;
 
 SD_AMX SD_INLINE void amx_tile(const int f, float *y, int64_t ldy, const void *packed,
                                int64_t nrows, const sd_acts *a, int T, int64_t n, const float *bias,
@@ -235,10 +278,13 @@ SD_AMX SD_INLINE void amx_tile(const int f, float *y, int64_t ldy, const void *p
     const int bb = f == A_Q8_0 ? 272 : 160;
     const int64_t nb = n / 32;
     const size_t rb = SD_Q8_ROW_BYTES(n), group = (size_t)nb * (size_t)bb;
-    const int64_t n16 = nrows / 16 * 16;
+    const int64_t n16 = nrows / 16 * 16, pairs = n16 / 16;
+    /* one stream over all rows when one chunk holds every token */
+    const int64_t per_pass = T <= AMX_TOKENS ? pairs : AMX_PAIRS_PER_PASS;
     int configured = 0; /* loaded on every call: other code on this thread may use AMX too */
-    for (int64_t r0 = 0; r0 < n16; r0 += 16) {
-        const uint8_t *P0 = (const uint8_t *)packed + (size_t)(r0 / 8) * group;
+    for (int64_t g0 = 0; g0 < pairs; g0 += per_pass) {
+        const int64_t ng = pairs - g0 < per_pass ? pairs - g0 : per_pass;
+        const uint8_t *P0 = (const uint8_t *)packed + (size_t)(2 * g0) * group;
         for (int t0 = 0; t0 < T; t0 += AMX_TOKENS) {
             const int tt = T - t0 < AMX_TOKENS ? T - t0 : AMX_TOKENS;
             if (configured != tt) { /* the tile shapes follow the number of tokens */
@@ -248,30 +294,28 @@ SD_AMX SD_INLINE void amx_tile(const int f, float *y, int64_t ldy, const void *p
             const int8_t *xq = (const int8_t *)(a->xq + (size_t)t0 * rb);
             /* this chunk's scales d (at 0) and the offsets' multipliers (s at 16, e at 32) */
             const float *xs = a->xt + (size_t)(t0 / AMX_TOKENS) * (size_t)nb * 48;
-            /* the next 16 rows are fetched while the first chunk of tokens runs over these */
-            const uint8_t *pn = t0 == 0 && r0 + 16 < n16 ? P0 + 2 * group : NULL;
-            __m512 out[AMX_TOKENS];
+            float *yc = y + (size_t)t0 * (size_t)ldy + (size_t)(16 * g0);
+            const float *bv = bias != NULL ? bias + 16 * g0 : NULL;
+            /* the next pairs are fetched while the first chunk of tokens passes over these */
+            const uint8_t *pend = t0 == 0 ? (const uint8_t *)packed + (size_t)(2 * pairs) * group
+                                          : (const uint8_t *)packed;
             switch (tt) {
-                ROWS16_TT(16)
-                ROWS16_TT(15)
-                ROWS16_TT(14)
-                ROWS16_TT(13)
-                ROWS16_TT(12)
-                ROWS16_TT(11)
-                ROWS16_TT(10)
-                ROWS16_TT(9)
-                ROWS16_TT(8)
-                ROWS16_TT(7)
-                ROWS16_TT(6)
-                ROWS16_TT(5)
-                ROWS16_TT(4)
-                ROWS16_TT(3)
-                ROWS16_TT(2)
-                ROWS16_TT(1)
-            }
-            const float *bv = bias != NULL ? bias + r0 : NULL;
-            for (int i = 0; i < tt; i++) {
-                store16(y + (size_t)(t0 + i) * (size_t)ldy + (size_t)r0, out[i], bv, accumulate);
+                STREAM_TT(16)
+                STREAM_TT(15)
+                STREAM_TT(14)
+                STREAM_TT(13)
+                STREAM_TT(12)
+                STREAM_TT(11)
+                STREAM_TT(10)
+                STREAM_TT(9)
+                STREAM_TT(8)
+                STREAM_TT(7)
+                STREAM_TT(6)
+                STREAM_TT(5)
+                STREAM_TT(4)
+                STREAM_TT(3)
+                STREAM_TT(2)
+                STREAM_TT(1)
             }
         }
     }

@@ -205,14 +205,11 @@ SD_AVX2_QTILE(q6_K, F_Q6_K, 256, 210)
 /* ---- activation quantization ------------------------------------------------------------------
  * The twin of sd_quantize_q8_ref, byte for byte: the same IEEE divisions and products, rounding
  * to nearest even (cvtps_epi32 under the default MXCSR, as nearbyintf), f16 rounding by F16C. */
-SD_AVX2 void sd_quantize_q8_avx2(unsigned char *dst, const float *x, int64_t n) {
-    int8_t *q = (int8_t *)dst;
-    float *d = (float *)(dst + n);
-    float *s = d + n / 32;
-    float *e = s + n / 32;
+SD_AVX2 void sd_quantize_q8_avx2(int8_t *q, float *d, float *s, float *e, const float *x,
+                                 int64_t nb) {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int64_t b = 0; b < n / 32; b++) {
+    for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
         const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
