@@ -230,13 +230,15 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         float *vc = kv->v + sd_kv_row(kv, l, 0, 0);
 
         /* attention block: x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n), n = rmsnorm(x) */
-        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps);
         sd_matmul_job qkv[3] = {
             {s->q, s->xb, &L->wq, L->bq, 0},
             {s->k, s->xb, &L->wk, L->bk, 0},
             {s->v, s->xb, &L->wv, L->bv, 0},
         };
-        sd_matmul(m->pool, T, qkv, 3, s->xq);
+        const int q_qkv = sd_matmul_wants_q8(qkv, 3); /* normalized and quantized at once */
+        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps,
+                        q_qkv ? s->xq : NULL);
+        sd_matmul(m->pool, T, qkv, 3, s->xq, q_qkv);
         sd_rope(s->q, s->rope_cs, T, H, Dh, c->rope_neox);
         sd_rope(s->k, s->rope_cs, T, Hkv, Dh, c->rope_neox);
         for (int t = 0; t < T; t++) {
@@ -251,18 +253,20 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         sd_attention(m->pool, s->xb, s->q, kc, vc, sd_kv_row(kv, 0, 1, 0), s->mask, T, n_attn, H,
                      Hkv, Dh, s->scores);
         sd_matmul_job o = {s->x, s->xb, &L->wo, NULL, 1};
-        sd_matmul(m->pool, T, &o, 1, s->xq);
+        sd_matmul(m->pool, T, &o, 1, s->xq, 0);
 
         /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x) */
-        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->ffn_norm, T, D, c->rms_eps);
         sd_matmul_job gu[2] = {
             {s->hb, s->xb, &L->w_gate, NULL, 0},
             {s->hb2, s->xb, &L->w_up, NULL, 0},
         };
-        sd_matmul(m->pool, T, gu, 2, s->xq);
-        sd_swiglu_rows(m->pool, s->hb, s->hb, s->hb2, T, F);
+        const int q_gu = sd_matmul_wants_q8(gu, 2);
+        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->ffn_norm, T, D, c->rms_eps, q_gu ? s->xq : NULL);
+        sd_matmul(m->pool, T, gu, 2, s->xq, q_gu);
         sd_matmul_job down = {s->x, s->hb, &L->w_down, NULL, 1};
-        sd_matmul(m->pool, T, &down, 1, s->xq);
+        const int q_down = sd_matmul_wants_q8(&down, 1);
+        sd_swiglu_rows(m->pool, s->hb, s->hb, s->hb2, T, F, q_down ? s->xq : NULL);
+        sd_matmul(m->pool, T, &down, 1, s->xq, q_down);
     }
 
     if (b->n_logits > 0) {
@@ -270,7 +274,7 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         sd_rmsnorm(s->xb, s->x + (size_t)first * (size_t)D, m->w.out_norm, b->n_logits, D,
                    c->rms_eps);
         sd_matmul_job out = {logits, s->xb, &m->w.output, NULL, 0};
-        sd_matmul(m->pool, b->n_logits, &out, 1, s->xq);
+        sd_matmul(m->pool, b->n_logits, &out, 1, s->xq, 0);
     }
     free(pos);
     return SD_OK;

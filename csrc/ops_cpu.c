@@ -82,8 +82,56 @@ static void matmul_task(void *ctx, int task, int thread) {
                                j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
 }
 
+int sd_matmul_wants_q8(const sd_matmul_job *jobs, int n_jobs) {
+    int quantized = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        quantized |= sd_type_get(jobs[i].w->type)->dot_q8 != NULL;
+    }
+    return quantized;
+}
+
+/* ---- quantized activations ------------------------------------------------------------------- */
+
+/* Where rows of a batch go quantized: T rows in xq (NULL: nowhere), their scalars gathered in
+ * xt when the kernels read them so (NULL otherwise). */
+typedef struct {
+    unsigned char *xq;
+    float *xt;
+} q8_out;
+
+static q8_out q8_out_at(unsigned char *xq, int T, int64_t n) {
+    q8_out o = {xq, xq != NULL && sd_kernels_want_scalars(T) ? sd_q8_scalars_at(xq, T, n) : NULL};
+    return o;
+}
+
+/* Rows [t0, t1) of x (T, n) into o. */
+static void quantize_range(const q8_out *o, const float *x, int t0, int t1, int64_t n) {
+    for (int t = t0; t < t1; t++) {
+        unsigned char *row = o->xq + (size_t)t * SD_Q8_ROW_BYTES(n);
+        sd_quantize_q8(row, x + (size_t)t * (size_t)n, n);
+        if (o->xt != NULL) {
+            sd_q8_scatter_scalars(o->xt, row, t, n);
+        }
+    }
+}
+
+/* Tokens per task: a task of a few thousand elements keeps the dispatch cost small, and a
+ * short batch is still shared by every thread (8 tokens on 2 threads: 4 and 4, not 7 and 1).
+ * When the rows' scalars are gathered, whole groups of 4 tokens: each group's scalars are
+ * cache lines of their own (quant.h), so threads do not write the same lines. */
+static int rows_per_task(sd_threadpool *pool, int T, int64_t n, const q8_out *o) {
+    int64_t r = 4096 / (n > 0 ? n : 1);
+    const int nt = sd_threadpool_size(pool);
+    const int share = (T + nt - 1) / nt;
+    r = r > share ? share : r;
+    if (o != NULL && o->xt != NULL) {
+        r = (r + 3) / 4 * 4;
+    }
+    return r < 1 ? 1 : r > T ? T : (int)r;
+}
+
 void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs,
-               unsigned char *xq) {
+               unsigned char *xq, int xq_ready) {
     matmul_ctx c;
     memset(&c, 0, sizeof(c));
     c.jobs = jobs;
@@ -92,18 +140,19 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
     const int64_t n = jobs[0].w->cols;
     c.acts.x = jobs[0].x;
     c.acts.ldx = n;
-    int quantized = 0;
     int64_t total = 0;
     for (int i = 0; i < n_jobs; i++) {
         total += jobs[i].w->rows;
-        quantized |= sd_type_get(jobs[i].w->type)->dot_q8 != NULL;
     }
-    if (quantized) {
-        /* the integer kernels read the activations quantized: once here, for every row */
-        float *xt = sd_kernels_want_scalars(T) ? sd_q8_scalars_at(xq, T, n) : NULL;
-        sd_quantize_rows(pool, xq, xt, jobs[0].x, T, n);
-        c.acts.xq = xq;
-        c.acts.xt = xt;
+    if (sd_matmul_wants_q8(jobs, n_jobs)) {
+        /* the integer kernels read the activations quantized: once, for every row (by the op
+         * that produced them when xq_ready) */
+        const q8_out o = q8_out_at(xq, T, n);
+        if (!xq_ready) {
+            sd_quantize_rows(pool, xq, jobs[0].x, T, n);
+        }
+        c.acts.xq = o.xq;
+        c.acts.xt = o.xt;
     }
     /* about 8 tasks per thread keeps the threads busy to the end without much overhead */
     int nt = sd_threadpool_size(pool);
@@ -122,70 +171,27 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
 
 /* ---- row-parallel elementwise work ----------------------------------------------------------- */
 
-/* Tokens per task: a task of a few thousand elements keeps the dispatch cost small, and a
- * short batch is still shared by every thread (8 tokens on 2 threads: 4 and 4, not 7 and 1). */
-static int rows_per_task(sd_threadpool *pool, int T, int64_t n) {
-    int64_t r = 4096 / (n > 0 ? n : 1);
-    const int nt = sd_threadpool_size(pool);
-    const int share = (T + nt - 1) / nt;
-    r = r > share ? share : r;
-    return r < 1 ? 1 : r > T ? T : (int)r;
-}
-
-typedef struct {
-    unsigned char *xq;
-    float *xt;
-    const float *x;
-    int T, per;        /* tokens per task */
-    int64_t n, bper;   /* blocks per task */
-    int block_tasks;   /* tasks per range of tokens */
-} quant_ctx;
-
-static void quant_task(void *ctx, int task, int thread) {
-    (void)thread;
-    const quant_ctx *c = (const quant_ctx *)ctx;
-    const int t0 = task / c->block_tasks * c->per;
-    const int t1 = t0 + c->per < c->T ? t0 + c->per : c->T;
-    const int64_t nb = c->n / 32, b0 = task % c->block_tasks * c->bper;
-    const int64_t b1 = b0 + c->bper < nb ? b0 + c->bper : nb;
-    for (int t = t0; t < t1; t++) {
-        unsigned char *row = c->xq + (size_t)t * SD_Q8_ROW_BYTES(c->n);
-        sd_quantize_q8_range(row, c->x + (size_t)t * (size_t)c->n, c->n, b0, b1);
-        if (c->xt != NULL) {
-            sd_q8_scatter_scalars(c->xt, row, t, c->n, b0, b1);
-        }
-    }
-}
-
-/* The gathered scalars of one block hold 16 tokens side by side (quant.h): threads that split
- * those tokens would write the same cache lines. So a batch of up to 16 tokens is split by
- * blocks (ranges of whole 64-byte lines of quants), a longer one by tokens, 16 at a time when
- * the scalars are gathered. */
-void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, float *xt, const float *x, int T,
-                      int64_t n) {
-    const int nt = sd_threadpool_size(pool);
-    const int64_t nb = n / 32;
-    quant_ctx c = {xq, xt, x, T, T, n, nb, 1};
-    if (T <= 16 && nt > 1) {
-        c.bper = (nb + 2 * nt - 1) / (2 * nt);
-        c.bper += c.bper % 2;
-        c.block_tasks = (int)((nb + c.bper - 1) / c.bper);
-    } else {
-        c.per = rows_per_task(pool, T, n);
-        if (xt != NULL) {
-            c.per = (c.per + 15) / 16 * 16;
-        }
-    }
-    sd_threadpool_run(pool, quant_task, &c, (T + c.per - 1) / c.per * c.block_tasks);
-}
-
 typedef struct {
     float *out;
     const float *a, *b;
     int T, per;
     int64_t n;
     float eps;
+    q8_out q; /* the output rows quantized here too, when q.xq is not NULL */
 } rows_ctx;
+
+static void quant_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const rows_ctx *c = (const rows_ctx *)ctx;
+    const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
+    quantize_range(&c->q, c->a, task * c->per, t1, c->n);
+}
+
+void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, const float *x, int T, int64_t n) {
+    rows_ctx c = {NULL, x, NULL, T, 0, n, 0.0f, q8_out_at(xq, T, n)};
+    c.per = rows_per_task(pool, T, n, &c.q);
+    sd_threadpool_run(pool, quant_task, &c, (T + c.per - 1) / c.per);
+}
 
 static void swiglu_task(void *ctx, int task, int thread) {
     (void)thread;
@@ -193,11 +199,15 @@ static void swiglu_task(void *ctx, int task, int thread) {
     const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
     const size_t o = (size_t)task * (size_t)c->per * (size_t)c->n;
     sd_swiglu(c->out + o, c->a + o, c->b + o, (int64_t)(t1 - task * c->per) * c->n);
+    if (c->q.xq != NULL) {
+        quantize_range(&c->q, c->out, task * c->per, t1, c->n);
+    }
 }
 
 void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
-                    int64_t n) {
-    rows_ctx c = {out, gate, up, T, rows_per_task(pool, T, n), n, 0.0f};
+                    int64_t n, unsigned char *xq) {
+    rows_ctx c = {out, gate, up, T, 0, n, 0.0f, q8_out_at(xq, T, n)};
+    c.per = rows_per_task(pool, T, n, &c.q);
     sd_threadpool_run(pool, swiglu_task, &c, (T + c.per - 1) / c.per);
 }
 
@@ -207,11 +217,15 @@ static void rmsnorm_task(void *ctx, int task, int thread) {
     const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
     const size_t o = (size_t)task * (size_t)c->per * (size_t)c->n;
     sd_rmsnorm(c->out + o, c->a + o, c->b, t1 - task * c->per, (int)c->n, c->eps);
+    if (c->q.xq != NULL) {
+        quantize_range(&c->q, c->out, task * c->per, t1, c->n);
+    }
 }
 
 void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
-                     float eps) {
-    rows_ctx c = {out, x, w, T, rows_per_task(pool, T, n), n, eps};
+                     float eps, unsigned char *xq) {
+    rows_ctx c = {out, x, w, T, 0, n, eps, q8_out_at(xq, T, n)};
+    c.per = rows_per_task(pool, T, n, &c.q);
     sd_threadpool_run(pool, rmsnorm_task, &c, (T + c.per - 1) / c.per);
 }
 

@@ -27,18 +27,23 @@ typedef struct {
 } sd_matmul_job;
 
 /* Run n_jobs (<= 4) products over the same input x (same W.cols) in one parallel dispatch.
- * xq: scratch of SD_Q8_BATCH_BYTES(T, W.cols) bytes for the quantized activations. */
+ * xq: the quantized activations, SD_Q8_BATCH_BYTES(T, W.cols) bytes, when the weights take them
+ * (sd_matmul_wants_q8): filled here, or already by the op that made x when xq_ready. */
 void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs,
-               unsigned char *xq);
+               unsigned char *xq, int xq_ready);
+/* Whether these products read their input quantized (some weight is of a quantized type). */
+int sd_matmul_wants_q8(const sd_matmul_job *jobs, int n_jobs);
 
-/* The same three, split over the pool by tokens (one task when T is small). sd_quantize_rows
- * also gathers the rows' scalars into xt when xt is not NULL. */
-void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, float *xt, const float *x, int T,
-                      int64_t n);
+/* x (T, n) quantized into the batch buffer xq (SD_Q8_BATCH_BYTES(T, n)), with the gathered
+ * scalars the kernels want for T tokens. */
+void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, const float *x, int T, int64_t n);
+/* The same three split over the pool by tokens (one task when T is small); swiglu and rmsnorm
+ * also quantize their output into xq as sd_quantize_rows does, when xq is not NULL, which saves
+ * the matmul that reads it a dispatch. */
 void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
-                    int64_t n);
+                    int64_t n, unsigned char *xq);
 void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
-                     float eps);
+                     float eps, unsigned char *xq);
 
 /* out (T, F) = silu(gate) * up, elementwise; out may alias gate. sd_swiglu is this CPU's kernel
  * (quant.c picks it), sd_swiglu_ref the portable one. */

@@ -280,26 +280,19 @@ void sd_axpy_f32(float *y, float a, const float *x, int64_t n) {
     g_axpy_f32(y, a, x, n);
 }
 
-void sd_quantize_q8_range(unsigned char *dst, const float *x, int64_t n, int64_t b0, int64_t b1) {
-    int8_t *q = (int8_t *)dst;
-    float *d = (float *)(dst + n);
-    float *s = d + n / 32, *e = s + n / 32;
-    g_quantize_q8(q + 32 * b0, d + b0, s + b0, e + b0, x + 32 * b0, b1 - b0);
-}
-
 void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n) {
-    sd_quantize_q8_range(dst, x, n, 0, n / 32);
+    float *d = (float *)(dst + n);
+    g_quantize_q8((int8_t *)dst, d, d + n / 32, d + 2 * (n / 32), x, n / 32);
 }
 
-void sd_q8_scatter_scalars(float *xt, const unsigned char *row, int t, int64_t n, int64_t b0,
-                           int64_t b1) {
+void sd_q8_scatter_scalars(float *xt, const unsigned char *row, int t, int64_t n) {
     const int64_t nb = n / 32;
     const sd_q8_row r = sd_q8_row_at(row, n, 0);
-    float *dst = xt + ((size_t)(t / 16) * (size_t)nb + (size_t)b0) * 48 + t % 16;
-    for (int64_t b = b0; b < b1; b++, dst += 48) {
+    float *dst = xt + (size_t)(t / 16) * (size_t)nb * 64 + SD_Q8_XT_D(t);
+    for (int64_t b = 0; b < nb; b++, dst += 64) {
         dst[0] = r.d[b];
-        dst[16] = r.s[b];
-        dst[32] = r.e[b];
+        dst[4] = r.s[b];
+        dst[8] = r.e[b];
     }
 }
 
@@ -473,7 +466,7 @@ sd_status sd_matmul_rows(float *y, int type, const void *w, size_t w_bytes, int6
             unsigned char *row = xq + (size_t)t * SD_Q8_ROW_BYTES(n);
             sd_quantize_q8(row, x + (size_t)t * (size_t)n, n);
             if (xt != NULL) {
-                sd_q8_scatter_scalars(xt, row, t, n, 0, n / 32);
+                sd_q8_scatter_scalars(xt, row, t, n);
             }
         }
         a.xq = xq;

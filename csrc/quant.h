@@ -38,21 +38,19 @@ static inline sd_q8_row sd_q8_row_at(const unsigned char *rows, int64_t n, int64
 
 /* Quantize n floats (n % 32 == 0) into one row of SD_Q8_ROW_BYTES(n) bytes at `dst`. */
 void sd_quantize_q8(unsigned char *dst, const float *x, int64_t n);
-/* The same for blocks [b0, b1) of the row only (x is the whole row): the rest is untouched, so
- * threads can share one row by block ranges. */
-void sd_quantize_q8_range(unsigned char *dst, const float *x, int64_t n, int64_t b0, int64_t b1);
 /* A kernel of that quantization: nb blocks of x (32 nb floats) -> the blocks' quants q (32 nb),
  * scales d, sums s = f16(d * sum q) and e = d * sum q (nb each). */
 typedef void (*sd_quantize_q8_fn)(int8_t *q, float *d, float *s, float *e, const float *x,
                                   int64_t nb);
 
 /* The per-block scalars of a batch of quantized rows, gathered batch-major for the AMX tiles:
- * for chunk c of 16 tokens and block b, 48 floats at xt + (c * n/32 + b) * 48 holding d of
- * the chunk's 16 tokens, then their s, then their e (slots past the batch unset). */
-#define SD_Q8_SCALARS_FLOATS(T, n) ((((size_t)(T) + 15) / 16) * (size_t)((n) / 32) * 48)
-/* Row t's scalars of blocks [b0, b1) into such an array. */
-void sd_q8_scatter_scalars(float *xt, const unsigned char *row, int t, int64_t n, int64_t b0,
-                           int64_t b1);
+ * for chunk c of 16 tokens and block b, 64 floats at xt + (c * n/32 + b) * 64, one cache line
+ * (16 floats) per group of 4 tokens: their d at SD_Q8_XT_D(t), s at + 4, e at + 8, 4 unused.
+ * Threads that quantize different groups of 4 tokens write different lines. */
+#define SD_Q8_SCALARS_FLOATS(T, n) ((((size_t)(T) + 15) / 16) * (size_t)((n) / 32) * 64)
+#define SD_Q8_XT_D(t) (16 * ((t) % 16 / 4) + (t) % 4)
+/* Row t's scalars into such an array. */
+void sd_q8_scatter_scalars(float *xt, const unsigned char *row, int t, int64_t n);
 /* Whether this CPU's kernels read gathered scalars for a batch of T tokens. */
 int sd_kernels_want_scalars(int T);
 /* Bytes of a quantized batch: T rows, then (64-byte aligned) room for the gathered scalars. */

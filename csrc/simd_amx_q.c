@@ -120,15 +120,17 @@ SD_AMX SD_INLINE void scales16(const int f, __m512 *dw, __m512 *mw, const uint8_
 }
 
 /* The float work of one block for TT tokens: c (TT x 16 int32) the block's integer sums, dwb and
- * mwb the rows' scales and offsets, x the tokens' gathered scalars of the block (d at x[t],
- * the offsets' multiplier at x[oo + t]: s for Q4_1, e for the formats shifted to unsigned). */
+ * mwb the rows' scales and offsets, x the tokens' gathered scalars of the block (quant.h: d at
+ * x[SD_Q8_XT_D(t)], the offsets' multiplier oo floats on: s for Q4_1, e for the formats shifted
+ * to unsigned). */
 SD_AMX SD_INLINE void block16(const int f, const int TT, __m512 *acc, const int32_t *c, __m512 dwb,
                               __m512 mwb, const float *x) {
-    const int oo = f == A_Q4_1 ? 16 : 32;
+    const int oo = f == A_Q4_1 ? 4 : 8;
     for (int t = 0; t < TT; t++) {
+        const float *xd = x + SD_Q8_XT_D(t);
         const __m512 sf = _mm512_cvtepi32_ps(_mm512_load_si512((const __m512i *)(c + 16 * t)));
-        acc[t] = _mm512_fmadd_ps(mwb, _mm512_set1_ps(x[oo + t]), acc[t]);
-        acc[t] = _mm512_fmadd_ps(sf, _mm512_mul_ps(dwb, _mm512_set1_ps(x[t])), acc[t]);
+        acc[t] = _mm512_fmadd_ps(mwb, _mm512_set1_ps(xd[oo]), acc[t]);
+        acc[t] = _mm512_fmadd_ps(sf, _mm512_mul_ps(dwb, _mm512_set1_ps(xd[0])), acc[t]);
     }
 }
 
@@ -186,7 +188,7 @@ SD_INLINE void prefetch_block(const uint8_t *p, int bb, size_t group) {
  * tile set and block i's sums leave the other, block i - 1's sums (stored one step earlier)
  * are scaled on the vector units and block i + AMX_AHEAD is unpacked; a pair's outputs are
  * stored as its last block is scaled. xq: the first token's quantized activations (rows rb
- * bytes apart); xs: the tokens' gathered scalars (quant.h), block b's at xs + 48 b. The block of
+ * bytes apart); xs: the tokens' gathered scalars (quant.h), block b's at xs + 64 b. The block of
  * the next pair is fetched as each block is unpacked, while that is below pend. */
 SD_AMX SD_INLINE void rows16_stream(const int f, const int TT, float *y, int64_t ldy,
                                     const uint8_t *P, int64_t ng, size_t group, int bb, int64_t nb,
@@ -219,7 +221,7 @@ SD_AMX SD_INLINE void rows16_stream(const int f, const int TT, float *y, int64_t
     do {                                                                                           \
         __m512 dwb, mwb;                                                                           \
         scales16(f, &dwb, &mwb, sc.p, sc.p + group);                                               \
-        block16(f, TT, acc, c[(i) % 3], dwb, mwb, xs + 48 * sc.b);                                 \
+        block16(f, TT, acc, c[(i) % 3], dwb, mwb, xs + 64 * sc.b);                                 \
         if (sc.b == nb - 1) { /* the pair's last block: its outputs are done */                   \
             const float *bv = bias != NULL ? bias + 16 * g : NULL;                                 \
             for (int t = 0; t < TT; t++) {                                                         \
@@ -292,8 +294,8 @@ SD_AMX SD_INLINE void amx_tile(const int f, float *y, int64_t ldy, const void *p
                 configured = tt;
             }
             const int8_t *xq = (const int8_t *)(a->xq + (size_t)t0 * rb);
-            /* this chunk's scales d (at 0) and the offsets' multipliers (s at 16, e at 32) */
-            const float *xs = a->xt + (size_t)(t0 / AMX_TOKENS) * (size_t)nb * 48;
+            /* this chunk's gathered scalars */
+            const float *xs = a->xt + (size_t)(t0 / AMX_TOKENS) * (size_t)nb * 64;
             float *yc = y + (size_t)t0 * (size_t)ldy + (size_t)(16 * g0);
             const float *bv = bias != NULL ? bias + 16 * g0 : NULL;
             /* the next pairs are fetched while the first chunk of tokens passes over these */
