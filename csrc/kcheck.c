@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "hd.h"
+#include "ops_cpu.h"
 #include "quant.h"
 #include "specdec.h"
 #include "status.h"
@@ -130,6 +131,43 @@ static sd_status run_attention(kctx *c, void **p, const sd_karg *a) {
     ON_GPU(sd_cuda_attention(c, p[0], p[1], p[2], p[3], p[4], I(5), I(6), I(7), I(8), I(9), I(10)));
 }
 
+/* attention_cpu: the same arguments through the CPU forward pass's attention (the kernel this
+ * CPU picks, on a pool of two threads), not the portable twin; the CPU only. */
+static sd_status run_attention_cpu(kctx *c, void **p, const sd_karg *a) {
+    if (c != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED, "attention_cpu runs on the CPU only");
+    }
+    const int T = I(5), n_attn = I(6), H = I(7), Hkv = I(8), Dh = I(9), cap = I(10);
+    if (n_attn < 1 || n_attn > cap || Hkv < 1 || H % Hkv != 0 || Dh < 1) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "attention_cpu needs 1 <= n_attn <= capacity, n_kv_heads dividing "
+                            "n_heads and head_dim >= 1");
+    }
+    for (int t = 0; t < T; t++) {
+        const uint8_t *m = (const uint8_t *)p[4] + (size_t)t * (size_t)n_attn;
+        int open = 0;
+        for (int s = 0; s < n_attn && !open; s++) {
+            open = m[s] != 0;
+        }
+        if (!open) {
+            return sd_set_error(SD_ERR_INVALID_ARG, "mask row %d attends to no slot", t);
+        }
+    }
+    sd_kernels_init();
+    sd_threadpool *pool = NULL;
+    SD_TRY(sd_threadpool_create(&pool, 2));
+    float *scores = malloc((size_t)2 * SD_ATTN_GROUP * (size_t)n_attn * sizeof(float));
+    if (scores == NULL) {
+        sd_threadpool_free(pool);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    sd_attention(pool, p[0], p[1], p[2], p[3], (size_t)cap * (size_t)Dh, p[4], T, n_attn, H, Hkv,
+                 Dh, scores);
+    free(scores);
+    sd_threadpool_free(pool);
+    return SD_OK;
+}
+
 /* matmul(y, ldy, w, type, rows, cols, x, T, bias, accumulate) */
 static void sz_matmul(const sd_karg *a, size_t *n) {
     n[0] = (size_t)I(7) * (size_t)L(1) * 4;
@@ -245,6 +283,7 @@ static const kop g_ops[] = {
     {"swiglu", "bbbi", sz_swiglu, run_swiglu},
     {"kv_write", "bbbbbiiii", sz_kv_write, run_kv_write},
     {"attention", "bbbbbiiiiii", sz_attention, run_attention},
+    {"attention_cpu", "bbbbbiiiiii", sz_attention, run_attention_cpu},
     {"matmul", "bibiiibini", sz_matmul, run_matmul},
     {"matmul_mma", "bibiiibini", sz_matmul, run_matmul_mma},
     {"process", "bbiififf", sz_process, run_process},

@@ -54,6 +54,70 @@ def test_attention_twin(T, n_attn, H, Hkv, Dh):
     np.testing.assert_allclose(K.run("attention", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)
 
 
+def test_attention_query_alone_gives_the_batch_bits():
+    """A query's attention output has exactly the bits it gets in a batch of other queries
+    (the kernel groups a KV head's queries to share key loads; the grouping must not change a
+    query's arithmetic): greedy speculation relies on it. Head sizes 16, 48, 64 and 80 take the
+    SIMD kernel's whole and partial 64-dimension passes; 37, 61 and 17 slots leave partial
+    blocks of keys."""
+    for T, n_attn, H, Hkv, Dh in ((9, 37, 6, 2, 64), (5, 61, 4, 1, 48), (3, 17, 2, 2, 16),
+                                  (4, 40, 3, 1, 80)):
+        args, _ = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 3, seed=T + Dh)
+        batch = K.run("attention_cpu", K.CPU, K.fresh(args))[0]
+        for t in range(T):
+            one = K.fresh(args)
+            one[0], one[1], one[4], one[5] = one[0][t:t + 1], one[1][t:t + 1], one[4][t:t + 1], 1
+            np.testing.assert_array_equal(K.run("attention_cpu", K.CPU, one)[0][0], batch[t],
+                                          err_msg=f"T {T} Dh {Dh} token {t}")
+
+
+CHILD_ATTENTION = """
+import json, sys
+import numpy as np
+import kernels as K
+from specdec import _core
+out = {}
+for key, (T, n_attn, H, Hkv, Dh) in json.loads(sys.stdin.read()).items():
+    args, ref = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 7, seed=T)
+    y = K.run("attention_cpu", K.CPU, args)[0]
+    out[key] = bool(np.all(np.abs(y - ref) <= 1e-6 + 1e-5 * np.abs(ref)))
+print(json.dumps([_core.simd_name(), out]))
+"""
+
+
+@pytest.mark.parametrize("T,n_attn,H,Hkv,Dh", [(1, 1, 4, 2, 16), (37, 61, 5, 1, 48),
+                                               (9, 200, 4, 4, 64), (4, 40, 3, 1, 80)])
+def test_attention_of_the_forward_pass(T, n_attn, H, Hkv, Dh):
+    """The CPU forward pass's attention (the SIMD kernel this CPU picks, threaded) against the
+    float64 reference, within the twin's tolerance."""
+    args, ref = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 7, seed=T)
+    np.testing.assert_allclose(K.run("attention_cpu", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("simd", ["avx2", "scalar"])
+def test_attention_of_narrower_kernels(simd):
+    """The forward pass's attention with the kernels this CPU does not pick by default
+    (SPECDEC_SIMD caps them in a child process: AVX2 where AVX-512 exists, and the portable
+    one) against the float64 reference, within the twin's tolerance."""
+    import json
+    import subprocess
+    import sys
+
+    from test_robustness import HERE, child_env
+
+    if simd == "avx2" and "avx2" not in _core.simd_name():
+        pytest.skip("this CPU has no AVX2")
+    cases = {"a": (1, 1, 4, 2, 16), "b": (37, 61, 5, 1, 48), "c": (9, 200, 4, 4, 64),
+             "d": (4, 40, 3, 1, 80)}
+    res = subprocess.run([sys.executable, "-c", CHILD_ATTENTION], input=json.dumps(cases),
+                         env=child_env(SPECDEC_SIMD=simd), capture_output=True, text=True,
+                         timeout=120, cwd=HERE)
+    assert res.returncode == 0, res.stderr
+    name, ok = json.loads(res.stdout)
+    assert name == ("avx2+fma+f16c" if simd == "avx2" else "scalar")
+    assert all(ok.values()), ok
+
+
 @pytest.mark.parametrize("accumulate", [0, 1])
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                                        "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
