@@ -155,9 +155,9 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
         c.acts.xt = o.xt;
     }
     /* about two tasks per thread: on two threads, one-token and 8-token forwards ran 5-12 %
-     * faster so than with 8 (each task claims the shared work word, sets up its tiles and
-     * starts its own stream of blocks), and a thread the OS deschedules still holds at most
-     * one piece of the product */
+     * faster with two than with eight (each task claims the shared work word, sets up its
+     * tiles and starts its own stream of blocks), and a thread the OS deschedules still holds
+     * only part of the product */
     int nt = sd_threadpool_size(pool);
     int64_t chunk = total / ((int64_t)nt * 2);
     /* whole groups of a repacked matrix (8 rows), in pairs for the 16-row AMX tile */
