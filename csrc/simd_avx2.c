@@ -246,6 +246,11 @@ SD_AVX2 static void weighted_sum(float *o, const float *p, const float *v, int n
         const float *vs = v + d0;
         if (nv == 8) {
             for (int s = 0; s < n_attn; s++, vs += Dh) {
+                /* the value row 8 slots on (prefetches never fault past the cache) */
+                _mm_prefetch((const char *)(vs + 8 * (size_t)Dh), _MM_HINT_T0);
+                _mm_prefetch((const char *)(vs + 8 * (size_t)Dh + 16), _MM_HINT_T0);
+                _mm_prefetch((const char *)(vs + 8 * (size_t)Dh + 32), _MM_HINT_T0);
+                _mm_prefetch((const char *)(vs + 8 * (size_t)Dh + 48), _MM_HINT_T0);
                 const __m256 ps = _mm256_set1_ps(p[s]);
                 for (int j = 0; j < 8; j++) {
                     a[j] = _mm256_fmadd_ps(ps, _mm256_loadu_ps(vs + 8 * j), a[j]);
@@ -292,6 +297,9 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
     int s = 0;
     for (; s + 8 <= hi_max; s += 8) {
         const float *ks = k + (size_t)s * (size_t)Dh;
+        for (int o = 0; o < 8 * Dh; o += 16) { /* the next 8 keys */
+            _mm_prefetch((const char *)(ks + 8 * (size_t)Dh + o), _MM_HINT_T0);
+        }
         for (int i = 0; i < g->n; i++) {
             if (s >= hi[i]) {
                 continue;
