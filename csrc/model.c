@@ -593,9 +593,7 @@ sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params 
     } else {
         st = load_gguf(m, path);
     }
-    if (st != SD_OK && m->gguf != NULL) {
-        sd_error_prefix(st, "%s", path);
-    } else if (st != SD_OK && m->st != NULL) {
+    if (st != SD_OK && (m->gguf != NULL || m->st != NULL)) { /* the file opened: name it */
         sd_error_prefix(st, "%s", path);
     }
     if (st == SD_OK) {

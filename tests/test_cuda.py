@@ -120,10 +120,8 @@ def test_mma_models_decode_like_the_cpu_and_speculate_exactly():
     """With SPECDEC_CUDA_MMA=1 (a child process): a BF16 dummy model's greedy tokens are the
     CPU's but at near-ties, and prompt lookup's greedy output is plain greedy output."""
     import json
-    import subprocess
-    import sys
 
-    from test_robustness import HERE, child_env
+    from test_robustness import child_json
 
     shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
                  n_heads=4, n_kv_heads=2, vocab_size=301)
@@ -138,12 +136,9 @@ def test_mma_models_decode_like_the_cpu_and_speculate_exactly():
             "k=4, verify_slope=0)).tokens\n"
             "    out.append([a, b])\n"
             "print(json.dumps(out))")
-    r = subprocess.run([sys.executable, "-c", code, json.dumps(shape), json.dumps(prompts)],
-                       env=child_env(SPECDEC_CUDA_MMA="1"), capture_output=True, text=True,
-                       timeout=300, cwd=HERE)
-    assert r.returncode == 0, r.stderr
+    runs = child_json(code, json.dumps(shape), json.dumps(prompts), SPECDEC_CUDA_MMA="1")
     cpu = specdec.dummy_model(shape, "bf16", seed=7)
-    for p, (plain, spec) in zip(prompts, json.loads(r.stdout)):
+    for p, (plain, spec) in zip(prompts, runs):
         assert spec == plain
         ref = specdec.generate(cpu, p, max_new_tokens=24).tokens
         if ref != plain:
@@ -273,10 +268,8 @@ def test_long_prefill_and_cublas_prefill(tmp_path):
     with SPECDEC_CUDA_CUBLAS=1 (tensor cores, activations split into two BF16 halves) it stays
     within 1e-3 of the exact kernels' logits."""
     import json
-    import subprocess
-    import sys
 
-    from test_robustness import HERE, child_env
+    from test_robustness import child_json
 
     shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
                  n_heads=4, n_kv_heads=2, vocab_size=301)
@@ -288,11 +281,8 @@ def test_long_prefill_and_cublas_prefill(tmp_path):
     code = ("import json, sys, specdec\n"
             "m = specdec.dummy_model(json.loads(sys.argv[1]), 'bf16', device='cuda', seed=6)\n"
             "print(json.dumps(m.logits(json.loads(sys.argv[2])).tolist()))")
-    r = subprocess.run([sys.executable, "-c", code, json.dumps(shape), json.dumps(tokens)],
-                       env=child_env(SPECDEC_CUDA_CUBLAS="1"), capture_output=True, text=True,
-                       timeout=300, cwd=HERE)
-    assert r.returncode == 0, r.stderr
-    fast = np.array(json.loads(r.stdout), dtype=np.float32)
+    fast = np.array(child_json(code, json.dumps(shape), json.dumps(tokens),
+                               SPECDEC_CUDA_CUBLAS="1"), dtype=np.float32)
     assert np.max(np.abs(fast - exact)) <= 1e-3 * np.max(np.abs(exact))
 
 

@@ -152,16 +152,10 @@ def child_matmuls(cases: dict, simd: str):
     computed by a child process whose kernels SPECDEC_SIMD=simd caps: (its kernel name,
     {key: float32 array (T, nrows)})."""
     import json
-    import subprocess
-    import sys
 
-    from test_robustness import HERE, child_env
+    from test_robustness import child_json
 
-    res = subprocess.run([sys.executable, "-c", CHILD_MATMULS], input=json.dumps(cases),
-                         env=child_env(SPECDEC_SIMD=simd), capture_output=True, text=True,
-                         timeout=300, cwd=HERE)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
+    out = child_json(CHILD_MATMULS, stdin=json.dumps(cases), SPECDEC_SIMD=simd)
     ys = {k: np.frombuffer(bytes.fromhex(h), dtype=np.float32).reshape(len(cases[k][4]),
                                                                          cases[k][2])
           for k, h in out["y"].items()}
@@ -296,18 +290,12 @@ print(json.dumps({"simd": _core.simd_name(),
 def test_activation_quantization_portable_twin_gives_the_same_bytes():
     """SPECDEC_SIMD=scalar runs the portable quantizer: byte for byte the SIMD one's output."""
     import json
-    import subprocess
-    import sys
 
-    from test_robustness import HERE, child_env
+    from test_robustness import child_json
 
     rows = _activation_rows()
-    res = subprocess.run([sys.executable, "-c", QUANT_SCRIPT],
-                         input=json.dumps([r.tolist() for r in rows]),
-                         env=child_env(SPECDEC_SIMD="scalar"), capture_output=True, text=True,
-                         timeout=300, cwd=HERE)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
+    out = child_json(QUANT_SCRIPT, stdin=json.dumps([r.tolist() for r in rows]),
+                     SPECDEC_SIMD="scalar")
     assert out["simd"] == "scalar"
     for r, hexed in zip(rows, out["q"]):
         assert _core.quantize_q8(r) == bytes.fromhex(hexed)

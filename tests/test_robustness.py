@@ -27,6 +27,15 @@ def child_env(**extra) -> dict:
     return dict(os.environ, PYTHONPATH=path, **extra)
 
 
+def child_json(code: str, *args: str, stdin: str = None, timeout: int = 300, **env):
+    """Run `code` in a child Python (child_env(**env), in this folder) with arguments and
+    standard input, check that it exited cleanly, and return the JSON it printed."""
+    res = subprocess.run([sys.executable, "-c", code, *args], input=stdin, env=child_env(**env),
+                         capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
 def try_load(path):
     """Load and, if that works, run a short forward: any outcome but a Python exception of the
     documented kinds (or success) is a failure; a crash kills the test process."""
@@ -116,11 +125,7 @@ def test_scalar_kernels_agree_with_simd_and_reference(tiny, ref_logits):
     meet the same reference tolerance, and agree with the SIMD run to float32 rounding."""
     models = [tiny("llama_odd", "hf-f32"), tiny("llama_odd", "gguf-f16-v3-align64"),
               tiny("qwen2_odd_tied", "hf-bf16"), tiny("llama_wide_heads", "gguf-f32-v3")]
-    env = child_env(SPECDEC_SIMD="scalar")
-    res = subprocess.run([sys.executable, "-c", SCALAR_SCRIPT] + [str(m.path) for m in models],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=HERE)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout)
+    out = child_json(SCALAR_SCRIPT, *[str(m.path) for m in models], SPECDEC_SIMD="scalar")
     assert out["simd"] == "scalar"
     for m in models:
         got = np.array(out["logits"][str(m.path)], dtype=np.float32)

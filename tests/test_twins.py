@@ -100,20 +100,15 @@ def test_attention_of_narrower_kernels(simd):
     (SPECDEC_SIMD caps them in a child process: AVX2 where AVX-512 exists, and the portable
     one) against the float64 reference, within the twin's tolerance."""
     import json
-    import subprocess
-    import sys
 
-    from test_robustness import HERE, child_env
+    from test_robustness import child_json
 
     if simd == "avx2" and "avx2" not in _core.simd_name():
         pytest.skip("this CPU has no AVX2")
     cases = {"a": (1, 1, 4, 2, 16), "b": (37, 61, 5, 1, 48), "c": (9, 200, 4, 4, 64),
              "d": (4, 40, 3, 1, 80)}
-    res = subprocess.run([sys.executable, "-c", CHILD_ATTENTION], input=json.dumps(cases),
-                         env=child_env(SPECDEC_SIMD=simd), capture_output=True, text=True,
-                         timeout=120, cwd=HERE)
-    assert res.returncode == 0, res.stderr
-    name, ok = json.loads(res.stdout)
+    name, ok = child_json(CHILD_ATTENTION, stdin=json.dumps(cases), timeout=120,
+                          SPECDEC_SIMD=simd)
     assert name == ("avx2+fma+f16c" if simd == "avx2" else "scalar")
     assert all(ok.values()), ok
 
