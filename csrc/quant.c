@@ -225,6 +225,7 @@ static void kernels_init_once(void) {
                 g_types[SD_TYPE_Q5_0].tile = sd_tile_q5_0_vnni;
                 g_types[SD_TYPE_Q5_1].tile = sd_tile_q5_1_vnni;
                 g_types[SD_TYPE_Q8_0].tile = sd_tile_q8_0_vnni;
+                g_attend = sd_attend_avx512;
                 g_simd_name = "avx2+fma+f16c+avx512vnni";
                 g_repack = 2;
                 if ((force == NULL || strcmp(force, "avx512vnni") != 0) && sd_cpu_has_amx_int8()) {
@@ -311,7 +312,8 @@ void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
 
 void sd_attend(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
                float scale, float *sc) {
-    g_attend(g, k, v, n_attn, Dh, scale, sc);
+    /* the SIMD kernels take head sizes in whole 8-float vectors */
+    (Dh % 8 == 0 ? g_attend : sd_attend_ref)(g, k, v, n_attn, Dh, scale, sc);
 }
 
 /* ---- repacked matrices ------------------------------------------------------------------------

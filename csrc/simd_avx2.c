@@ -162,6 +162,15 @@ SD_AVX2 static inline float hsum_tree(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
 }
 
+/* The eight sums of a[0..7] as one vector: a tree of horizontal adds. */
+SD_AVX2 static inline __m256 tree8(const __m256 *a) {
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
 /* Eight dot products of q with the consecutive rows k_0..k_7 (Dh floats each, Dh % 8 == 0), as
  * one vector: eight accumulators, then a tree of horizontal adds. */
 SD_AVX2 static inline __m256 dot8_rows(const float *q, const float *k, int Dh) {
@@ -175,11 +184,7 @@ SD_AVX2 static inline __m256 dot8_rows(const float *q, const float *k, int Dh) {
             a[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (size_t)(j * Dh + d)), a[j]);
         }
     }
-    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
-                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+    return tree8(a);
 }
 
 /* One lane of dot8_rows, bit for bit. */
@@ -270,21 +275,11 @@ SD_AVX2 static void weighted_sum(float *o, const float *p, const float *v, int n
     }
 }
 
-/* The queries of a group share the keys and values (heads of one KV head, tokens of a batch):
- * each block of eight keys is loaded once for all of them and stays in L1, the values of one
- * KV head stay in L2 while every query sums them. A query's arithmetic is the same whatever
- * group it is in and whatever n_attn (dot1_row equals a lane of dot8_rows, the softmax takes
- * every slot the same way), so a verify batch gives the bits one-token decoding gives. */
-SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float *v, int n_attn,
-                            int Dh, float scale, float *sc) {
-    if (Dh % 8 != 0) {
-        sd_attend_ref(g, k, v, n_attn, Dh, scale, sc);
-        return;
-    }
-    /* each query's slots end at its last open one: past it everything is shut (a causal
-     * prefill's later keys, a verify batch's later drafts), and stopping there leaves the
-     * bits unchanged (shut slots weigh exactly 0) */
-    int hi[SD_ATTN_GROUP], hi_max = 0;
+/* Each query's slots end at its last open one, hi[i]: past it everything is shut (a causal
+ * prefill's later keys, a verify batch's later drafts), and stopping there leaves the bits
+ * unchanged (shut slots weigh exactly 0). Returns the largest. */
+static int attend_ends(const sd_attn_group *g, int n_attn, int *hi) {
+    int hi_max = 0;
     for (int i = 0; i < g->n; i++) {
         int h = n_attn;
         while (h > 0 && g->m[i][h - 1] == 0) {
@@ -293,30 +288,31 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
         hi[i] = h;
         hi_max = h > hi_max ? h : hi_max;
     }
-    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
-    int s = 0;
-    for (; s + 8 <= hi_max; s += 8) {
-        const float *ks = k + (size_t)s * (size_t)Dh;
-        for (int o = 0; o < 8 * Dh; o += 16) { /* the next 8 keys */
-            _mm_prefetch((const char *)(ks + 8 * (size_t)Dh + o), _MM_HINT_T0);
-        }
-        for (int i = 0; i < g->n; i++) {
-            if (s >= hi[i]) {
-                continue;
-            }
-            float *row = sc + (size_t)i * (size_t)n_attn + (size_t)s;
-            uint64_t m8;
-            memcpy(&m8, g->m[i] + s, 8);
-            if (m8 == 0) {
-                _mm256_storeu_ps(row, ninf);
-                continue;
-            }
-            const __m256 shut = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
-                _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)), _mm256_setzero_si256()));
-            const __m256 d8 = _mm256_mul_ps(dot8_rows(g->q[i], ks, Dh), vscale);
-            _mm256_storeu_ps(row, _mm256_blendv_ps(d8, ninf, shut));
-        }
+    return hi_max;
+}
+
+/* Scores of eight slots from their dot products: scale, -inf where the mask m shuts a slot. */
+SD_AVX2 static inline void store_scores8(float *row, const uint8_t *m, __m256 dot, __m256 vscale) {
+    uint64_t m8;
+    memcpy(&m8, m, 8);
+    const __m256 shut = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+        _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)), _mm256_setzero_si256()));
+    _mm256_storeu_ps(row, _mm256_blendv_ps(_mm256_mul_ps(dot, vscale), _mm256_set1_ps(-INFINITY),
+                                           shut));
+}
+
+/* The next block of eight keys into L1. */
+static inline void prefetch_keys8(const float *ks, int Dh) {
+    for (int o = 0; o < 8 * Dh; o += 16) {
+        _mm_prefetch((const char *)(ks + o), _MM_HINT_T0);
     }
+}
+
+/* The slots from s (a multiple of 8) to hi_max one at a time, then each query's softmax: its
+ * weights in sc + i * n_attn. */
+SD_AVX2 static inline void scores_tail_softmax(const sd_attn_group *g, const float *k,
+                                               const int *hi, int hi_max, int s, int n_attn,
+                                               int Dh, float scale, float *sc) {
     for (; s < hi_max; s++) {
         for (int i = 0; i < g->n; i++) {
             sc[(size_t)i * (size_t)n_attn + (size_t)s] =
@@ -325,9 +321,196 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
         }
     }
     for (int i = 0; i < g->n; i++) {
-        float *p = sc + (size_t)i * (size_t)n_attn;
-        softmax_row(p, hi[i]);
-        weighted_sum(g->o[i], p, v, hi[i], Dh);
+        softmax_row(sc + (size_t)i * (size_t)n_attn, hi[i]);
+    }
+}
+
+/* The queries of a group share the keys and values (heads of one KV head, tokens of a batch):
+ * each block of eight keys is loaded once for all of them and stays in L1, the values of one
+ * KV head stay in L2 while every query sums them. A query's arithmetic is the same whatever
+ * group it is in and whatever n_attn (dot1_row equals a lane of dot8_rows, the softmax takes
+ * every slot the same way), so a verify batch gives the bits one-token decoding gives.
+ * Dh % 8 == 0 (sd_attend takes other head sizes to the portable kernel). */
+SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float *v, int n_attn,
+                            int Dh, float scale, float *sc) {
+    int hi[SD_ATTN_GROUP];
+    const int hi_max = attend_ends(g, n_attn, hi);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    int s = 0;
+    for (; s + 8 <= hi_max; s += 8) {
+        const float *ks = k + (size_t)s * (size_t)Dh;
+        prefetch_keys8(ks + 8 * (size_t)Dh, Dh);
+        for (int i = 0; i < g->n; i++) {
+            if (s < hi[i]) {
+                store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
+                              dot8_rows(g->q[i], ks, Dh), vscale);
+            }
+        }
+    }
+    scores_tail_softmax(g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    for (int i = 0; i < g->n; i++) {
+        weighted_sum(g->o[i], sc + (size_t)i * (size_t)n_attn, v, hi[i], Dh);
+    }
+}
+
+/* ---- the same attention on AVX-512 (32 vector registers) ------------------------------------
+ * The same arithmetic as sd_attend_avx2, instruction for instruction per query, so it gives the
+ * same bits; what changes is how the work is shared. Two queries take each block of keys
+ * together (16 accumulators, each key loaded once for both), and four queries sum the value
+ * rows together, 16 dimensions per register (a lane's sums are the same FMAs in the same slot
+ * order as in eight-lane registers), so the values of a KV head come from L2 once per four
+ * queries instead of once per query. */
+
+#define SD_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+
+/* dot8_rows of q0 and of q1 with the same eight keys (named accumulators: GCC keeps arrays of
+ * them in memory). */
+SD_AVX512 static inline void dot8_rows2(const float *q0, const float *q1, const float *k, int Dh,
+                                        __m256 *r0, __m256 *r1) {
+    __m256 a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7;
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm256_setzero_ps();
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = _mm256_setzero_ps();
+    for (int d = 0; d < Dh; d += 8) {
+        const __m256 q0d = _mm256_loadu_ps(q0 + d), q1d = _mm256_loadu_ps(q1 + d);
+#define SD_K2(j)                                                                                   \
+    {                                                                                              \
+        const __m256 kj = _mm256_loadu_ps(k + (size_t)(j * Dh + d));                               \
+        a##j = _mm256_fmadd_ps(q0d, kj, a##j);                                                     \
+        b##j = _mm256_fmadd_ps(q1d, kj, b##j);                                                     \
+    }
+        SD_K2(0) SD_K2(1) SD_K2(2) SD_K2(3) SD_K2(4) SD_K2(5) SD_K2(6) SD_K2(7)
+#undef SD_K2
+    }
+    const __m256 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7}, b[8] = {b0, b1, b2, b3, b4, b5, b6, b7};
+    *r0 = tree8(a);
+    *r1 = tree8(b);
+}
+
+/* weighted_sum of four queries at once over dimensions d0 .. d0 + 16 NV (the last register
+ * holding `last` lanes, 8 or 16): o_i += p_i[s] v_s for s < hi[i], slot by slot, each query's
+ * lanes only while s < hi[i] (a masked FMA leaves them as they are), so every lane sees exactly
+ * the FMAs of weighted_sum. nq (1 to 4) queries, a compile-time constant like NV. */
+SD_AVX512 static inline __attribute__((always_inline)) void
+values4(const int NV, const int nq, float *const *o, const float *const *p, const int *hi,
+        const float *v, int Dh, int d0, int last) {
+    /* accumulators a<query><register> as named variables: GCC keeps an array of them in
+     * memory across the masked FMAs */
+    __m512 a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33;
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = _mm512_setzero_ps();
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = _mm512_setzero_ps();
+    const __mmask16 lm = last == 16 ? (__mmask16)0xFFFF : (__mmask16)0x00FF;
+    int h[4] = {0, 0, 0, 0}, hmax = 0;
+    for (int i = 0; i < nq; i++) {
+        h[i] = hi[i];
+        hmax = h[i] > hmax ? h[i] : hmax;
+    }
+    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+    const float *vs = v + d0;
+    int s = 0;
+    while (s < hmax) {
+        /* a run of slots with the same queries open */
+        int end = hmax;
+        for (int i = 0; i < 4; i++) {
+            end = s < h[i] && h[i] < end ? h[i] : end;
+        }
+        const __mmask16 k0 = s < h[0] ? 0xFFFF : 0, k1 = s < h[1] ? 0xFFFF : 0;
+        const __mmask16 k2 = s < h[2] ? 0xFFFF : 0, k3 = s < h[3] ? 0xFFFF : 0;
+        for (; s < end; s++, vs += Dh) {
+            _mm_prefetch((const char *)(vs + 8 * (size_t)Dh), _MM_HINT_T0);
+            _mm_prefetch((const char *)(vs + 8 * (size_t)Dh + 16 * (NV - 1)), _MM_HINT_T0);
+            const __m512 q0 = _mm512_set1_ps(p0[s]), q1 = _mm512_set1_ps(p1[s]);
+            const __m512 q2 = _mm512_set1_ps(p2[s]), q3 = _mm512_set1_ps(p3[s]);
+#define SD_V4(j)                                                                                   \
+    if (NV > j) {                                                                                  \
+        const __m512 vj = j == NV - 1 ? _mm512_maskz_loadu_ps(lm, vs + 16 * j)                     \
+                                      : _mm512_loadu_ps(vs + 16 * j);                              \
+        a0##j = _mm512_mask3_fmadd_ps(q0, vj, a0##j, k0);                                          \
+        if (nq > 1) {                                                                              \
+            a1##j = _mm512_mask3_fmadd_ps(q1, vj, a1##j, k1);                                      \
+        }                                                                                          \
+        if (nq > 2) {                                                                              \
+            a2##j = _mm512_mask3_fmadd_ps(q2, vj, a2##j, k2);                                      \
+        }                                                                                          \
+        if (nq > 3) {                                                                              \
+            a3##j = _mm512_mask3_fmadd_ps(q3, vj, a3##j, k3);                                      \
+        }                                                                                          \
+    }
+            SD_V4(0)
+            SD_V4(1)
+            SD_V4(2)
+            SD_V4(3)
+#undef SD_V4
+        }
+    }
+#define SD_V4_STORE(i, j)                                                                          \
+    if (NV > j && nq > i) {                                                                        \
+        _mm512_mask_storeu_ps(o[i] + d0 + 16 * j, j == NV - 1 ? lm : (__mmask16)0xFFFF, a##i##j);  \
+    }
+#define SD_V4_STORE4(i) SD_V4_STORE(i, 0) SD_V4_STORE(i, 1) SD_V4_STORE(i, 2) SD_V4_STORE(i, 3)
+    SD_V4_STORE4(0)
+    SD_V4_STORE4(1)
+    SD_V4_STORE4(2)
+    SD_V4_STORE4(3)
+#undef SD_V4_STORE4
+#undef SD_V4_STORE
+}
+
+SD_AVX512 void sd_attend_avx512(const sd_attn_group *g, const float *k, const float *v,
+                                int n_attn, int Dh, float scale, float *sc) {
+    int hi[SD_ATTN_GROUP];
+    const int hi_max = attend_ends(g, n_attn, hi);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    int s = 0;
+    for (; s + 8 <= hi_max; s += 8) {
+        const float *ks = k + (size_t)s * (size_t)Dh;
+        prefetch_keys8(ks + 8 * (size_t)Dh, Dh);
+        int act[SD_ATTN_GROUP], na = 0; /* the queries that see one of these slots */
+        for (int i = 0; i < g->n; i++) {
+            if (s < hi[i]) {
+                act[na++] = i;
+            }
+        }
+        int j = 0;
+        for (; j + 2 <= na; j += 2) {
+            const int i0 = act[j], i1 = act[j + 1];
+            __m256 d0, d1;
+            dot8_rows2(g->q[i0], g->q[i1], ks, Dh, &d0, &d1);
+            store_scores8(sc + (size_t)i0 * (size_t)n_attn + (size_t)s, g->m[i0] + s, d0, vscale);
+            store_scores8(sc + (size_t)i1 * (size_t)n_attn + (size_t)s, g->m[i1] + s, d1, vscale);
+        }
+        if (j < na) {
+            const int i = act[j];
+            store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
+                          dot8_rows(g->q[i], ks, Dh), vscale);
+        }
+    }
+    scores_tail_softmax(g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    for (int i0 = 0; i0 < g->n; i0 += 4) {
+        const int nq = g->n - i0 < 4 ? g->n - i0 : 4;
+        const float *p[4];
+        for (int i = 0; i < 4; i++) {
+            p[i] = sc + (size_t)(i0 + (i < nq ? i : 0)) * (size_t)n_attn;
+        }
+        for (int d0 = 0; d0 < Dh; d0 += 64) {
+            const int rest = Dh - d0 < 64 ? Dh - d0 : 64, nv = (rest + 15) / 16;
+            const int last = rest - 16 * (nv - 1);
+#define SD_VQ(NQ)                                                                                  \
+    case NQ:                                                                                       \
+        switch (nv) {                                                                              \
+        case 1: values4(1, NQ, g->o + i0, p, hi + i0, v, Dh, d0, last); break;                     \
+        case 2: values4(2, NQ, g->o + i0, p, hi + i0, v, Dh, d0, last); break;                     \
+        case 3: values4(3, NQ, g->o + i0, p, hi + i0, v, Dh, d0, last); break;                     \
+        default: values4(4, NQ, g->o + i0, p, hi + i0, v, Dh, d0, last); break;                    \
+        }                                                                                          \
+        break;
+            switch (nq) {
+                SD_VQ(1)
+                SD_VQ(2)
+                SD_VQ(3)
+                SD_VQ(4)
+            }
+#undef SD_VQ
+        }
     }
 }
 

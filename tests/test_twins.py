@@ -113,6 +113,42 @@ def test_attention_of_narrower_kernels(simd):
     assert all(ok.values()), ok
 
 
+CHILD_ATTENTION_BITS = """
+import json, sys
+import kernels as K
+from specdec import _core
+out = {}
+for key, (T, n_attn, H, Hkv, Dh) in json.loads(sys.stdin.read()).items():
+    args, _ = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 5, seed=3 * T + Dh)
+    out[key] = K.run("attention_cpu", K.CPU, args)[0].tobytes().hex()
+print(json.dumps([_core.simd_name(), out]))
+"""
+
+ATTENTION_BIT_CASES = {"one": (1, 1, 4, 2, 16), "decode": (1, 300, 9, 3, 64),
+                       "verify": (8, 300, 9, 3, 64), "odd": (9, 37, 6, 2, 64),
+                       "dh48": (5, 61, 4, 1, 48), "dh80": (4, 40, 3, 1, 80),
+                       "dh128": (3, 70, 4, 2, 128), "dh16": (7, 17, 2, 2, 16)}
+
+
+def test_attention_avx512_gives_the_avx2_bits():
+    """The AVX-512 attention (queries share key loads in pairs and value rows in fours) does
+    the AVX2 kernel's arithmetic query by query: the same bits for every head size, group and
+    mask, so which of the two a CPU picks changes no token."""
+    import json
+
+    from test_robustness import child_json
+
+    if "avx512" not in _core.simd_name():
+        pytest.skip("this CPU has no AVX-512")
+    cases = json.dumps(ATTENTION_BIT_CASES)
+    wide_name, wide = child_json(CHILD_ATTENTION_BITS, stdin=cases, timeout=120)
+    narrow_name, narrow = child_json(CHILD_ATTENTION_BITS, stdin=cases, timeout=120,
+                                     SPECDEC_SIMD="avx2")
+    assert "avx512" in wide_name and narrow_name == "avx2+fma+f16c"
+    for key in ATTENTION_BIT_CASES:
+        assert wide[key] == narrow[key], key
+
+
 @pytest.mark.parametrize("accumulate", [0, 1])
 @pytest.mark.parametrize("type_name", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                                        "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
