@@ -162,13 +162,18 @@ SD_AVX2 static inline float hsum_tree(__m256 a) {
     return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
 }
 
+/* The end of tree8 on one query's half. */
+SD_AVX2 static inline __m256 tree8_tail(__m256 h0123, __m256 h4567) {
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
+                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
 /* The eight sums of a[0..7] as one vector: a tree of horizontal adds. */
 SD_AVX2 static inline __m256 tree8(const __m256 *a) {
     const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
     const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
     const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
-                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
+    return tree8_tail(h0123, h4567);
 }
 
 /* Eight dot products of q with the consecutive rows k_0..k_7 (Dh floats each, Dh % 8 == 0), as
@@ -363,27 +368,35 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
 
 #define SD_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
 
-/* dot8_rows of q0 and of q1 with the same eight keys (named accumulators: GCC keeps arrays of
- * them in memory). */
+/* hadd_ps in both 256-bit halves at once: [x0+x1, x2+x3, y0+y1, y2+y3] per 128-bit lane. */
+SD_AVX512 static inline __m512 hadd512(__m512 x, __m512 y) {
+    return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
+}
+
+/* dot8_rows of q0 and of q1 with the same eight keys, in 16-lane registers: lanes 0-7 do q0's
+ * FMAs, lanes 8-15 q1's, each half exactly dot8_rows' sequence (the key's eight floats sit in
+ * both halves), and tree8 runs on both halves at once. Each key is loaded once for the two. */
 SD_AVX512 static inline void dot8_rows2(const float *q0, const float *q1, const float *k, int Dh,
                                         __m256 *r0, __m256 *r1) {
-    __m256 a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7;
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm256_setzero_ps();
-    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = _mm256_setzero_ps();
+    /* named accumulators: GCC keeps arrays of vectors in memory */
+    __m512 a0, a1, a2, a3, a4, a5, a6, a7;
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
     for (int d = 0; d < Dh; d += 8) {
-        const __m256 q0d = _mm256_loadu_ps(q0 + d), q1d = _mm256_loadu_ps(q1 + d);
+        const __m512 qd = _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(q0 + d))),
+                               _mm256_castps_pd(_mm256_loadu_ps(q1 + d)), 1));
 #define SD_K2(j)                                                                                   \
-    {                                                                                              \
-        const __m256 kj = _mm256_loadu_ps(k + (size_t)(j * Dh + d));                               \
-        a##j = _mm256_fmadd_ps(q0d, kj, a##j);                                                     \
-        b##j = _mm256_fmadd_ps(q1d, kj, b##j);                                                     \
-    }
+    a##j = _mm512_fmadd_ps(                                                                        \
+        qd, _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(k + (size_t)(j * Dh + d))))), \
+        a##j);
         SD_K2(0) SD_K2(1) SD_K2(2) SD_K2(3) SD_K2(4) SD_K2(5) SD_K2(6) SD_K2(7)
 #undef SD_K2
     }
-    const __m256 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7}, b[8] = {b0, b1, b2, b3, b4, b5, b6, b7};
-    *r0 = tree8(a);
-    *r1 = tree8(b);
+    const __m512 h0123 = hadd512(hadd512(a0, a1), hadd512(a2, a3));
+    const __m512 h4567 = hadd512(hadd512(a4, a5), hadd512(a6, a7));
+    *r0 = tree8_tail(_mm512_castps512_ps256(h0123), _mm512_castps512_ps256(h4567));
+    *r1 = tree8_tail(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h0123), 1)),
+                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h4567), 1)));
 }
 
 /* weighted_sum of four queries at once over dimensions d0 .. d0 + 16 NV (the last register
