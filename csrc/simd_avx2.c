@@ -242,6 +242,9 @@ SD_AVX2 static void softmax_row(float *sc, int n_attn) {
     }
 }
 
+/* How many slots ahead attention fetches keys and value rows into L1 (8: a block of keys). */
+#define SD_ATTN_AHEAD 8
+
 /* o[0 .. Dh) = sum_s p[s] v_s (v_s = v + s * Dh, contiguous rows), slot after slot into one
  * accumulator per 8 dimensions, 64 dimensions at a time: the value rows stream in order, eight
  * independent FMA chains keep the unit busy. Shut slots add 0 * v_s, which changes nothing, so
@@ -256,11 +259,11 @@ SD_AVX2 static void weighted_sum(float *o, const float *p, const float *v, int n
         const float *vs = v + d0;
         if (nv == 8) {
             for (int s = 0; s < n_attn; s++, vs += Dh) {
-                /* the value row 8 slots on (prefetches never fault past the cache) */
-                _mm_prefetch((const char *)(vs + 8 * (size_t)Dh), _MM_HINT_T0);
-                _mm_prefetch((const char *)(vs + 8 * (size_t)Dh + 16), _MM_HINT_T0);
-                _mm_prefetch((const char *)(vs + 8 * (size_t)Dh + 32), _MM_HINT_T0);
-                _mm_prefetch((const char *)(vs + 8 * (size_t)Dh + 48), _MM_HINT_T0);
+                /* the value row SD_ATTN_AHEAD slots on (prefetches never fault past the
+                 * cache) */
+                for (int j = 0; j < 64; j += 16) {
+                    _mm_prefetch((const char *)(vs + SD_ATTN_AHEAD * (size_t)Dh + j), _MM_HINT_T0);
+                }
                 const __m256 ps = _mm256_set1_ps(p[s]);
                 for (int j = 0; j < 8; j++) {
                     a[j] = _mm256_fmadd_ps(ps, _mm256_loadu_ps(vs + 8 * j), a[j]);
@@ -302,8 +305,8 @@ SD_AVX2 static inline void store_scores8(float *row, const uint8_t *m, __m256 do
     memcpy(&m8, m, 8);
     const __m256 shut = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
         _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)), _mm256_setzero_si256()));
-    _mm256_storeu_ps(row, _mm256_blendv_ps(_mm256_mul_ps(dot, vscale), _mm256_set1_ps(-INFINITY),
-                                           shut));
+    _mm256_storeu_ps(row,
+                     _mm256_blendv_ps(_mm256_mul_ps(dot, vscale), _mm256_set1_ps(-INFINITY), shut));
 }
 
 /* The next block of eight keys into L1. */
@@ -316,8 +319,8 @@ static inline void prefetch_keys8(const float *ks, int Dh) {
 /* The slots from s (a multiple of 8) to hi_max one at a time, then each query's softmax: its
  * weights in sc + i * n_attn. */
 SD_AVX2 static inline void scores_tail_softmax(const sd_attn_group *g, const float *k,
-                                               const int *hi, int hi_max, int s, int n_attn,
-                                               int Dh, float scale, float *sc) {
+                                               const int *hi, int hi_max, int s, int n_attn, int Dh,
+                                               float scale, float *sc) {
     for (; s < hi_max; s++) {
         for (int i = 0; i < g->n; i++) {
             sc[(size_t)i * (size_t)n_attn + (size_t)s] =
@@ -344,7 +347,7 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
     int s = 0;
     for (; s + 8 <= hi_max; s += 8) {
         const float *ks = k + (size_t)s * (size_t)Dh;
-        prefetch_keys8(ks + 8 * (size_t)Dh, Dh);
+        prefetch_keys8(ks + SD_ATTN_AHEAD * (size_t)Dh, Dh);
         for (int i = 0; i < g->n; i++) {
             if (s < hi[i]) {
                 store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
@@ -386,9 +389,10 @@ SD_AVX512 static inline void dot8_rows2(const float *q0, const float *q1, const 
             _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(q0 + d))),
                                _mm256_castps_pd(_mm256_loadu_ps(q1 + d)), 1));
 #define SD_K2(j)                                                                                   \
-    a##j = _mm512_fmadd_ps(                                                                        \
-        qd, _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(k + (size_t)(j * Dh + d))))), \
-        a##j);
+    a##j = _mm512_fmadd_ps(qd,                                                                     \
+                           _mm512_castpd_ps(_mm512_broadcast_f64x4(                                \
+                               _mm256_loadu_pd((const double *)(k + (size_t)(j * Dh + d))))),      \
+                           a##j);
         SD_K2(0) SD_K2(1) SD_K2(2) SD_K2(3) SD_K2(4) SD_K2(5) SD_K2(6) SD_K2(7)
 #undef SD_K2
     }
@@ -429,14 +433,16 @@ values4(const int NV, const int nq, float *const *o, const float *const *p, cons
         const __mmask16 k0 = s < h[0] ? 0xFFFF : 0, k1 = s < h[1] ? 0xFFFF : 0;
         const __mmask16 k2 = s < h[2] ? 0xFFFF : 0, k3 = s < h[3] ? 0xFFFF : 0;
         for (; s < end; s++, vs += Dh) {
-            _mm_prefetch((const char *)(vs + 8 * (size_t)Dh), _MM_HINT_T0);
-            _mm_prefetch((const char *)(vs + 8 * (size_t)Dh + 16 * (NV - 1)), _MM_HINT_T0);
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; j++) { /* the value row SD_ATTN_AHEAD on */
+                _mm_prefetch((const char *)(vs + SD_ATTN_AHEAD * (size_t)Dh + 16 * j), _MM_HINT_T0);
+            }
             const __m512 q0 = _mm512_set1_ps(p0[s]), q1 = _mm512_set1_ps(p1[s]);
             const __m512 q2 = _mm512_set1_ps(p2[s]), q3 = _mm512_set1_ps(p3[s]);
 #define SD_V4(j)                                                                                   \
     if (NV > j) {                                                                                  \
-        const __m512 vj = j == NV - 1 ? _mm512_maskz_loadu_ps(lm, vs + 16 * j)                     \
-                                      : _mm512_loadu_ps(vs + 16 * j);                              \
+        const __m512 vj =                                                                          \
+            j == NV - 1 ? _mm512_maskz_loadu_ps(lm, vs + 16 * j) : _mm512_loadu_ps(vs + 16 * j);   \
         a0##j = _mm512_mask3_fmadd_ps(q0, vj, a0##j, k0);                                          \
         if (nq > 1) {                                                                              \
             a1##j = _mm512_mask3_fmadd_ps(q1, vj, a1##j, k1);                                      \
@@ -468,15 +474,15 @@ values4(const int NV, const int nq, float *const *o, const float *const *p, cons
 #undef SD_V4_STORE
 }
 
-SD_AVX512 void sd_attend_avx512(const sd_attn_group *g, const float *k, const float *v,
-                                int n_attn, int Dh, float scale, float *sc) {
+SD_AVX512 void sd_attend_avx512(const sd_attn_group *g, const float *k, const float *v, int n_attn,
+                                int Dh, float scale, float *sc) {
     int hi[SD_ATTN_GROUP];
     const int hi_max = attend_ends(g, n_attn, hi);
     const __m256 vscale = _mm256_set1_ps(scale);
     int s = 0;
     for (; s + 8 <= hi_max; s += 8) {
         const float *ks = k + (size_t)s * (size_t)Dh;
-        prefetch_keys8(ks + 8 * (size_t)Dh, Dh);
+        prefetch_keys8(ks + SD_ATTN_AHEAD * (size_t)Dh, Dh);
         int act[SD_ATTN_GROUP], na = 0; /* the queries that see one of these slots */
         for (int i = 0; i < g->n; i++) {
             if (s < hi[i]) {
