@@ -20,8 +20,8 @@ void sd_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n);
 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
                     float scale, float *sc);
 /* The same bits on AVX-512F/VL, the work shared across more queries. */
-void sd_attend_avx512(const sd_attn_group *g, const float *k, const float *v, int n_attn,
-                      int Dh, float scale, float *sc);
+void sd_attend_avx512(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+                      float scale, float *sc);
 /* y[t*ldy + r] (= or +=) dot(row r of w, x_t) (+ bias[r]) for r < nrows, t < T; w rows of
  * `type` (F32, F16 or BF16), row_bytes apart; x rows ldx floats apart. */
 void sd_matmul_tile_avx2(int type, float *y, int64_t ldy, const void *w, size_t row_bytes,
