@@ -364,10 +364,10 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
 /* ---- the same attention on AVX-512 (32 vector registers) ------------------------------------
  * The same arithmetic as sd_attend_avx2, instruction for instruction per query, so it gives the
  * same bits; what changes is how the work is shared. Two queries take each block of keys
- * together (16 accumulators, each key loaded once for both), and four queries sum the value
- * rows together, 16 dimensions per register (a lane's sums are the same FMAs in the same slot
- * order as in eight-lane registers), so the values of a KV head come from L2 once per four
- * queries instead of once per query. */
+ * together (their dot products side by side in 16-lane registers, each key loaded once for
+ * both), and four queries sum the value rows together, 16 dimensions per register (a lane's
+ * sums are the same FMAs in the same slot order as in eight-lane registers), so the values of a
+ * KV head come from L2 once per four queries instead of once per query. */
 
 #define SD_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
 
