@@ -226,8 +226,8 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
     const int n_layers = b->n_layers > 0 ? b->n_layers : c->n_layers;
     for (int l = 0; l < n_layers; l++) {
         const sd_layer *L = &m->w.layers[l];
-        float *kc = kv->k + sd_kv_row(kv, l, 0, 0);
-        float *vc = kv->v + sd_kv_row(kv, l, 0, 0);
+        const void *kc = sd_kv_at(kv, kv->k, sd_kv_row(kv, l, 0, 0));
+        const void *vc = sd_kv_at(kv, kv->v, sd_kv_row(kv, l, 0, 0));
 
         /* attention block: x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n), n = rmsnorm(x) */
         sd_matmul_job qkv[3] = {
@@ -244,14 +244,18 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < Hkv; h++) {
                 const size_t src = (size_t)t * (size_t)KVD + (size_t)h * (size_t)Dh;
-                memcpy(kv->k + sd_kv_row(kv, l, h, slots[t]), s->k + src,
-                       (size_t)Dh * sizeof(float));
-                memcpy(kv->v + sd_kv_row(kv, l, h, slots[t]), s->v + src,
-                       (size_t)Dh * sizeof(float));
+                const size_t dst = sd_kv_row(kv, l, h, slots[t]);
+                if (kv->f16) {
+                    sd_f32_to_f16_row((uint16_t *)kv->k + dst, s->k + src, Dh);
+                    sd_f32_to_f16_row((uint16_t *)kv->v + dst, s->v + src, Dh);
+                } else {
+                    memcpy((float *)kv->k + dst, s->k + src, (size_t)Dh * sizeof(float));
+                    memcpy((float *)kv->v + dst, s->v + src, (size_t)Dh * sizeof(float));
+                }
             }
         }
-        sd_attention(m->pool, s->xb, s->q, kc, vc, sd_kv_row(kv, 0, 1, 0), s->mask, T, n_attn, H,
-                     Hkv, Dh, s->scores);
+        sd_attention(m->pool, s->xb, s->q, kc, vc, kv->f16, sd_kv_row(kv, 0, 1, 0), s->mask, T,
+                     n_attn, H, Hkv, Dh, s->scores);
         sd_matmul_job o = {s->x, s->xb, &L->wo, NULL, 1};
         sd_matmul(m->pool, T, &o, 1, s->xq, 0);
 

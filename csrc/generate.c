@@ -347,6 +347,12 @@ static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *
     sd_kv_cache *fresh = NULL;
     SD_TRY(sd_kv_cache_create(&fresh, m, n));
     sd_status st = SD_OK;
+    if (fresh->f16 != kv->f16) {
+        st = sd_set_error(SD_ERR_INVALID_ARG,
+                          "cache check after step %d: the model's KV cache type changed during "
+                          "the call",
+                          step);
+    }
     for (int done = 0; st == SD_OK && done < n;) {
         sd_batch b = {0};
         const int chunk = n - done < SD_MAX_DRAFT + 1 ? n - done : SD_MAX_DRAFT + 1;
@@ -355,7 +361,7 @@ static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *
         st = sd_forward(m, fresh, &b, NULL);
         done += b.n_tokens;
     }
-    const float *ka = kv->k, *va = kv->v, *kf = fresh->k, *vf = fresh->v;
+    const void *ka = kv->k, *va = kv->v, *kf = fresh->k, *vf = fresh->v;
     float *dl = NULL;
 #ifdef SD_WITH_CUDA
     if (st == SD_OK && kv->cuda != NULL) { /* both caches to the host */
@@ -378,11 +384,13 @@ static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *
         }
     }
 #endif
-    const size_t row = (size_t)kv->head_dim * sizeof(float);
+    /* the same model: both caches hold the same element type (f32 when downloaded) */
+    const size_t elt = sd_kv_elt(kv), row = (size_t)kv->head_dim * elt;
     for (int l = 0; st == SD_OK && l < kv->n_layers * kv->n_kv_heads; l++) {
         for (int i = 0; i < n; i++) {
-            const size_t a = sd_kv_row(kv, 0, l, i), f = sd_kv_row(fresh, 0, l, i);
-            if (memcmp(ka + a, kf + f, row) != 0 || memcmp(va + a, vf + f, row) != 0 ||
+            const size_t a = sd_kv_row(kv, 0, l, i) * elt, f = sd_kv_row(fresh, 0, l, i) * elt;
+            if (memcmp((const char *)ka + a, (const char *)kf + f, row) != 0 ||
+                memcmp((const char *)va + a, (const char *)vf + f, row) != 0 ||
                 kv->pos[i] != fresh->pos[i]) {
                 st = sd_set_error(SD_ERR_INTERNAL,
                                   "cache check after step %d: the %s cache's slot %d (token %d) "

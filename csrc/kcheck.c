@@ -96,6 +96,21 @@ static sd_status run_swiglu(kctx *c, void **p, const sd_karg *a) {
     ON_GPU(sd_cuda_swiglu(c, p[0], p[1], p[2], L(3)));
 }
 
+/* f16_row(dst, x, n): the CPU cache's rounding of n floats to halves (sd_f32_to_f16_row, the
+ * kernel this CPU picks); the CPU only */
+static void sz_f16_row(const sd_karg *a, size_t *n) {
+    n[0] = (size_t)L(2) * 2;
+    n[1] = (size_t)L(2) * 4;
+}
+static sd_status run_f16_row(kctx *c, void **p, const sd_karg *a) {
+    if (c != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED, "f16_row runs on the CPU only");
+    }
+    sd_kernels_init();
+    sd_f32_to_f16_row(p[0], p[1], L(2));
+    return SD_OK;
+}
+
 /* kv_write(kc, vc, k, v, slots, T, n_kv_heads, head_dim, capacity) */
 static void sz_kv_write(const sd_karg *a, size_t *n) {
     n[0] = n[1] = (size_t)I(6) * (size_t)I(8) * (size_t)I(7) * 4;
@@ -132,8 +147,13 @@ static sd_status run_attention(kctx *c, void **p, const sd_karg *a) {
 }
 
 /* attention_cpu: the same arguments through the CPU forward pass's attention (the kernel this
- * CPU picks, on a pool of two threads), not the portable twin; the CPU only. */
-static sd_status run_attention_cpu(kctx *c, void **p, const sd_karg *a) {
+ * CPU picks, on a pool of two threads), not the portable twin; the CPU only. attention_cpu_f16:
+ * the same with kc, vc as IEEE halves (the CPU's f16 cache). */
+static void sz_attention_f16(const sd_karg *a, size_t *n) {
+    sz_attention(a, n);
+    n[2] = n[3] = n[2] / 2;
+}
+static sd_status attention_cpu(kctx *c, void **p, const sd_karg *a, int kv_f16) {
     if (c != NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED, "attention_cpu runs on the CPU only");
     }
@@ -161,11 +181,17 @@ static sd_status run_attention_cpu(kctx *c, void **p, const sd_karg *a) {
         sd_threadpool_free(pool);
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
     }
-    sd_attention(pool, p[0], p[1], p[2], p[3], (size_t)cap * (size_t)Dh, p[4], T, n_attn, H, Hkv,
-                 Dh, scores);
+    sd_attention(pool, p[0], p[1], p[2], p[3], kv_f16, (size_t)cap * (size_t)Dh, p[4], T, n_attn, H,
+                 Hkv, Dh, scores);
     free(scores);
     sd_threadpool_free(pool);
     return SD_OK;
+}
+static sd_status run_attention_cpu(kctx *c, void **p, const sd_karg *a) {
+    return attention_cpu(c, p, a, 0);
+}
+static sd_status run_attention_cpu_f16(kctx *c, void **p, const sd_karg *a) {
+    return attention_cpu(c, p, a, 1);
 }
 
 /* matmul(y, ldy, w, type, rows, cols, x, T, bias, accumulate) */
@@ -281,9 +307,11 @@ static const kop g_ops[] = {
     {"rmsnorm", "bbbiif", sz_rmsnorm, run_rmsnorm},
     {"rope", "bbbiiii", sz_rope, run_rope},
     {"swiglu", "bbbi", sz_swiglu, run_swiglu},
+    {"f16_row", "bbi", sz_f16_row, run_f16_row},
     {"kv_write", "bbbbbiiii", sz_kv_write, run_kv_write},
     {"attention", "bbbbbiiiiii", sz_attention, run_attention},
     {"attention_cpu", "bbbbbiiiiii", sz_attention, run_attention_cpu},
+    {"attention_cpu_f16", "bbbbbiiiiii", sz_attention_f16, run_attention_cpu_f16},
     {"matmul", "bibiiibini", sz_matmul, run_matmul},
     {"matmul_mma", "bibiiibini", sz_matmul, run_matmul_mma},
     {"process", "bbiififf", sz_process, run_process},

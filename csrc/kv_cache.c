@@ -42,14 +42,15 @@ sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) 
     }
 #endif
     /* zeroed: a slot never written (attended only by a caller's mask) holds finite values */
-    kv->k = calloc(n, sizeof(float));
-    kv->v = calloc(n, sizeof(float));
+    kv->f16 = m->kv_f16;
+    kv->k = calloc(n, sd_kv_elt(kv));
+    kv->v = calloc(n, sd_kv_elt(kv));
     if (kv->k == NULL || kv->v == NULL || kv->pos == NULL) {
         sd_kv_cache_free(kv);
         return sd_set_error(SD_ERR_NOMEM,
                             "out of memory allocating a KV cache of %d slots "
                             "(%zu MiB)",
-                            n_slots, 2 * n * sizeof(float) >> 20);
+                            n_slots, 2 * n * sd_kv_elt(kv) >> 20);
     }
     *out = kv;
     return SD_OK;
@@ -101,11 +102,12 @@ sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
         return SD_OK;
     }
 #endif
-    const size_t row = (size_t)kv->head_dim * sizeof(float);
+    const size_t row = (size_t)kv->head_dim * sd_kv_elt(kv);
     for (int l = 0; l < kv->n_layers; l++) {
         for (int h = 0; h < kv->n_kv_heads; h++) {
-            memcpy(kv->k + sd_kv_row(kv, l, h, dst), kv->k + sd_kv_row(kv, l, h, src), row);
-            memcpy(kv->v + sd_kv_row(kv, l, h, dst), kv->v + sd_kv_row(kv, l, h, src), row);
+            const size_t d = sd_kv_row(kv, l, h, dst), s = sd_kv_row(kv, l, h, src);
+            memcpy(sd_kv_at(kv, kv->k, d), sd_kv_at(kv, kv->k, s), row);
+            memcpy(sd_kv_at(kv, kv->v, d), sd_kv_at(kv, kv->v, s), row);
         }
     }
     kv->pos[dst] = kv->pos[src];

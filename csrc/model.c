@@ -208,6 +208,10 @@ static sd_status check_config(const sd_config *c) {
         return sd_set_error(SD_ERR_FORMAT, "head dimension %d is odd; RoPE needs pairs",
                             c->head_dim);
     }
+    if (c->head_dim > SD_MAX_HEAD_DIM) {
+        return sd_set_error(SD_ERR_UNSUPPORTED, "head dimension %d is larger than the %d supported",
+                            c->head_dim, SD_MAX_HEAD_DIM);
+    }
     if (!(c->rms_eps > 0.0f) || !(c->rope_theta > 0.0f)) {
         return sd_set_error(SD_ERR_FORMAT, "invalid rms epsilon %g or rope theta %g",
                             (double)c->rms_eps, (double)c->rope_theta);
@@ -522,6 +526,7 @@ static sd_status check_params(const sd_model_params *p) {
  * copy, and the thread pool (which also runs the host-side work of a CUDA model). */
 static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     m->device = p->device;
+    m->kv_f16 = p->device != SD_DEVICE_CUDA;
     if (p->device == SD_DEVICE_CUDA) {
 #ifdef SD_WITH_CUDA
         SD_TRY(sd_cuda_model_create(&m->cuda, m, p->gpu));
@@ -653,6 +658,19 @@ size_t sd_model_weight_bytes(const sd_model *m) {
 
 int sd_model_threads(const sd_model *m) {
     return sd_threadpool_size(m->pool);
+}
+
+int sd_model_kv_f16(const sd_model *m) {
+    return m->kv_f16;
+}
+
+sd_status sd_model_set_kv_f16(sd_model *m, int f16) {
+    if (f16 && m->device == SD_DEVICE_CUDA) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "the CUDA backend keeps its KV cache in f32 only (kv_dtype='f32')");
+    }
+    m->kv_f16 = f16 != 0;
+    return SD_OK;
 }
 
 sd_status sd_model_set_threads(sd_model *m, int n_threads) {

@@ -84,6 +84,7 @@ struct sd_model {
     char *pieces;      /* token piece bytes, back to back (sd_model_set_token_pieces) */
     size_t *piece_off; /* (V + 1) offsets into pieces, or NULL */
     size_t weight_bytes;
+    int kv_f16; /* caches created from now on keep keys and values as IEEE halves (CPU only) */
 };
 
 struct sd_kv_cache {
@@ -92,18 +93,28 @@ struct sd_kv_cache {
     int n_layers;
     int n_kv_heads;
     int head_dim;
+    int f16; /* keys and values are IEEE halves (uint16_t), else f32 */
     /* (L, Hkv, capacity, Dh): each KV head's rows are contiguous, so attention streams them */
-    float *k;     /* post-RoPE keys (NULL for a CUDA model's cache: they live on the device) */
-    float *v;     /* values (likewise) */
+    void *k;      /* post-RoPE keys (NULL for a CUDA model's cache: they live on the device) */
+    void *v;      /* values (likewise) */
     int32_t *pos; /* (capacity) RoPE position of each slot, on the host for every backend */
     struct sd_cuda_cache *cuda; /* a CUDA model's keys and values, or NULL */
 };
 
-/* Offset (in floats) of the key/value row of `slot` in KV head `head` of `layer`. */
+/* Offset (in elements) of the key/value row of `slot` in KV head `head` of `layer`. */
 static inline size_t sd_kv_row(const sd_kv_cache *kv, int layer, int head, int slot) {
     return (((size_t)layer * (size_t)kv->n_kv_heads + (size_t)head) * (size_t)kv->capacity +
             (size_t)slot) *
            (size_t)kv->head_dim;
+}
+
+/* Bytes of one element of the host cache, and the address of element `off` of p (kv->k or
+ * kv->v). */
+static inline size_t sd_kv_elt(const sd_kv_cache *kv) {
+    return kv->f16 ? sizeof(uint16_t) : sizeof(float);
+}
+static inline void *sd_kv_at(const sd_kv_cache *kv, void *p, size_t off) {
+    return (char *)p + off * sd_kv_elt(kv);
 }
 
 /* Grow scratch buffers for a batch of n_tokens attending n_attn columns. */

@@ -236,7 +236,9 @@ void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const floa
 
 typedef struct {
     float *out;
-    const float *q, *k, *v;
+    const float *q;
+    const void *k, *v;
+    int kv_f16;
     size_t head_stride;
     const uint8_t *mask;
     int T, n_attn, n_heads, n_kv_heads, head_dim;
@@ -244,14 +246,27 @@ typedef struct {
     int group; /* queries per task, <= SD_ATTN_GROUP */
 } attn_ctx;
 
+/* Row s of a cache's rows (Dh elements each) as floats: in place for f32, else widened
+ * (exactly) from halves into buf. */
+static const float *kv_row(const void *rows, int f16, int s, int Dh, float *buf) {
+    const size_t at = (size_t)s * (size_t)Dh;
+    if (!f16) {
+        return (const float *)rows + at;
+    }
+    for (int d = 0; d < Dh; d++) {
+        buf[d] = sd_f16_to_f32(((const uint16_t *)rows)[at + (size_t)d]);
+    }
+    return buf;
+}
+
 /* One query: the portable twin of the SIMD kernel's per-query work. */
-static void attend_one(float *o, const float *q, const uint8_t *m, const float *k, const float *v,
-                       int n_attn, int Dh, float scale, float *sc) {
-    const size_t ld = (size_t)Dh;
+static void attend_one(float *o, const float *q, const uint8_t *m, const void *k, const void *v,
+                       int f16, int n_attn, int Dh, float scale, float *sc) {
+    float row[SD_MAX_HEAD_DIM];
     float mx = -INFINITY;
     for (int s = 0; s < n_attn; s++) {
         if (m[s]) {
-            sc[s] = sd_dot_f32(q, k + (size_t)s * ld, Dh) * scale;
+            sc[s] = sd_dot_f32(q, kv_row(k, f16, s, Dh, row), Dh) * scale;
             mx = sc[s] > mx ? sc[s] : mx;
         }
     }
@@ -266,15 +281,15 @@ static void attend_one(float *o, const float *q, const uint8_t *m, const float *
     const float inv = 1.0f / sum;
     for (int s = 0; s < n_attn; s++) {
         if (m[s]) {
-            sd_axpy_f32(o, sc[s] * inv, v + (size_t)s * ld, Dh);
+            sd_axpy_f32(o, sc[s] * inv, kv_row(v, f16, s, Dh, row), Dh);
         }
     }
 }
 
-void sd_attend_ref(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
-                   float scale, float *sc) {
+void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
+                   int Dh, float scale, float *sc) {
     for (int i = 0; i < g->n; i++) {
-        attend_one(g->o[i], g->q[i], g->m[i], k, v, n_attn, Dh, scale,
+        attend_one(g->o[i], g->q[i], g->m[i], k, v, kv_f16, n_attn, Dh, scale,
                    sc + (size_t)i * (size_t)n_attn);
     }
 }
@@ -298,16 +313,17 @@ static void attn_task(void *ctx, int task, int thread) {
         g.o[i] = c->out + qo;
         g.m[i] = c->mask + (size_t)t * (size_t)c->n_attn;
     }
-    const size_t off = (size_t)kvh * c->head_stride;
-    sd_attend(&g, c->k + off, c->v + off, c->n_attn, Dh, 1.0f / sqrtf((float)Dh),
+    const size_t off = (size_t)kvh * c->head_stride * (c->kv_f16 ? 2u : 4u); /* bytes */
+    sd_attend(&g, (const char *)c->k + off, (const char *)c->v + off, c->kv_f16, c->n_attn, Dh,
+              1.0f / sqrtf((float)Dh),
               c->scores + (size_t)thread * SD_ATTN_GROUP * (size_t)c->n_attn);
 }
 
-void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k, const float *v,
-                  size_t head_stride, const uint8_t *mask, int T, int n_attn, int n_heads,
-                  int n_kv_heads, int head_dim, float *scores) {
-    attn_ctx c = {out,    q,       k,          v,        head_stride, mask, T,
-                  n_attn, n_heads, n_kv_heads, head_dim, scores,      0};
+void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k, const void *v,
+                  int kv_f16, size_t head_stride, const uint8_t *mask, int T, int n_attn,
+                  int n_heads, int n_kv_heads, int head_dim, float *scores) {
+    attn_ctx c = {out, q,      k,       v,          kv_f16,   head_stride, mask,
+                  T,   n_attn, n_heads, n_kv_heads, head_dim, scores,      0};
     /* groups as large as they can be (a block of keys is loaded once per group) while leaving
      * about four tasks per thread; the size changes no query's arithmetic */
     const int nq = T * (n_heads / n_kv_heads);

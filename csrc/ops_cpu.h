@@ -53,6 +53,8 @@ void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
 /* Queries that attend over the same keys and values (heads sharing a KV head, tokens of a
  * batch), up to SD_ATTN_GROUP of them. */
 #define SD_ATTN_GROUP 8
+/* The largest head size the CPU attention takes (the model loaders refuse larger ones). */
+#define SD_MAX_HEAD_DIM 512
 typedef struct {
     int n;                           /* 1 <= n <= SD_ATTN_GROUP */
     float *o[SD_ATTN_GROUP];         /* (Dh) outputs */
@@ -61,20 +63,20 @@ typedef struct {
 } sd_attn_group;
 
 /* Attention of each query of g: o = the softmax(scale * q . k_s over the slots s < n_attn its
- * mask opens) weighted sum of v_s; k, v (n_attn, Dh): one KV head's rows, contiguous. sc:
- * (SD_ATTN_GROUP, n_attn)
- * scratch. sd_attend is this CPU's kernel, sd_attend_ref the portable one. */
-void sd_attend(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+ * mask opens) weighted sum of v_s; k, v (n_attn, Dh): one KV head's rows, contiguous, f32 or
+ * (kv_f16) IEEE halves. sc: (SD_ATTN_GROUP, n_attn) scratch. sd_attend is this CPU's kernel,
+ * sd_attend_ref the portable one. */
+void sd_attend(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn, int Dh,
                float scale, float *sc);
-void sd_attend_ref(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
-                   float scale, float *sc);
+void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
+                   int Dh, float scale, float *sc);
 
 /* Attention of T queries q (T, H*Dh) over cache slots [0, n_attn) of one layer: k, v
- * (Hkv, head_stride / Dh, Dh), KV head h's rows at k + h * head_stride; mask (T, n_attn)
- * nonzero = attend. out (T, H*Dh).
+ * (Hkv, head_stride / Dh, Dh) of f32 or (kv_f16) IEEE halves, KV head h's rows head_stride
+ * elements after KV head h - 1's; mask (T, n_attn) nonzero = attend. out (T, H*Dh).
  * scores: (n_threads, SD_ATTN_GROUP, n_attn) scratch. */
-void sd_attention(sd_threadpool *pool, float *out, const float *q, const float *k, const float *v,
-                  size_t head_stride, const uint8_t *mask, int T, int n_attn, int n_heads,
-                  int n_kv_heads, int head_dim, float *scores);
+void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k, const void *v,
+                  int kv_f16, size_t head_stride, const uint8_t *mask, int T, int n_attn,
+                  int n_heads, int n_kv_heads, int head_dim, float *scores);
 
 #endif /* SD_OPS_CPU_H */

@@ -1016,9 +1016,40 @@ static PyMethodDef model_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *model_get_kv_dtype(ModelObject *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(sd_model_kv_f16(self->model) ? "f16" : "f32");
+}
+
+static int model_set_kv_dtype(ModelObject *self, PyObject *value, void *closure) {
+    (void)closure;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete kv_dtype");
+        return -1;
+    }
+    const char *s = PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : NULL;
+    if (s == NULL || (strcmp(s, "f16") != 0 && strcmp(s, "f32") != 0)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "kv_dtype must be 'f16' or 'f32', got %R", value);
+        return -1;
+    }
+    if (model_enter(self) < 0) {
+        return -1;
+    }
+    sd_status st = sd_model_set_kv_f16(self->model, strcmp(s, "f16") == 0);
+    model_leave(self);
+    if (st != SD_OK) {
+        raise_status(st);
+        return -1;
+    }
+    return 0;
+}
+
 static PyGetSetDef model_getset[] = {
     {"config", (getter)model_config, NULL, "hyper-parameters as a dict", NULL},
     {"threads", (getter)model_get_threads, (setter)model_set_threads, "worker threads", NULL},
+    {"kv_dtype", (getter)model_get_kv_dtype, (setter)model_set_kv_dtype,
+     "element type of the KV caches created from now on: 'f16' or 'f32'", NULL},
     {"weight_bytes", (getter)model_weight_bytes, NULL, "bytes of weights one forward reads", NULL},
     {"device", (getter)model_device, NULL, "'cpu' or 'cuda'", NULL},
     {NULL, NULL, NULL, NULL, NULL},

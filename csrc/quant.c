@@ -185,8 +185,9 @@ static int g_repack = 0; /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VN
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = axpy_f32_scalar;
 static sd_quantize_q8_fn g_quantize_q8 = sd_quantize_q8_ref;
 static void (*g_swiglu)(float *, const float *, const float *, int64_t) = sd_swiglu_ref;
-static void (*g_attend)(const sd_attn_group *, const float *, const float *, int, int, float,
+static void (*g_attend)(const sd_attn_group *, const void *, const void *, int, int, int, float,
                         float *) = sd_attend_ref;
+static void (*g_to_f16)(uint16_t *, const float *, int64_t) = sd_f32_to_f16_row_ref;
 static const char *g_simd_name = "scalar";
 
 static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
@@ -216,6 +217,7 @@ static void kernels_init_once(void) {
         g_quantize_q8 = sd_quantize_q8_avx2;
         g_swiglu = sd_swiglu_avx2;
         g_attend = sd_attend_avx2;
+        g_to_f16 = sd_f32_to_f16_row_avx2;
         g_simd_name = "avx2+fma+f16c";
         g_repack = 1;
         if (force == NULL || strcmp(force, "avx2") != 0) {
@@ -310,10 +312,21 @@ void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
     g_swiglu(out, gate, up, n);
 }
 
-void sd_attend(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+void sd_attend(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn, int Dh,
                float scale, float *sc) {
     /* the SIMD kernels take head sizes in whole 8-float vectors */
-    (Dh % 8 == 0 ? g_attend : sd_attend_ref)(g, k, v, n_attn, Dh, scale, sc);
+    (Dh % 8 == 0 ? g_attend : sd_attend_ref)(g, k, v, kv_f16, n_attn, Dh, scale, sc);
+}
+
+void sd_f32_to_f16_row_ref(uint16_t *dst, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float f = x[i] > 65504.0f ? 65504.0f : x[i] < -65504.0f ? -65504.0f : x[i];
+        dst[i] = sd_f32_to_f16(f);
+    }
+}
+
+void sd_f32_to_f16_row(uint16_t *dst, const float *x, int64_t n) {
+    g_to_f16(dst, x, n);
 }
 
 /* ---- repacked matrices ------------------------------------------------------------------------

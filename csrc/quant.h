@@ -103,6 +103,11 @@ size_t sd_row_bytes(int type, int64_t n);
 float sd_f16_to_f32(uint16_t h);
 uint16_t sd_f32_to_f16(float f);
 float sd_bf16_to_f32(uint16_t h);
+/* A row to halves for the KV cache: round to nearest, ties to even; finite values beyond the
+ * half range saturate to +-65504 rather than becoming infinite (NaN stays NaN). SIMD-dispatched,
+ * the same bits on every path (NaN payloads aside). */
+void sd_f32_to_f16_row(uint16_t *dst, const float *x, int64_t n);
+void sd_f32_to_f16_row_ref(uint16_t *dst, const float *x, int64_t n);
 
 /* Select SIMD kernels for this CPU (idempotent, thread-safe). Called by model load. */
 void sd_kernels_init(void);

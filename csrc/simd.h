@@ -17,11 +17,14 @@ void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 /* Twins of sd_swiglu_ref and sd_attend_ref (ops_cpu.h). */
 void sd_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n);
 #include "ops_cpu.h"
-void sd_attend_avx2(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
-                    float scale, float *sc);
+void sd_attend_avx2(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
+                    int Dh, float scale, float *sc);
 /* The same bits on AVX-512F/VL, the work shared across more queries. */
-void sd_attend_avx512(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
-                      float scale, float *sc);
+void sd_attend_avx512(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
+                      int Dh, float scale, float *sc);
+/* dst[i] = x[i] rounded to the nearest half (ties to even), finite values beyond the half range
+ * saturating to +-65504 (sd_f32_to_f16_row's twin). */
+void sd_f32_to_f16_row_avx2(uint16_t *dst, const float *x, int64_t n);
 /* y[t*ldy + r] (= or +=) dot(row r of w, x_t) (+ bias[r]) for r < nrows, t < T; w rows of
  * `type` (F32, F16 or BF16), row_bytes apart; x rows ldx floats apart. */
 void sd_matmul_tile_avx2(int type, float *y, int64_t ldy, const void *w, size_t row_bytes,

@@ -75,6 +75,20 @@ SD_AVX2 void sd_f16_to_f32_avx2(float *dst, const void *src, int64_t n) {
     }
 }
 
+SD_AVX2 void sd_f32_to_f16_row_avx2(uint16_t *dst, const float *x, int64_t n) {
+    const __m256 lo = _mm256_set1_ps(-65504.0f), hi = _mm256_set1_ps(65504.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        /* max/min return their second operand for a NaN, so NaN passes through */
+        const __m256 f = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(x + i)));
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; i++) {
+        const float f = x[i] > 65504.0f ? 65504.0f : x[i] < -65504.0f ? -65504.0f : x[i];
+        dst[i] = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
 SD_AVX2 void sd_bf16_to_f32_avx2(float *dst, const void *src, int64_t n) {
     const uint16_t *h = (const uint16_t *)src;
     int64_t i = 0;
@@ -176,9 +190,26 @@ SD_AVX2 static inline __m256 tree8(const __m256 *a) {
     return tree8_tail(h0123, h4567);
 }
 
-/* Eight dot products of q with the consecutive rows k_0..k_7 (Dh floats each, Dh % 8 == 0), as
- * one vector: eight accumulators, then a tree of horizontal adds. */
-SD_AVX2 static inline __m256 dot8_rows(const float *q, const float *k, int Dh) {
+/* The KV cache holds f32 or IEEE halves (F16 = 1, a compile-time constant in the kernels
+ * below); a half widens to f32 exactly, so both give the same arithmetic on the values held. */
+#define SD_INLINE static inline __attribute__((always_inline))
+
+/* Eight cache elements from element i of p, as floats. */
+SD_AVX2 SD_INLINE __m256 kv_load8(const int F16, const void *p, size_t i) {
+    return F16 ? load_f16x8((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
+}
+
+/* Bytes of n cache elements, and element i of p as an address. */
+SD_INLINE size_t kv_size(const int F16, size_t n) {
+    return n * (F16 ? 2u : 4u);
+}
+SD_INLINE const char *kv_at(const int F16, const void *p, size_t i) {
+    return (const char *)p + kv_size(F16, i);
+}
+
+/* Eight dot products of q with the consecutive rows k_0..k_7 (Dh elements each, Dh % 8 == 0),
+ * as one vector: eight accumulators, then a tree of horizontal adds. */
+SD_AVX2 SD_INLINE __m256 dot8_rows(const int F16, const float *q, const void *k, int Dh) {
     __m256 a[8];
     for (int j = 0; j < 8; j++) {
         a[j] = _mm256_setzero_ps();
@@ -186,17 +217,17 @@ SD_AVX2 static inline __m256 dot8_rows(const float *q, const float *k, int Dh) {
     for (int d = 0; d < Dh; d += 8) {
         const __m256 qd = _mm256_loadu_ps(q + d);
         for (int j = 0; j < 8; j++) {
-            a[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (size_t)(j * Dh + d)), a[j]);
+            a[j] = _mm256_fmadd_ps(qd, kv_load8(F16, k, (size_t)(j * Dh + d)), a[j]);
         }
     }
     return tree8(a);
 }
 
 /* One lane of dot8_rows, bit for bit. */
-SD_AVX2 static inline float dot1_row(const float *q, const float *k, int Dh) {
+SD_AVX2 SD_INLINE float dot1_row(const int F16, const float *q, const void *k, int Dh) {
     __m256 a = _mm256_setzero_ps();
     for (int d = 0; d < Dh; d += 8) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a);
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(F16, k, (size_t)d), a);
     }
     return hsum_tree(a);
 }
@@ -249,31 +280,33 @@ SD_AVX2 static void softmax_row(float *sc, int n_attn) {
  * accumulator per 8 dimensions, 64 dimensions at a time: the value rows stream in order, eight
  * independent FMA chains keep the unit busy. Shut slots add 0 * v_s, which changes nothing, so
  * the sums do not depend on n_attn. */
-SD_AVX2 static void weighted_sum(float *o, const float *p, const float *v, int n_attn, int Dh) {
+SD_AVX2 SD_INLINE void weighted_sum(const int F16, float *o, const float *p, const void *v,
+                                    int n_attn, int Dh) {
+    const size_t ahead = kv_size(F16, SD_ATTN_AHEAD * (size_t)Dh);
     for (int d0 = 0; d0 < Dh; d0 += 64) {
         const int nv = Dh - d0 >= 64 ? 8 : (Dh - d0) / 8;
         __m256 a[8];
         for (int j = 0; j < 8; j++) {
             a[j] = _mm256_setzero_ps();
         }
-        const float *vs = v + d0;
+        const void *vs = kv_at(F16, v, (size_t)d0);
         if (nv == 8) {
-            for (int s = 0; s < n_attn; s++, vs += Dh) {
+            for (int s = 0; s < n_attn; s++, vs = kv_at(F16, vs, (size_t)Dh)) {
                 /* the value row SD_ATTN_AHEAD slots on (prefetches never fault past the
                  * cache) */
-                for (int j = 0; j < 64; j += 16) {
-                    _mm_prefetch((const char *)(vs + SD_ATTN_AHEAD * (size_t)Dh + j), _MM_HINT_T0);
+                for (size_t j = 0; j < kv_size(F16, 64); j += 64) {
+                    _mm_prefetch((const char *)vs + ahead + j, _MM_HINT_T0);
                 }
                 const __m256 ps = _mm256_set1_ps(p[s]);
                 for (int j = 0; j < 8; j++) {
-                    a[j] = _mm256_fmadd_ps(ps, _mm256_loadu_ps(vs + 8 * j), a[j]);
+                    a[j] = _mm256_fmadd_ps(ps, kv_load8(F16, vs, (size_t)(8 * j)), a[j]);
                 }
             }
         } else {
-            for (int s = 0; s < n_attn; s++, vs += Dh) {
+            for (int s = 0; s < n_attn; s++, vs = kv_at(F16, vs, (size_t)Dh)) {
                 const __m256 ps = _mm256_set1_ps(p[s]);
                 for (int j = 0; j < nv; j++) {
-                    a[j] = _mm256_fmadd_ps(ps, _mm256_loadu_ps(vs + 8 * j), a[j]);
+                    a[j] = _mm256_fmadd_ps(ps, kv_load8(F16, vs, (size_t)(8 * j)), a[j]);
                 }
             }
         }
@@ -309,23 +342,39 @@ SD_AVX2 static inline void store_scores8(float *row, const uint8_t *m, __m256 do
                      _mm256_blendv_ps(_mm256_mul_ps(dot, vscale), _mm256_set1_ps(-INFINITY), shut));
 }
 
-/* The next block of eight keys into L1. */
-static inline void prefetch_keys8(const float *ks, int Dh) {
-    for (int o = 0; o < 8 * Dh; o += 16) {
-        _mm_prefetch((const char *)(ks + o), _MM_HINT_T0);
+/* The block of eight keys SD_ATTN_AHEAD slots after ks into L1. */
+SD_INLINE void prefetch_keys8(const int F16, const void *ks, int Dh) {
+    const char *a = kv_at(F16, ks, SD_ATTN_AHEAD * (size_t)Dh);
+    const char *end = kv_at(F16, a, 8 * (size_t)Dh);
+    for (; a < end; a += 64) {
+        _mm_prefetch(a, _MM_HINT_T0);
     }
 }
 
+/* n halves (n % 8 == 0) widened to f32, exactly: when several queries read the same keys or
+ * values, converting them once and reading floats costs less than converting them for each. */
+SD_AVX2 SD_INLINE void widen_rows(float *dst, const void *src, int n) {
+    const uint16_t *h = (const uint16_t *)src;
+    for (int i = 0; i < n; i += 8) {
+        _mm256_store_ps(dst + i, load_f16x8(h + i));
+    }
+}
+
+/* Floats of widened keys or values a kernel keeps on its stack (16 KiB, in L1): eight rows of
+ * keys of the largest head size, or a run of SD_ATTN_WIDE / Dh value rows (64 when Dh = 64). */
+#define SD_ATTN_WIDE (8 * SD_MAX_HEAD_DIM)
+
 /* The slots from s (a multiple of 8) to hi_max one at a time, then each query's softmax: its
  * weights in sc + i * n_attn. */
-SD_AVX2 static inline void scores_tail_softmax(const sd_attn_group *g, const float *k,
-                                               const int *hi, int hi_max, int s, int n_attn, int Dh,
-                                               float scale, float *sc) {
+SD_AVX2 SD_INLINE void scores_tail_softmax(const int F16, const sd_attn_group *g, const void *k,
+                                           const int *hi, int hi_max, int s, int n_attn, int Dh,
+                                           float scale, float *sc) {
     for (; s < hi_max; s++) {
         for (int i = 0; i < g->n; i++) {
             sc[(size_t)i * (size_t)n_attn + (size_t)s] =
-                s < hi[i] && g->m[i][s] ? dot1_row(g->q[i], k + (size_t)s * (size_t)Dh, Dh) * scale
-                                        : -INFINITY;
+                s < hi[i] && g->m[i][s]
+                    ? dot1_row(F16, g->q[i], kv_at(F16, k, (size_t)s * (size_t)Dh), Dh) * scale
+                    : -INFINITY;
         }
     }
     for (int i = 0; i < g->n; i++) {
@@ -339,25 +388,44 @@ SD_AVX2 static inline void scores_tail_softmax(const sd_attn_group *g, const flo
  * group it is in and whatever n_attn (dot1_row equals a lane of dot8_rows, the softmax takes
  * every slot the same way), so a verify batch gives the bits one-token decoding gives.
  * Dh % 8 == 0 (sd_attend takes other head sizes to the portable kernel). */
-SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float *v, int n_attn,
-                            int Dh, float scale, float *sc) {
+SD_AVX2 SD_INLINE void attend_avx2(const int F16, const sd_attn_group *g, const void *k,
+                                   const void *v, int n_attn, int Dh, float scale, float *sc) {
     int hi[SD_ATTN_GROUP];
     const int hi_max = attend_ends(g, n_attn, hi);
     const __m256 vscale = _mm256_set1_ps(scale);
+    _Alignas(32) float kb[F16 ? SD_ATTN_WIDE : 1];
     int s = 0;
     for (; s + 8 <= hi_max; s += 8) {
-        const float *ks = k + (size_t)s * (size_t)Dh;
-        prefetch_keys8(ks + SD_ATTN_AHEAD * (size_t)Dh, Dh);
+        const void *ks = kv_at(F16, k, (size_t)s * (size_t)Dh);
+        prefetch_keys8(F16, ks, Dh);
+        int na = 0; /* the queries that see one of these slots */
+        for (int i = 0; i < g->n; i++) {
+            na += s < hi[i];
+        }
+        if (F16 && na > 1) {
+            widen_rows(kb, ks, 8 * Dh);
+        }
         for (int i = 0; i < g->n; i++) {
             if (s < hi[i]) {
                 store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
-                              dot8_rows(g->q[i], ks, Dh), vscale);
+                              F16 && na > 1 ? dot8_rows(0, g->q[i], kb, Dh)
+                                            : dot8_rows(F16, g->q[i], ks, Dh),
+                              vscale);
             }
         }
     }
-    scores_tail_softmax(g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    scores_tail_softmax(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
     for (int i = 0; i < g->n; i++) {
-        weighted_sum(g->o[i], sc + (size_t)i * (size_t)n_attn, v, hi[i], Dh);
+        weighted_sum(F16, g->o[i], sc + (size_t)i * (size_t)n_attn, v, hi[i], Dh);
+    }
+}
+
+SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const void *k, const void *v, int kv_f16,
+                            int n_attn, int Dh, float scale, float *sc) {
+    if (kv_f16) {
+        attend_avx2(1, g, k, v, n_attn, Dh, scale, sc);
+    } else {
+        attend_avx2(0, g, k, v, n_attn, Dh, scale, sc);
     }
 }
 
@@ -371,6 +439,27 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const float *k, const float 
 
 #define SD_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
 
+/* Eight cache elements from element i of p, as floats in both halves of a 16-lane register. */
+SD_AVX512 SD_INLINE __m512 kv_load8x2(const int F16, const void *p, size_t i) {
+    if (F16) {
+        return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))));
+    }
+    return _mm512_castpd_ps(
+        _mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)((const float *)p + i))));
+}
+
+/* Sixteen cache elements from element i of p as floats, or (half) eight and zeros. */
+SD_AVX512 SD_INLINE __m512 kv_load16(const int F16, const void *p, size_t i, int half) {
+    if (F16) {
+        const uint16_t *h = (const uint16_t *)p + i;
+        return half ? _mm512_zextps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)))
+                    : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+    }
+    const float *f = (const float *)p + i;
+    return half ? _mm512_zextps256_ps512(_mm256_loadu_ps(f)) : _mm512_loadu_ps(f);
+}
+
 /* hadd_ps in both 256-bit halves at once: [x0+x1, x2+x3, y0+y1, y2+y3] per 128-bit lane. */
 SD_AVX512 static inline __m512 hadd512(__m512 x, __m512 y) {
     return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
@@ -379,8 +468,8 @@ SD_AVX512 static inline __m512 hadd512(__m512 x, __m512 y) {
 /* dot8_rows of q0 and of q1 with the same eight keys, in 16-lane registers: lanes 0-7 do q0's
  * FMAs, lanes 8-15 q1's, each half exactly dot8_rows' sequence (the key's eight floats sit in
  * both halves), and tree8 runs on both halves at once. Each key is loaded once for the two. */
-SD_AVX512 static inline void dot8_rows2(const float *q0, const float *q1, const float *k, int Dh,
-                                        __m256 *r0, __m256 *r1) {
+SD_AVX512 SD_INLINE void dot8_rows2(const int F16, const float *q0, const float *q1, const void *k,
+                                    int Dh, __m256 *r0, __m256 *r1) {
     /* named accumulators: GCC keeps arrays of vectors in memory */
     __m512 a0, a1, a2, a3, a4, a5, a6, a7;
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
@@ -388,11 +477,7 @@ SD_AVX512 static inline void dot8_rows2(const float *q0, const float *q1, const 
         const __m512 qd = _mm512_castpd_ps(
             _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(q0 + d))),
                                _mm256_castps_pd(_mm256_loadu_ps(q1 + d)), 1));
-#define SD_K2(j)                                                                                   \
-    a##j = _mm512_fmadd_ps(qd,                                                                     \
-                           _mm512_castpd_ps(_mm512_broadcast_f64x4(                                \
-                               _mm256_loadu_pd((const double *)(k + (size_t)(j * Dh + d))))),      \
-                           a##j);
+#define SD_K2(j) a##j = _mm512_fmadd_ps(qd, kv_load8x2(F16, k, (size_t)(j * Dh + d)), a##j);
         SD_K2(0) SD_K2(1) SD_K2(2) SD_K2(3) SD_K2(4) SD_K2(5) SD_K2(6) SD_K2(7)
 #undef SD_K2
     }
@@ -406,24 +491,40 @@ SD_AVX512 static inline void dot8_rows2(const float *q0, const float *q1, const 
 /* weighted_sum of four queries at once over dimensions d0 .. d0 + 16 NV (the last register
  * holding `last` lanes, 8 or 16): o_i += p_i[s] v_s for s < hi[i], slot by slot, each query's
  * lanes only while s < hi[i] (a masked FMA leaves them as they are), so every lane sees exactly
- * the FMAs of weighted_sum. nq (1 to 4) queries, a compile-time constant like NV. */
-SD_AVX512 static inline __attribute__((always_inline)) void
-values4(const int NV, const int nq, float *const *o, const float *const *p, const int *hi,
-        const float *v, int Dh, int d0, int last) {
+ * the FMAs of weighted_sum. nq (1 to 4) queries, a compile-time constant like NV. Slots s0 to
+ * s1 only, v at slot s0's row: with `resume` the sums go on from those in o (a float stored and
+ * loaded again is the same float, so cutting the slots into runs changes no bit). */
+SD_AVX512 SD_INLINE void values4(const int F16, const int NV, const int nq, float *const *o,
+                                 const float *const *p, const int *hi, const void *v, int s0,
+                                 int s1, int resume, int Dh, int d0, int last) {
     /* accumulators a<query><register> as named variables: GCC keeps an array of them in
      * memory across the masked FMAs */
     __m512 a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33;
     a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = _mm512_setzero_ps();
     a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = _mm512_setzero_ps();
-    const __mmask16 lm = last == 16 ? (__mmask16)0xFFFF : (__mmask16)0x00FF;
+    const __mmask16 lm = last == 16 ? (__mmask16)0xFFFF : (__mmask16)0x00FF; /* of the stores */
+    if (resume) {
+#define SD_V4_LOAD(i, j)                                                                           \
+    if (NV > j && nq > i) {                                                                        \
+        a##i##j = _mm512_maskz_loadu_ps(j == NV - 1 ? lm : (__mmask16)0xFFFF, o[i] + d0 + 16 * j); \
+    }
+#define SD_V4_LOAD4(i) SD_V4_LOAD(i, 0) SD_V4_LOAD(i, 1) SD_V4_LOAD(i, 2) SD_V4_LOAD(i, 3)
+        SD_V4_LOAD4(0)
+        SD_V4_LOAD4(1)
+        SD_V4_LOAD4(2)
+        SD_V4_LOAD4(3)
+#undef SD_V4_LOAD4
+#undef SD_V4_LOAD
+    }
     int h[4] = {0, 0, 0, 0}, hmax = 0;
     for (int i = 0; i < nq; i++) {
-        h[i] = hi[i];
+        h[i] = hi[i] < s1 ? hi[i] : s1;
         hmax = h[i] > hmax ? h[i] : hmax;
     }
     const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
-    const float *vs = v + d0;
-    int s = 0;
+    const void *vs = kv_at(F16, v, (size_t)d0);
+    const size_t ahead = kv_size(F16, SD_ATTN_AHEAD * (size_t)Dh);
+    int s = s0;
     while (s < hmax) {
         /* a run of slots with the same queries open */
         int end = hmax;
@@ -432,17 +533,16 @@ values4(const int NV, const int nq, float *const *o, const float *const *p, cons
         }
         const __mmask16 k0 = s < h[0] ? 0xFFFF : 0, k1 = s < h[1] ? 0xFFFF : 0;
         const __mmask16 k2 = s < h[2] ? 0xFFFF : 0, k3 = s < h[3] ? 0xFFFF : 0;
-        for (; s < end; s++, vs += Dh) {
+        for (; s < end; s++, vs = kv_at(F16, vs, (size_t)Dh)) {
 #pragma GCC unroll 4
-            for (int j = 0; j < NV; j++) { /* the value row SD_ATTN_AHEAD on */
-                _mm_prefetch((const char *)(vs + SD_ATTN_AHEAD * (size_t)Dh + 16 * j), _MM_HINT_T0);
+            for (size_t j = 0; j < kv_size(F16, 16 * (size_t)NV); j += 64) { /* SD_ATTN_AHEAD on */
+                _mm_prefetch((const char *)vs + ahead + j, _MM_HINT_T0);
             }
             const __m512 q0 = _mm512_set1_ps(p0[s]), q1 = _mm512_set1_ps(p1[s]);
             const __m512 q2 = _mm512_set1_ps(p2[s]), q3 = _mm512_set1_ps(p3[s]);
 #define SD_V4(j)                                                                                   \
     if (NV > j) {                                                                                  \
-        const __m512 vj =                                                                          \
-            j == NV - 1 ? _mm512_maskz_loadu_ps(lm, vs + 16 * j) : _mm512_loadu_ps(vs + 16 * j);   \
+        const __m512 vj = kv_load16(F16, vs, 16 * j, j == NV - 1 && last == 8);                    \
         a0##j = _mm512_mask3_fmadd_ps(q0, vj, a0##j, k0);                                          \
         if (nq > 1) {                                                                              \
             a1##j = _mm512_mask3_fmadd_ps(q1, vj, a1##j, k1);                                      \
@@ -474,36 +574,23 @@ values4(const int NV, const int nq, float *const *o, const float *const *p, cons
 #undef SD_V4_STORE
 }
 
-SD_AVX512 void sd_attend_avx512(const sd_attn_group *g, const float *k, const float *v, int n_attn,
-                                int Dh, float scale, float *sc) {
-    int hi[SD_ATTN_GROUP];
-    const int hi_max = attend_ends(g, n_attn, hi);
-    const __m256 vscale = _mm256_set1_ps(scale);
-    int s = 0;
-    for (; s + 8 <= hi_max; s += 8) {
-        const float *ks = k + (size_t)s * (size_t)Dh;
-        prefetch_keys8(ks + SD_ATTN_AHEAD * (size_t)Dh, Dh);
-        int act[SD_ATTN_GROUP], na = 0; /* the queries that see one of these slots */
-        for (int i = 0; i < g->n; i++) {
-            if (s < hi[i]) {
-                act[na++] = i;
-            }
-        }
-        int j = 0;
-        for (; j + 2 <= na; j += 2) {
-            const int i0 = act[j], i1 = act[j + 1];
-            __m256 d0, d1;
-            dot8_rows2(g->q[i0], g->q[i1], ks, Dh, &d0, &d1);
-            store_scores8(sc + (size_t)i0 * (size_t)n_attn + (size_t)s, g->m[i0] + s, d0, vscale);
-            store_scores8(sc + (size_t)i1 * (size_t)n_attn + (size_t)s, g->m[i1] + s, d1, vscale);
-        }
-        if (j < na) {
-            const int i = act[j];
-            store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
-                          dot8_rows(g->q[i], ks, Dh), vscale);
-        }
+/* widen_rows 16 halves at a time (n % 8 == 0). */
+SD_AVX512 SD_INLINE void widen_rows512(float *dst, const void *src, int n) {
+    const uint16_t *h = (const uint16_t *)src;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm512_store_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
     }
-    scores_tail_softmax(g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    if (i < n) {
+        _mm256_store_ps(dst + i, load_f16x8(h + i));
+    }
+}
+
+/* values4 over all the queries of g, four at a time, and every 64 dimensions: slots s0 to s1,
+ * v at slot s0's row. */
+SD_AVX512 SD_INLINE void values_all(const int F16, const sd_attn_group *g, const float *sc,
+                                    const int *hi, const void *v, int s0, int s1, int resume,
+                                    int n_attn, int Dh) {
     for (int i0 = 0; i0 < g->n; i0 += 4) {
         const int nq = g->n - i0 < 4 ? g->n - i0 : 4;
         const float *p[4];
@@ -516,10 +603,14 @@ SD_AVX512 void sd_attend_avx512(const sd_attn_group *g, const float *k, const fl
 #define SD_VQ(NQ)                                                                                  \
     case NQ:                                                                                       \
         switch (nv) {                                                                              \
-        case 1: values4(1, NQ, g->o + i0, p, hi + i0, v, Dh, d0, last); break;                     \
-        case 2: values4(2, NQ, g->o + i0, p, hi + i0, v, Dh, d0, last); break;                     \
-        case 3: values4(3, NQ, g->o + i0, p, hi + i0, v, Dh, d0, last); break;                     \
-        default: values4(4, NQ, g->o + i0, p, hi + i0, v, Dh, d0, last); break;                    \
+        case 1: values4(F16, 1, NQ, g->o + i0, p, hi + i0, v, s0, s1, resume, Dh, d0, last);       \
+            break;                                                                                 \
+        case 2: values4(F16, 2, NQ, g->o + i0, p, hi + i0, v, s0, s1, resume, Dh, d0, last);       \
+            break;                                                                                 \
+        case 3: values4(F16, 3, NQ, g->o + i0, p, hi + i0, v, s0, s1, resume, Dh, d0, last);       \
+            break;                                                                                 \
+        default: values4(F16, 4, NQ, g->o + i0, p, hi + i0, v, s0, s1, resume, Dh, d0, last);      \
+            break;                                                                                 \
         }                                                                                          \
         break;
             switch (nq) {
@@ -530,6 +621,73 @@ SD_AVX512 void sd_attend_avx512(const sd_attn_group *g, const float *k, const fl
             }
 #undef SD_VQ
         }
+    }
+}
+
+/* The scores of the na queries act[] for the block of eight keys ks at slot s: in pairs, then
+ * one alone. */
+SD_AVX512 SD_INLINE void scores_block(const int F16, const sd_attn_group *g, const int *act, int na,
+                                      const void *ks, int s, int n_attn, int Dh, __m256 vscale,
+                                      float *sc) {
+    int j = 0;
+    for (; j + 2 <= na; j += 2) {
+        const int i0 = act[j], i1 = act[j + 1];
+        __m256 d0, d1;
+        dot8_rows2(F16, g->q[i0], g->q[i1], ks, Dh, &d0, &d1);
+        store_scores8(sc + (size_t)i0 * (size_t)n_attn + (size_t)s, g->m[i0] + s, d0, vscale);
+        store_scores8(sc + (size_t)i1 * (size_t)n_attn + (size_t)s, g->m[i1] + s, d1, vscale);
+    }
+    if (j < na) {
+        const int i = act[j];
+        store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
+                      dot8_rows(F16, g->q[i], ks, Dh), vscale);
+    }
+}
+
+SD_AVX512 SD_INLINE void attend_avx512(const int F16, const sd_attn_group *g, const void *k,
+                                       const void *v, int n_attn, int Dh, float scale, float *sc) {
+    int hi[SD_ATTN_GROUP];
+    const int hi_max = attend_ends(g, n_attn, hi);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    _Alignas(64) float kb[F16 ? SD_ATTN_WIDE : 1];
+    int s = 0;
+    for (; s + 8 <= hi_max; s += 8) {
+        const void *ks = kv_at(F16, k, (size_t)s * (size_t)Dh);
+        prefetch_keys8(F16, ks, Dh);
+        int act[SD_ATTN_GROUP], na = 0; /* the queries that see one of these slots */
+        for (int i = 0; i < g->n; i++) {
+            if (s < hi[i]) {
+                act[na++] = i;
+            }
+        }
+        if (F16 && na > 1) {
+            widen_rows512(kb, ks, 8 * Dh);
+            scores_block(0, g, act, na, kb, s, n_attn, Dh, vscale, sc);
+        } else {
+            scores_block(F16, g, act, na, ks, s, n_attn, Dh, vscale, sc);
+        }
+    }
+    scores_tail_softmax(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    if (F16 && g->n > 4) {
+        /* several passes over the values: widen a run of rows to floats once for all of them */
+        _Alignas(64) float vb[SD_ATTN_WIDE];
+        const int run = SD_ATTN_WIDE / Dh;
+        for (int s0 = 0; s0 < hi_max; s0 += run) {
+            const int s1 = hi_max - s0 < run ? hi_max : s0 + run;
+            widen_rows512(vb, kv_at(F16, v, (size_t)s0 * (size_t)Dh), (s1 - s0) * Dh);
+            values_all(0, g, sc, hi, vb, s0, s1, s0 > 0, n_attn, Dh);
+        }
+    } else {
+        values_all(F16, g, sc, hi, v, 0, hi_max, 0, n_attn, Dh);
+    }
+}
+
+SD_AVX512 void sd_attend_avx512(const sd_attn_group *g, const void *k, const void *v, int kv_f16,
+                                int n_attn, int Dh, float scale, float *sc) {
+    if (kv_f16) {
+        attend_avx512(1, g, k, v, n_attn, Dh, scale, sc);
+    } else {
+        attend_avx512(0, g, k, v, n_attn, Dh, scale, sc);
     }
 }
 

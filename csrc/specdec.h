@@ -128,6 +128,12 @@ const sd_config *sd_model_config(const sd_model *model);
 /* Change the number of worker threads (>= 1). */
 sd_status sd_model_set_threads(sd_model *model, int n_threads);
 int sd_model_threads(const sd_model *model);
+/* Whether KV caches created from now on keep keys and values as IEEE halves: the CPU default
+ * (half the memory and half the bytes attention reads per token; llama.cpp's default cache type
+ * too). Values beyond the half range saturate. 0 keeps f32; a CUDA model keeps f32 only
+ * (SD_ERR_UNSUPPORTED). A cache keeps the type it was created with. */
+sd_status sd_model_set_kv_f16(sd_model *model, int f16);
+int sd_model_kv_f16(const sd_model *model);
 /* Bytes of weights one forward reads per token: every matrix and norm and the output head; not
  * the embedding table, of which a forward reads only its tokens' rows. */
 size_t sd_model_weight_bytes(const sd_model *model);

@@ -63,7 +63,7 @@ def load_draft(args: argparse.Namespace, model) -> "specdec.Model":
     layers written to a temporary GGUF (specdec.gguf_edit) when no smaller model sharing its
     tokenizer is at hand."""
     if args.draft:
-        return specdec.load(args.draft, threads=args.threads)
+        return specdec.load(args.draft, threads=args.threads, kv_dtype=args.kv_dtype)
     if not model.path.endswith(".gguf"):
         raise ValueError("--draft-layers needs a GGUF target; pass --draft for other formats")
     import os
@@ -74,13 +74,13 @@ def load_draft(args: argparse.Namespace, model) -> "specdec.Model":
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, f"first{args.draft_layers}.gguf")
         truncate_layers(model.path, path, args.draft_layers)
-        draft = specdec.load(path, threads=args.threads)
+        draft = specdec.load(path, threads=args.threads, kv_dtype=args.kv_dtype)
         # the model maps the file; on POSIX systems the mapping outlives the file's name
     return draft
 
 
 def run(args: argparse.Namespace) -> dict:
-    model = specdec.load(args.model, threads=args.threads)
+    model = specdec.load(args.model, threads=args.threads, kv_dtype=args.kv_dtype)
     tok = model.require_tokenizer()
     methods = {"plain": None}
     draft_cost = {"lookup": 0.0}  # one draft token's cost relative to a target forward
@@ -194,6 +194,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="questions per category (0 = all)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--kv-dtype", choices=["f16", "f32"], default=None,
+                   help="KV cache element type (default: the device's, f16 on the CPU)")
     p.add_argument("--json", help="write the raw numbers here")
     p.add_argument("--markdown", help="write the table here")
     args = p.parse_args(argv)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Union
 
 from . import _core
-from .model import Model, check_threads, parse_device
+from .model import Model, check_kv_dtype, check_threads, finish, parse_device
 from .speculators import MAX_DRAFT, SpecStats
 
 #: Named shapes (hyper-parameters from the models' published configurations).
@@ -54,7 +54,7 @@ _REQUIRED = ("arch", "vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_h
 
 def dummy_model(shape: Union[str, Dict[str, object]] = "tiny", dtype: str = "bf16",
                 device: str = "cpu", seed: int = 0, threads: Optional[int] = None,
-                **overrides: object) -> Model:
+                kv_dtype: Optional[str] = None, **overrides: object) -> Model:
     """A model of ``shape`` with random weights of ``dtype``, built on ``device`` (no file).
 
     Args:
@@ -66,6 +66,7 @@ def dummy_model(shape: Union[str, Dict[str, object]] = "tiny", dtype: str = "bf1
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; on a GPU the weights are generated
             there and never exist on the host.
         seed: the weights are a function of the seed (and the shape) alone.
+        threads, kv_dtype: as for :func:`specdec.load`.
         overrides: replace single entries of a named shape (``n_layers=4``).
 
     The model has no tokenizer: give it token ids. Values are uniform in about
@@ -94,9 +95,10 @@ def dummy_model(shape: Union[str, Dict[str, object]] = "tiny", dtype: str = "bf1
         raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
     if not isinstance(seed, int) or not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    check_kv_dtype(kv_dtype)
     dev, gpu = parse_device(device)
     core = _core.dummy(spec, DTYPES[key], seed, check_threads(threads), dev, gpu)
-    return Model(core, f"dummy:{name}:{key}", "cpu" if dev == 0 else f"cuda:{gpu}")
+    return finish(core, f"dummy:{name}:{key}", dev, gpu, kv_dtype)
 
 
 @dataclass

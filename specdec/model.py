@@ -108,6 +108,19 @@ class Model:
         self._core.threads = n
 
     @property
+    def kv_dtype(self) -> str:
+        """Element type of the KV caches this model creates from now on (settable):
+        ``"f16"``, IEEE halves, the default on the CPU (half the memory, and half the bytes
+        attention reads per token after a long prompt; llama.cpp's default cache type too), or
+        ``"f32"``. Keys and values beyond the half range (+-65504) saturate there. A cache
+        keeps the type it was made with. The CUDA backend keeps its caches in f32 only."""
+        return self._core.kv_dtype
+
+    @kv_dtype.setter
+    def kv_dtype(self, dtype: str) -> None:
+        self._core.kv_dtype = dtype  # the core names a wrong value
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of weights one forward pass reads (output head included)."""
         return self._core.weight_bytes
@@ -181,7 +194,23 @@ def check_threads(threads: Optional[int]) -> int:
     return threads or 0
 
 
-def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None) -> Model:
+def check_kv_dtype(kv_dtype: Optional[str]) -> Optional[str]:
+    if kv_dtype is not None and kv_dtype not in ("f16", "f32"):
+        raise ValueError(f"kv_dtype must be 'f16', 'f32' or None, got {kv_dtype!r}")
+    return kv_dtype
+
+
+def finish(core: "_core.Model", path: str, dev: int, gpu: int,
+           kv_dtype: Optional[str]) -> Model:
+    """The Python model over a loaded core, its cache type set (None keeps the default)."""
+    m = Model(core, path, "cpu" if dev == 0 else f"cuda:{gpu}")
+    if kv_dtype is not None:
+        m.kv_dtype = kv_dtype
+    return m
+
+
+def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
+         kv_dtype: Optional[str] = None) -> Model:
     """Load a model from a ``.gguf`` file or a Hugging Face model directory.
 
     Args:
@@ -192,16 +221,20 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None) -> 
             to that GPU and forwards, caches and decoding loops run there (in a build made
             where ``nvcc`` was found; ``specdec info`` tells).
         threads: worker threads (default: the cores this process may use).
+        kv_dtype: ``"f16"`` or ``"f32"``, the element type of the KV caches (default: f16 on
+            the CPU, f32 on CUDA, which supports only f32); see :attr:`Model.kv_dtype`.
 
     Raises:
         FileNotFoundError: ``path`` does not exist and is no alias.
         OSError: an alias's model could not be downloaded.
         ValueError: the file is malformed, truncated, of an unsupported architecture or type;
-            an unknown device; ``device="cuda"`` in a build without the CUDA backend.
+            an unknown device or kv_dtype; ``device="cuda"`` in a build without the CUDA
+            backend, or with ``kv_dtype="f16"``.
         RuntimeError: no usable GPU (the message names the failed CUDA call), or not enough
             GPU memory.
     """
     p = os.fspath(path)
+    check_kv_dtype(kv_dtype)
     if not os.path.exists(p):
         if hub.is_alias(p):
             p = hub.resolve(p)
@@ -211,4 +244,4 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None) -> 
                 f"{', '.join(hub.known_aliases())})")
     dev, gpu = parse_device(device)
     core = _core.load(p, check_threads(threads), dev, gpu)
-    return Model(core, p, "cpu" if dev == 0 else f"cuda:{gpu}")
+    return finish(core, p, dev, gpu, kv_dtype)

@@ -43,15 +43,17 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ref_logits():
-    """ref_logits(model, tokens, positions=None) -> float64 (T, V) reference logits over the
-    values `model` stores (model.ref_weights), memoized."""
+    """ref_logits(model, tokens, positions=None, kv_f16=True) -> float64 (T, V) reference logits
+    over the values `model` stores (model.ref_weights), with keys and values rounded to halves
+    as the CPU's default f16 KV cache holds them (kv_f16=False: as an f32 cache), memoized."""
     cache: dict = {}
 
-    def get(model: tinymodels.TinyModel, tokens, positions=None) -> np.ndarray:
+    def get(model: tinymodels.TinyModel, tokens, positions=None, kv_f16=True) -> np.ndarray:
         key = (model.name, "F32" if not model.half else model.fmt, tuple(int(t) for t in tokens),
-               None if positions is None else tuple(int(p) for p in positions))
+               None if positions is None else tuple(int(p) for p in positions), kv_f16)
         if key not in cache:
-            cache[key] = reference.forward(model.ref_weights, model.cfg, tokens, positions)
+            cache[key] = reference.forward(model.ref_weights, model.cfg, tokens, positions,
+                                           kv_f16=kv_f16)
         return cache[key]
 
     return get

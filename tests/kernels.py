@@ -110,11 +110,14 @@ def kv_write_case(T: int, Hkv: int, Dh: int, cap: int, seed: int):
     return [kc, vc, k, v, slots, T, Hkv, Dh, cap], (rk, rv)
 
 
-def attention_case(T: int, n_attn: int, H: int, Hkv: int, Dh: int, cap: int, seed: int):
+def attention_case(T: int, n_attn: int, H: int, Hkv: int, Dh: int, cap: int, seed: int,
+                   kv_f16: bool = False):
+    """Arguments of attention / attention_cpu (kv_f16: of attention_cpu_f16, the cache as
+    halves) and the float64 reference over the values the cache holds."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((T, H * Dh)).astype(np.float32)
-    kc = rng.standard_normal((Hkv, cap, Dh)).astype(np.float32)
-    vc = rng.standard_normal((Hkv, cap, Dh)).astype(np.float32)
+    kc = rng.standard_normal((Hkv, cap, Dh)).astype(np.float16 if kv_f16 else np.float32)
+    vc = rng.standard_normal((Hkv, cap, Dh)).astype(np.float16 if kv_f16 else np.float32)
     mask = (rng.random((T, n_attn)) < 0.6).astype(np.uint8)
     mask[np.arange(T), rng.integers(0, n_attn, T)] = 1  # every row attends to something
     ref = np.zeros((T, H, Dh))

@@ -11,7 +11,9 @@ against, so it is written to be read, not to be fast.
     logits = (rmsnorm(x) * norm) @ lm_head.T          (lm_head = embed_tokens when tied)
 
 RoPE is Hugging Face's rotate-half form; attention is causal over the sequence order, with
-grouped-query heads (query head h reads kv head h // (H // Hkv)).
+grouped-query heads (query head h reads kv head h // (H // Hkv)). With kv_f16, the keys (after
+RoPE) and values are rounded to IEEE halves first, saturating at +-65504, as specdec's CPU KV
+cache stores them by default.
 """
 
 from __future__ import annotations
@@ -52,7 +54,14 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def attention(h: np.ndarray, w: dict, prefix: str, cfg, positions: np.ndarray) -> np.ndarray:
+def to_f16(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest IEEE half (ties to even), finite values beyond the half range
+    saturating, back in float64: the values an f16 KV cache holds."""
+    return np.clip(x, -65504.0, 65504.0).astype(np.float16).astype(np.float64)
+
+
+def attention(h: np.ndarray, w: dict, prefix: str, cfg, positions: np.ndarray,
+              kv_f16: bool = False) -> np.ndarray:
     T = h.shape[0]
     H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
 
@@ -68,6 +77,8 @@ def attention(h: np.ndarray, w: dict, prefix: str, cfg, positions: np.ndarray) -
     cos, sin = rope_cos_sin(positions, Dh, cfg.rope_theta)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
+    if kv_f16:
+        k, v = to_f16(k), to_f16(v)
 
     group = H // Hkv
     causal = np.tril(np.ones((T, T), dtype=bool))  # query t sees tokens 0..t
@@ -80,9 +91,10 @@ def attention(h: np.ndarray, w: dict, prefix: str, cfg, positions: np.ndarray) -
     return out.reshape(T, H * Dh) @ w[prefix + "self_attn.o_proj.weight"].T
 
 
-def forward(weights: dict, cfg, tokens, positions=None) -> np.ndarray:
+def forward(weights: dict, cfg, tokens, positions=None, kv_f16: bool = False) -> np.ndarray:
     """Logits (T, V) in float64 for the sequence `tokens`. `positions` are the RoPE positions
-    (default 0..T-1); attention is causal by sequence order whatever the positions."""
+    (default 0..T-1); attention is causal by sequence order whatever the positions. kv_f16:
+    keys and values rounded to halves (specdec's CPU cache)."""
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     tokens = np.asarray(tokens, dtype=np.int64)
     T = len(tokens)
@@ -94,7 +106,7 @@ def forward(weights: dict, cfg, tokens, positions=None) -> np.ndarray:
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
         h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
-        x = x + attention(h, w, p, cfg, positions)
+        x = x + attention(h, w, p, cfg, positions, kv_f16)
         h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate = h @ w[p + "mlp.gate_proj.weight"].T
         up = h @ w[p + "mlp.up_proj.weight"].T
@@ -104,14 +116,15 @@ def forward(weights: dict, cfg, tokens, positions=None) -> np.ndarray:
     return x @ head.T
 
 
-def greedy(weights: dict, cfg, prompt, n: int, return_margins: bool = False):
+def greedy(weights: dict, cfg, prompt, n: int, return_margins: bool = False,
+           kv_f16: bool = False):
     """The greedy chain: n tokens, each the argmax (lowest id on ties) of the last row of a
     fresh forward over prompt + the tokens so far. With return_margins, also the gap between
     the best and second-best logit at each step (how safely the argmax is determined)."""
     seq = [int(t) for t in prompt]
     out, margins = [], []
     for _ in range(n):
-        last = forward(weights, cfg, seq)[-1]
+        last = forward(weights, cfg, seq, kv_f16=kv_f16)[-1]
         tok = int(np.argmax(last))  # first maximum = lowest id
         top2 = np.sort(last)[-2:]
         margins.append(float(top2[1] - top2[0]))

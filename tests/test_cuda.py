@@ -137,7 +137,7 @@ def test_mma_models_decode_like_the_cpu_and_speculate_exactly():
             "    out.append([a, b])\n"
             "print(json.dumps(out))")
     runs = child_json(code, json.dumps(shape), json.dumps(prompts), SPECDEC_CUDA_MMA="1")
-    cpu = specdec.dummy_model(shape, "bf16", seed=7)
+    cpu = specdec.dummy_model(shape, "bf16", seed=7, kv_dtype="f32")
     for p, (plain, spec) in zip(prompts, runs):
         assert spec == plain
         ref = specdec.generate(cpu, p, max_new_tokens=24).tokens
@@ -235,7 +235,7 @@ def test_greedy_matches_the_cpu_on_dummy_models(dtype):
     and the GPU multiplies them in f32; test_quantized_models_are_their_dequantized_weights.)"""
     shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
                  n_heads=4, n_kv_heads=2, vocab_size=301, n_layers=3)
-    cpu = specdec.dummy_model(shape, dtype, seed=9)
+    cpu = specdec.dummy_model(shape, dtype, seed=9, kv_dtype="f32")
     gpu = specdec.dummy_model(shape, dtype, device="cuda", seed=9)
     for s in range(4):
         prompt = tm.random_tokens(301, 7 + s, s)
@@ -274,7 +274,7 @@ def test_long_prefill_and_cublas_prefill(tmp_path):
     shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
                  n_heads=4, n_kv_heads=2, vocab_size=301)
     tokens = tm.random_tokens(301, 150, 8)
-    cpu = specdec.dummy_model(shape, "f32", seed=6).logits(tokens)
+    cpu = specdec.dummy_model(shape, "f32", seed=6, kv_dtype="f32").logits(tokens)
     gpu = specdec.dummy_model(shape, "f32", device="cuda", seed=6).logits(tokens)
     assert np.max(np.abs(cpu - gpu)) <= 1e-4 * np.max(np.abs(cpu))
     exact = specdec.dummy_model(shape, "bf16", device="cuda", seed=6).logits(tokens)
@@ -315,7 +315,7 @@ def gpu_pair(tmp_path_factory):
         p = os.path.join(d, name + ".gguf")
         testing.write_gguf(p, cfg, weights)
         out[name] = specdec.load(p, device="cuda")
-        out[name + "-cpu"] = specdec.load(p)
+        out[name + "-cpu"] = specdec.load(p, kv_dtype="f32")
     return out
 
 
@@ -390,7 +390,7 @@ def v5_gpu(tmp_path_factory):
 
 
 def test_synthetic_speculation_matches_the_cpu():
-    cpu = specdec.dummy_model("tiny", "f32", seed=3)
+    cpu = specdec.dummy_model("tiny", "f32", seed=3, kv_dtype="f32")
     gpu = specdec.dummy_model("tiny", "f32", device="cuda", seed=3)
     for alpha, k in ((0.6, 2), (0.9, 8)):
         a = specdec.dummy.synthetic_speculation(cpu, PROMPT, alpha=alpha, k=k, max_new_tokens=64)

@@ -128,7 +128,7 @@ def make_v5(d, device: str = "cpu"):
     def row(weights, seq, setting):
         key = (id(weights), tuple(seq), setting)
         if key not in cache:
-            cache[key] = process_ref(reference.forward(weights, cfg, list(seq))[-1], *setting)
+            cache[key] = process_ref(reference.forward(weights, cfg, list(seq), kv_f16=True)[-1], *setting)
         return cache[key]
 
     return (specdec.load(str(d / "t.gguf"), device=device),

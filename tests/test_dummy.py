@@ -82,7 +82,7 @@ TOKENS = [3, 1, 4, 1, 5, 9, 2, 6]
 
 def test_dummy_model_is_the_tensors_it_claims():
     m = specdec.dummy_model(QWEN, "f32", seed=11)
-    ref = reference.forward(rebuilt_weights(QWEN, 11), QWEN_CFG, TOKENS)
+    ref = reference.forward(rebuilt_weights(QWEN, 11), QWEN_CFG, TOKENS, kv_f16=True)
     got = m.logits(TOKENS)
     assert np.max(np.abs(got - ref)) <= 1e-4 * np.max(np.abs(ref))
 
@@ -95,7 +95,7 @@ def test_dummy_quantized_blocks_are_valid_formats():
     cfg = types.SimpleNamespace(**dict(vars(QWEN_CFG), head_dim=16))
     for dtype in ("q8_0", "q4_1"):
         got = specdec.dummy_model(shape, dtype, seed=2).logits(TOKENS)
-        ref = reference.forward(rebuilt_weights(shape, 2, dtype), cfg, TOKENS)
+        ref = reference.forward(rebuilt_weights(shape, 2, dtype), cfg, TOKENS, kv_f16=True)
         assert np.max(np.abs(got - ref)) <= 0.05 * np.max(np.abs(ref)), dtype
 
 

@@ -36,8 +36,9 @@ def ref_chain(t, prompt, n=N_NEW):
     tests allow (1e-4 / 1e-3 of max|logit|), so any implementation within tolerance agrees."""
     key = (t.name, t.fmt if t.half else "F32", tuple(prompt), n)
     if key not in _chains:
-        toks, margins = reference.greedy(t.ref_weights, t.cfg, prompt, n, return_margins=True)
-        scale = max(1.0, float(np.abs(reference.forward(t.ref_weights, t.cfg, list(prompt) + toks)).max()))
+        toks, margins = reference.greedy(t.ref_weights, t.cfg, prompt, n, return_margins=True,
+                                          kv_f16=True)
+        scale = max(1.0, float(np.abs(reference.forward(t.ref_weights, t.cfg, list(prompt) + toks, kv_f16=True)).max()))
         # the fixture's own sanity: if this fails, pick another seed/prompt, not a tolerance
         assert min(margins) > 2 * (1e-3 if t.half else 1e-4) * scale, (t.name, prompt, margins)
         _chains[key] = toks
@@ -80,7 +81,7 @@ def test_greedy_ties_pick_lowest_id(tmp_path):
     prompt = [3, 1, 4, 1, 5]
     g = specdec.generate(m, prompt, max_new_tokens=N_NEW, stop_tokens=[])
     assert all(x % 2 == 0 for x in g.tokens), g.tokens
-    assert g.tokens == reference.greedy(w, cfg, prompt, N_NEW)
+    assert g.tokens == reference.greedy(w, cfg, prompt, N_NEW, kv_f16=True)
 
 
 def test_generation_type(llama_gguf):

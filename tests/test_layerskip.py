@@ -103,7 +103,7 @@ def test_sampled_output_is_distributed_as_the_target(tmp_path, name):
     m = specdec.load(str(tmp_path / "t.gguf"))
 
     def row(weights, seq, setting):
-        return process_ref(reference.forward(weights, cfg, list(seq))[-1], *setting)
+        return process_ref(reference.forward(weights, cfg, list(seq), kv_f16=True)[-1], *setting)
 
     setting = SETTINGS[name]
     assert_joint_matches(m, specdec.LayerSkip(1, k=2, verify_slope=0), setting, exact_joint(row, w, setting))

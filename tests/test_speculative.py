@@ -132,12 +132,12 @@ def test_sampled_output_is_distributed_as_the_target(tiny, ref_logits):
         testing.write_gguf(path, cfg, w)
         m = specdec.load(path)
         prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-        p1 = reference.forward(w, cfg, prompt)[-1]
+        p1 = reference.forward(w, cfg, prompt, kv_f16=True)[-1]
         p1 = np.exp(p1 - p1.max())
         p1 /= p1.sum()
         exact = np.zeros((5, 5))
         for a in range(5):
-            l2 = reference.forward(w, cfg, prompt + [a])[-1]
+            l2 = reference.forward(w, cfg, prompt + [a], kv_f16=True)[-1]
             p2 = np.exp(l2 - l2.max())
             exact[a] = p1[a] * p2 / p2.sum()
         N = 20000

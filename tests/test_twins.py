@@ -54,21 +54,71 @@ def test_attention_twin(T, n_attn, H, Hkv, Dh):
     np.testing.assert_allclose(K.run("attention", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)
 
 
-def test_attention_query_alone_gives_the_batch_bits():
+ATTENTION_OPS = {"f32": "attention_cpu", "f16": "attention_cpu_f16"}  # the cache's type
+
+
+def f16_cases() -> np.ndarray:
+    """Floats for the cache's rounding to halves: random ones at every scale, exact midpoints
+    between neighbouring halves (ties, normal and subnormal), the edges of the range, the
+    non-finite values; 1005 of them, so the SIMD kernel has a tail."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(600) * 10.0 ** rng.uniform(-9, 6, 600)
+    h = rng.integers(0, 0x7BFF, 300).astype(np.uint16)  # finite halves below the largest
+    lo, hi = h.view(np.float16).astype(np.float64), (h + 1).view(np.float16).astype(np.float64)
+    ties = (lo + hi) / 2 * rng.choice([-1.0, 1.0], 300)
+    edges = [65504, 65519, 65520, 1e6, -65520, -1e9, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26,
+             2.0 ** -14, -0.0, 0.0, np.inf, -np.inf, np.nan]
+    out = np.concatenate([x, ties, edges, rng.standard_normal(1005 - 600 - 300 - len(edges))])
+    return out.astype(np.float32)
+
+
+F16_ROW_CHILD = """
+import json
+import numpy as np
+import kernels as K
+from test_twins import f16_cases
+from specdec import _core
+x = f16_cases()
+out = K.run("f16_row", K.CPU, [np.zeros(len(x), np.uint16), x, len(x)])[0]
+print(json.dumps([_core.simd_name(), out.tolist()]))
+"""
+
+
+def test_f16_cache_rounding():
+    """The f16 KV cache's rounding (the kernel this CPU picks, and the portable one in a child)
+    is numpy's float16 conversion of the value clipped to +-65504: to nearest, ties to even,
+    subnormals exact, finite values and infinities beyond the range saturating, NaN kept."""
+    from test_robustness import child_json
+
+    x = f16_cases()
+    want = np.clip(x, -65504, 65504).astype(np.float16)
+    nan = np.isnan(x)
+    for simd in (None, "scalar"):
+        env = {} if simd is None else {"SPECDEC_SIMD": simd}
+        name, got = child_json(F16_ROW_CHILD, timeout=120, **env)
+        got = np.array(got, dtype=np.uint16)
+        assert (name == "scalar") == (simd == "scalar")
+        np.testing.assert_array_equal(got[~nan], want[~nan].view(np.uint16), err_msg=name)
+        assert np.all(np.isnan(got[nan].view(np.float16))), name
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_attention_query_alone_gives_the_batch_bits(kv):
     """A query's attention output has exactly the bits it gets in a batch of other queries
     (the kernel groups a KV head's queries to share key loads; the grouping must not change a
     query's arithmetic): greedy speculation relies on it. Head sizes 16, 48, 64 and 80 take the
     SIMD kernel's whole and partial 64-dimension passes; 37, 61 and 17 slots leave partial
-    blocks of keys."""
+    blocks of keys; 130 slots and 9 queries a head, the f16 cache's runs of widened values."""
     for T, n_attn, H, Hkv, Dh in ((9, 37, 6, 2, 64), (5, 61, 4, 1, 48), (3, 17, 2, 2, 16),
-                                  (4, 40, 3, 1, 80)):
-        args, _ = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 3, seed=T + Dh)
-        batch = K.run("attention_cpu", K.CPU, K.fresh(args))[0]
+                                  (4, 40, 3, 1, 80), (3, 130, 9, 3, 64)):
+        args, _ = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 3, seed=T + Dh,
+                                   kv_f16=kv == "f16")
+        batch = K.run(ATTENTION_OPS[kv], K.CPU, K.fresh(args))[0]
         for t in range(T):
             one = K.fresh(args)
             one[0], one[1], one[4], one[5] = one[0][t:t + 1], one[1][t:t + 1], one[4][t:t + 1], 1
-            np.testing.assert_array_equal(K.run("attention_cpu", K.CPU, one)[0][0], batch[t],
-                                          err_msg=f"T {T} Dh {Dh} token {t}")
+            np.testing.assert_array_equal(K.run(ATTENTION_OPS[kv], K.CPU, one)[0][0], batch[t],
+                                          err_msg=f"{kv} T {T} Dh {Dh} token {t}")
 
 
 CHILD_ATTENTION = """
@@ -78,20 +128,27 @@ import kernels as K
 from specdec import _core
 out = {}
 for key, (T, n_attn, H, Hkv, Dh) in json.loads(sys.stdin.read()).items():
-    args, ref = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 7, seed=T)
-    y = K.run("attention_cpu", K.CPU, args)[0]
-    out[key] = bool(np.all(np.abs(y - ref) <= 1e-6 + 1e-5 * np.abs(ref)))
+    for kv, op in (("f32", "attention_cpu"), ("f16", "attention_cpu_f16")):
+        args, ref = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 7, seed=T,
+                                     kv_f16=kv == "f16")
+        y = K.run(op, K.CPU, args)[0]
+        out[key + kv] = bool(np.all(np.abs(y - ref) <= 1e-6 + 1e-5 * np.abs(ref)))
 print(json.dumps([_core.simd_name(), out]))
 """
 
 
+@pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("T,n_attn,H,Hkv,Dh", [(1, 1, 4, 2, 16), (37, 61, 5, 1, 48),
-                                               (9, 200, 4, 4, 64), (4, 40, 3, 1, 80)])
-def test_attention_of_the_forward_pass(T, n_attn, H, Hkv, Dh):
+                                               (9, 200, 4, 4, 64), (4, 40, 3, 1, 80),
+                                               (8, 300, 9, 3, 64)])
+def test_attention_of_the_forward_pass(T, n_attn, H, Hkv, Dh, kv):
     """The CPU forward pass's attention (the SIMD kernel this CPU picks, threaded) against the
-    float64 reference, within the twin's tolerance."""
-    args, ref = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 7, seed=T)
-    np.testing.assert_allclose(K.run("attention_cpu", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)
+    float64 reference over the values the cache holds (f32 or halves), within the twin's
+    tolerance."""
+    args, ref = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 7, seed=T,
+                                 kv_f16=kv == "f16")
+    np.testing.assert_allclose(K.run(ATTENTION_OPS[kv], K.CPU, args)[0], ref, rtol=1e-5,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("simd", ["avx2", "scalar"])
@@ -106,11 +163,11 @@ def test_attention_of_narrower_kernels(simd):
     if simd == "avx2" and "avx2" not in _core.simd_name():
         pytest.skip("this CPU has no AVX2")
     cases = {"a": (1, 1, 4, 2, 16), "b": (37, 61, 5, 1, 48), "c": (9, 200, 4, 4, 64),
-             "d": (4, 40, 3, 1, 80)}
+             "d": (4, 40, 3, 1, 80), "e": (8, 300, 9, 3, 64)}
     name, ok = child_json(CHILD_ATTENTION, stdin=json.dumps(cases), timeout=120,
                           SPECDEC_SIMD=simd)
     assert name == ("avx2+fma+f16c" if simd == "avx2" else "scalar")
-    assert all(ok.values()), ok
+    assert len(ok) == 2 * len(cases) and all(ok.values()), ok
 
 
 CHILD_ATTENTION_BITS = """
@@ -119,8 +176,10 @@ import kernels as K
 from specdec import _core
 out = {}
 for key, (T, n_attn, H, Hkv, Dh) in json.loads(sys.stdin.read()).items():
-    args, _ = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 5, seed=3 * T + Dh)
-    out[key] = K.run("attention_cpu", K.CPU, args)[0].tobytes().hex()
+    for kv, op in (("f32", "attention_cpu"), ("f16", "attention_cpu_f16")):
+        args, _ = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 5, seed=3 * T + Dh,
+                                   kv_f16=kv == "f16")
+        out[key + kv] = K.run(op, K.CPU, args)[0].tobytes().hex()
 print(json.dumps([_core.simd_name(), out]))
 """
 
@@ -128,13 +187,16 @@ ATTENTION_BIT_CASES = {"one": (1, 1, 4, 2, 16), "decode": (1, 300, 9, 3, 64),
                        "verify": (8, 300, 9, 3, 64), "odd": (9, 37, 6, 2, 64),
                        "dh48": (5, 61, 4, 1, 48), "dh80": (4, 40, 3, 1, 80),
                        "dh128": (3, 70, 4, 2, 128), "dh16": (7, 17, 2, 2, 16),
-                       "dh40": (3, 29, 4, 2, 40), "dh8": (2, 9, 2, 1, 8)}
+                       "dh40": (3, 29, 4, 2, 40), "dh8": (2, 9, 2, 1, 8),
+                       "runs": (4, 150, 9, 3, 64)}
 
 
 def test_attention_avx512_gives_the_avx2_bits():
     """The AVX-512 attention (queries share key loads in pairs and value rows in fours) does
     the AVX2 kernel's arithmetic query by query: the same bits for every head size, group and
-    mask, so which of the two a CPU picks changes no token."""
+    mask, over an f32 cache and over halves (widened once per block of keys, or per run of
+    value rows, when several queries read them), so which of the two a CPU picks changes no
+    token."""
     import json
 
     from test_robustness import child_json
@@ -146,7 +208,8 @@ def test_attention_avx512_gives_the_avx2_bits():
     narrow_name, narrow = child_json(CHILD_ATTENTION_BITS, stdin=cases, timeout=120,
                                      SPECDEC_SIMD="avx2")
     assert "avx512" in wide_name and narrow_name == "avx2+fma+f16c"
-    for key in ATTENTION_BIT_CASES:
+    assert len(wide) == 2 * len(ATTENTION_BIT_CASES)
+    for key in wide:
         assert wide[key] == narrow[key], key
 
 
