@@ -351,15 +351,6 @@ SD_INLINE void prefetch_keys8(const int F16, const void *ks, int Dh) {
     }
 }
 
-/* n halves (n % 8 == 0) widened to f32, exactly: when several queries read the same keys or
- * values, converting them once and reading floats costs less than converting them for each. */
-SD_AVX2 SD_INLINE void widen_rows(float *dst, const void *src, int n) {
-    const uint16_t *h = (const uint16_t *)src;
-    for (int i = 0; i < n; i += 8) {
-        _mm256_store_ps(dst + i, load_f16x8(h + i));
-    }
-}
-
 /* Floats of widened keys or values a kernel keeps on its stack (16 KiB, in L1): eight rows of
  * keys of the largest head size, or a run of SD_ATTN_WIDE / Dh value rows (64 when Dh = 64). */
 #define SD_ATTN_WIDE (8 * SD_MAX_HEAD_DIM)
@@ -402,8 +393,8 @@ SD_AVX2 SD_INLINE void attend_avx2(const int F16, const sd_attn_group *g, const 
         for (int i = 0; i < g->n; i++) {
             na += s < hi[i];
         }
-        if (F16 && na > 1) {
-            widen_rows(kb, ks, 8 * Dh);
+        if (F16 && na > 1) { /* widened once for all of them: cheaper than once per query */
+            sd_f16_to_f32_avx2(kb, ks, 8 * (int64_t)Dh);
         }
         for (int i = 0; i < g->n; i++) {
             if (s < hi[i]) {
@@ -574,7 +565,9 @@ SD_AVX512 SD_INLINE void values4(const int F16, const int NV, const int nq, floa
 #undef SD_V4_STORE
 }
 
-/* widen_rows 16 halves at a time (n % 8 == 0). */
+/* n halves (n % 8 == 0) widened to f32, exactly, 16 at a time: when several queries read the
+ * same keys or values, converting them once and reading floats costs less than converting them
+ * for each. */
 SD_AVX512 SD_INLINE void widen_rows512(float *dst, const void *src, int n) {
     const uint16_t *h = (const uint16_t *)src;
     int i = 0;
