@@ -77,11 +77,13 @@ void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed, in
  * (it hands single tokens to that tile). */
 int sd_cpu_has_amx_int8(void);
 /* Batches of fewer tokens stay on the VNNI tile: each block of 16 rows costs the AMX tile
- * about 15-30 cycles of unpacking and tile stores whatever the batch, the VNNI tile about 9
- * per token (measured on a Xeon with AMX; the two break even near 4 tokens). The AMX tile
- * reads the scalars gathered in a->xt (quant.h) and hands the batch to the VNNI tile when
- * they are missing. */
-#define SD_AMX_MIN_TOKENS 4
+ * about 15-30 cycles of unpacking and tile stores whatever the batch, the 16-row VNNI tile
+ * (which passes over the weights once for up to 8 tokens) about 5 per token. Measured on a
+ * Xeon with AMX (benchmarks/RESULTS.md), the VNNI tile is faster up to 8 tokens and the AMX
+ * tile from 9, where the VNNI tile would pass over the weights twice. The AMX tile reads the
+ * scalars gathered in a->xt (quant.h) and hands the batch to the VNNI tile when they are
+ * missing. */
+#define SD_AMX_MIN_TOKENS 9
 void sd_tile_packed_amx(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                         const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
 #endif

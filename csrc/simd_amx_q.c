@@ -145,16 +145,6 @@ SD_AMX SD_INLINE void block16(const int f, const int TT, __m512 *acc, const int3
         _tile_dpbsud(tc, ta, tb);                                                                  \
     } while (0)
 
-SD_AMX SD_INLINE void store16(float *y, __m512 v, const float *bias, int accumulate) {
-    if (bias != NULL) {
-        v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
-    }
-    if (accumulate) {
-        v = _mm512_add_ps(_mm512_loadu_ps(y), v);
-    }
-    _mm512_storeu_ps(y, v);
-}
-
 /* A position in a stream of blocks: block b (of nb per row) of a pair of 8-row groups of the
  * repacked copy, p = that block in the pair's first group (the second is `group` bytes on). */
 typedef struct {
@@ -192,8 +182,8 @@ SD_INLINE void prefetch_block(const uint8_t *p, int bb, size_t group) {
  * the next pair is fetched as each block is unpacked, while that is below pend. */
 SD_AMX SD_INLINE void rows16_stream(const int f, const int TT, float *y, int64_t ldy,
                                     const uint8_t *P, int64_t ng, size_t group, int bb, int64_t nb,
-                                    const int8_t *xq, size_t rb, const float *xs,
-                                    const float *bias, int accumulate, const uint8_t *pend) {
+                                    const int8_t *xq, size_t rb, const float *xs, const float *bias,
+                                    int accumulate, const uint8_t *pend) {
     uint8_t ring[AMX_RING][512] __attribute__((aligned(64)));
     int32_t c[3][AMX_TOKENS * 16] __attribute__((aligned(64)));
     __m512 acc[AMX_TOKENS];
@@ -222,10 +212,11 @@ SD_AMX SD_INLINE void rows16_stream(const int f, const int TT, float *y, int64_t
         __m512 dwb, mwb;                                                                           \
         scales16(f, &dwb, &mwb, sc.p, sc.p + group);                                               \
         block16(f, TT, acc, c[(i) % 3], dwb, mwb, xs + 64 * sc.b);                                 \
-        if (sc.b == nb - 1) { /* the pair's last block: its outputs are done */                   \
+        if (sc.b == nb - 1) { /* the pair's last block: its outputs are done */                    \
             const float *bv = bias != NULL ? bias + 16 * g : NULL;                                 \
             for (int t = 0; t < TT; t++) {                                                         \
-                store16(y + (size_t)t * (size_t)ldy + (size_t)(16 * g), acc[t], bv, accumulate);   \
+                sd_q_store16(y + (size_t)t * (size_t)ldy + (size_t)(16 * g), acc[t], bv,           \
+                             accumulate);                                                          \
                 acc[t] = _mm512_setzero_ps();                                                      \
             }                                                                                      \
             g++;                                                                                   \

@@ -38,4 +38,17 @@ SD_Q_AVX2 SD_INLINE __m256i sd_q_fifth_bits(const uint8_t *p) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
+/* y[0 .. 16) = (or, accumulating, y +=) v + bias (bias NULL: none): sixteen outputs of the
+ * AVX-512 tiles, with the bits of the 8-lane tiles' stores (y + (v + bias)). */
+#define SD_Q_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+SD_Q_AVX512 SD_INLINE void sd_q_store16(float *y, __m512 v, const float *bias, int accumulate) {
+    if (bias != NULL) {
+        v = _mm512_add_ps(v, _mm512_loadu_ps(bias));
+    }
+    if (accumulate) {
+        v = _mm512_add_ps(_mm512_loadu_ps(y), v);
+    }
+    _mm512_storeu_ps(y, v);
+}
+
 #endif /* SD_SIMD_Q_COMMON_H */

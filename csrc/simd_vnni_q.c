@@ -9,7 +9,9 @@
  * — no horizontal sums — and the float work (convert, scale by d_w * d_x, add offset times the
  * activation sum) is one instruction each for eight rows. Up to four tokens share each load of
  * the weights; a batch of T tokens reads them from memory once. Signed formats are shifted to
- * unsigned bytes for vpdpbusd: sum((w + c) x) = sum(w x) + c sum(x). */
+ * unsigned bytes for vpdpbusd: sum((w + c) x) = sum(w x) + c sum(x). Over the repacked copy,
+ * two 8-row groups side by side in 512-bit registers make a 16-row tile with the same lane
+ * arithmetic (packed16_dot). */
 #include "simd.h"
 
 #ifdef SD_HAVE_X86_SIMD
@@ -350,6 +352,74 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
     }
 }
 
+/* Sixteen packed rows, two 8-row groups (P0: rows 0-7, P1: rows 8-15, each at the same block),
+ * against TT <= 8 tokens in 512-bit registers: lanes 0-7 of out[t] are rows 0-7, lanes 8-15
+ * rows 8-15. Each lane does packed8_dot's arithmetic (the same exact integer sums, then the
+ * same float instructions in the same order), so every row gets the bits of the 8-row kernel,
+ * with half the instructions per row: one unpacking, one multiply-add and one float step serve
+ * sixteen rows instead of eight. */
+SD_VNNI SD_INLINE void packed16_dot(const int f, const int TT, __m512 *out, const uint8_t *P0,
+                                    const uint8_t *P1, int64_t nb, const uint8_t *X) {
+    const int bb = f == V_Q8_0 ? 272 : 160;
+    const size_t pair = 2 * (size_t)nb * (size_t)bb; /* to the same block of the next pair */
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[8];
+    for (int t = 0; t < TT; t++) {
+        acc[t] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++, P0 += bb, P1 += bb, X += XI_BYTES) {
+        __m512i g[8];
+        for (int o = 0; o < bb; o += 64) {
+            _mm_prefetch((const char *)P0 + pair + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)P1 + pair + o, _MM_HINT_T0);
+        }
+#define SD_PAIR(o)                                                                                 \
+    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(P0 + (o)))),    \
+                       _mm256_loadu_si256((const __m256i *)(P1 + (o))), 1)
+#define SD_PAIR_PH(o)                                                                              \
+    _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)(P1 + (o))),                 \
+                                     _mm_loadu_si128((const __m128i *)(P0 + (o)))))
+        __m512 dw, mw;
+        if (f == V_Q8_0) {
+            for (int k = 0; k < 8; k++) {
+                g[k] = SD_PAIR(32 * k);
+            }
+            dw = SD_PAIR_PH(256);
+            mw = _mm512_mul_ps(dw, _mm512_set1_ps(-128.0f));
+        } else {
+            for (int h = 0; h < 4; h++) {
+                const __m512i v = SD_PAIR(32 * h);
+                g[h] = _mm512_and_si512(v, lo4);
+                /* the mask makes any lane width right */
+                g[h + 4] = _mm512_and_si512(_mm512_srli_epi32(v, 4), lo4);
+            }
+            dw = SD_PAIR_PH(128);
+            mw = SD_PAIR_PH(144);
+        }
+#undef SD_PAIR
+#undef SD_PAIR_PH
+        for (int t = 0; t < TT; t++) {
+#define XB16(g) _mm512_set1_epi32(*(const int32_t *)(X + 32 * t + 4 * (g)))
+            __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), g[0], XB16(0));
+            __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), g[1], XB16(1));
+            s0 = _mm512_dpbusd_epi32(s0, g[2], XB16(2));
+            s1 = _mm512_dpbusd_epi32(s1, g[3], XB16(3));
+            s0 = _mm512_dpbusd_epi32(s0, g[4], XB16(4));
+            s1 = _mm512_dpbusd_epi32(s1, g[5], XB16(5));
+            s0 = _mm512_dpbusd_epi32(s0, g[6], XB16(6));
+            s1 = _mm512_dpbusd_epi32(s1, g[7], XB16(7));
+#undef XB16
+            const __m512 sf = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            const float *xf = (const float *)(X + 256 + 4 * t);
+            acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xf[8]), acc[t]); /* XIO: 32 bytes on */
+            acc[t] = _mm512_fmadd_ps(sf, _mm512_mul_ps(dw, _mm512_set1_ps(xf[0])), acc[t]);
+        }
+    }
+    for (int t = 0; t < TT; t++) {
+        out[t] = acc[t];
+    }
+}
+
 /* ---- the repacked tiles on AVX2 (no VNNI): maddubs + madd per group of 4 --------------------- */
 
 SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out, const uint8_t *P,
@@ -395,11 +465,11 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
 
 /* The tile over repacked rows, for one instruction set: blocks of PACKED_ROW_BLOCK rows (small
  * enough to stay in L2 while every token passes over them); within a block TS tokens at a time
- * (interleaved once when T <= TS), eight rows at a time, with that set's packed8 kernel. One
- * body, two instantiations (VNNI with TS = 8, AVX2 alone with TS = 4), each compiled for its
- * own target. */
+ * (interleaved once when T <= TS), eight rows at a time with that set's packed8 kernel, or
+ * sixteen where WIDE takes them. One body, two instantiations (VNNI with TS = 8 and the 16-row
+ * step, AVX2 alone with TS = 4 and none), each compiled for its own target. */
 #define PACKED_ROW_BLOCK 64
-#define PACKED_TILE(name, attr, dot, TS)                                                           \
+#define PACKED_TILE(name, attr, dot, TS, WIDE)                                                     \
     attr void name(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,             \
                    const sd_acts *a, int T, int64_t n, const float *bias, int accumulate) {        \
         const int f = type == 2 ? V_Q4_0 : type == 3 ? V_Q4_1 : V_Q8_0;                            \
@@ -418,6 +488,7 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
                     const uint8_t *P =                                                             \
                         (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;      \
                     const float *bv = bias != NULL ? bias + r0 : NULL;                             \
+                    WIDE(f, tt, P, nb, bb, xi, y, ldy, t, r0, re, bv, accumulate)                  \
                     __m256 out[8];                                                                 \
                     PACKED_DISPATCH(dot, f, tt, out, P, nb, xi);                                   \
                     for (int i = 0; i < tt; i++) {                                                 \
@@ -429,30 +500,46 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
         }                                                                                          \
     }
 
-/* Format and token count as compile-time constants of the packed8 kernel. */
-#define PACKED_DISPATCH(dot, f, tt, out, P, nb, x)                                                 \
+/* Format and token count as compile-time constants of a packed kernel: dot(F, TT, ...) with the
+ * arguments that follow tt. */
+#define PACKED_DISPATCH(dot, f, tt, ...)                                                           \
     do {                                                                                           \
         if ((f) == V_Q4_0) {                                                                       \
-            PACKED_TT(dot, V_Q4_0, tt, out, P, nb, x);                                             \
+            PACKED_TT(dot, V_Q4_0, tt, __VA_ARGS__);                                               \
         } else if ((f) == V_Q4_1) {                                                                \
-            PACKED_TT(dot, V_Q4_1, tt, out, P, nb, x);                                             \
+            PACKED_TT(dot, V_Q4_1, tt, __VA_ARGS__);                                               \
         } else {                                                                                   \
-            PACKED_TT(dot, V_Q8_0, tt, out, P, nb, x);                                             \
+            PACKED_TT(dot, V_Q8_0, tt, __VA_ARGS__);                                               \
         }                                                                                          \
     } while (0)
-#define PACKED_TT(dot, F, tt, out, P, nb, x)                                                       \
+#define PACKED_TT(dot, F, tt, ...)                                                                 \
     switch (tt) {                                                                                  \
-    case 8: dot(F, 8, out, P, nb, x); break;                                                       \
-    case 7: dot(F, 7, out, P, nb, x); break;                                                       \
-    case 6: dot(F, 6, out, P, nb, x); break;                                                       \
-    case 5: dot(F, 5, out, P, nb, x); break;                                                       \
-    case 4: dot(F, 4, out, P, nb, x); break;                                                       \
-    case 3: dot(F, 3, out, P, nb, x); break;                                                       \
-    case 2: dot(F, 2, out, P, nb, x); break;                                                       \
-    default: dot(F, 1, out, P, nb, x); break;                                                      \
+    case 8: dot(F, 8, __VA_ARGS__); break;                                                         \
+    case 7: dot(F, 7, __VA_ARGS__); break;                                                         \
+    case 6: dot(F, 6, __VA_ARGS__); break;                                                         \
+    case 5: dot(F, 5, __VA_ARGS__); break;                                                         \
+    case 4: dot(F, 4, __VA_ARGS__); break;                                                         \
+    case 3: dot(F, 3, __VA_ARGS__); break;                                                         \
+    case 2: dot(F, 2, __VA_ARGS__); break;                                                         \
+    default: dot(F, 1, __VA_ARGS__); break;                                                        \
     }
 
-PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot, 8)
-PACKED_TILE(sd_tile_packed_avx2, SD_Q_AVX2, packed8_dot_avx2, 4)
+/* The VNNI tile's step over sixteen rows at once (the rest of the rows, if 8, take packed8):
+ * an iteration of the tile's loop over groups of 8 rows that consumes two of them. */
+#define PACKED_WIDE16(f, tt, P, nb, bb, xi, y, ldy, t, r0, re, bv, accumulate)                     \
+    if (r0 + 16 <= re) {                                                                           \
+        __m512 out16[8];                                                                           \
+        PACKED_DISPATCH(packed16_dot, f, tt, out16, P, P + (size_t)nb * (size_t)bb, nb, xi);       \
+        for (int i = 0; i < tt; i++) {                                                             \
+            sd_q_store16(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out16[i], bv,             \
+                         accumulate);                                                              \
+        }                                                                                          \
+        r0 += 8;                                                                                   \
+        continue;                                                                                  \
+    }
+#define PACKED_NARROW(...)
+
+PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot, 8, PACKED_WIDE16)
+PACKED_TILE(sd_tile_packed_avx2, SD_Q_AVX2, packed8_dot_avx2, 4, PACKED_NARROW)
 
 #endif /* SD_HAVE_X86_SIMD */

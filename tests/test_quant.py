@@ -192,7 +192,7 @@ def test_batch_rows_match_single_token_bitwise(type_id, nrows):
     """Row t of a batched matmul has exactly the bits of token t multiplied alone, for the
     forward pass's kernel and the portable one: the kernels may pick tiles by batch size, but
     not change a token's arithmetic with it. Greedy speculative decoding relies on this (its
-    verify batch must reproduce one-token decoding). On CPUs with AMX, batches of 4 or more
+    verify batch must reproduce one-token decoding). On CPUs with AMX, batches of 9 or more
     tokens of repacked matrices (16 and 24 rows: one 16-row AMX group, then one 8-row group
     left to the VNNI tile) take the AMX tile, 16 tokens per tile multiply (T = 17, 33)."""
     n = 512
@@ -214,6 +214,31 @@ def test_batch_rows_match_single_token_bitwise(type_id, nrows):
                 np.testing.assert_array_equal(batch[t], alone[0], err_msg=f"kernel {kernel} T {T} t {t}")
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_sixteen_row_tile_gives_the_eight_row_bits(name):
+    """With AVX512-VNNI, repacked rows go through the tile sixteen at a time, and a last group
+    of eight (rows % 16 == 8) through the eight-row tile. Moving groups of 8 rows around moves
+    each row from one tile to the other: its output must keep its bits."""
+    if "avx512vnni" not in _core.simd_name():
+        pytest.skip(f"this CPU has no AVX512-VNNI (kernels: {_core.simd_name()})")
+    type_id = quantref.BY_NAME[name]
+    n = 192
+    rng = np.random.default_rng(17 + type_id)
+    blocks = quantref.random_blocks(type_id, 24 * n // 32, rng)
+    data = blocks.tobytes()
+    row = len(data) // 24
+    groups = [data[g * 8 * row:(g + 1) * 8 * row] for g in range(3)]
+    moved = groups[2] + groups[0] + groups[1]  # rows 16-23 first: group 1 ends last
+    x = rng.standard_normal((8, n)).astype(np.float32)
+    x[:, 5] *= 25.0
+    for T in (1, 2, 5, 8):
+        y = _core.matmul_rows(type_id, data, 24, n, x[:T], 0)
+        ym = _core.matmul_rows(type_id, moved, 24, n, x[:T], 0)
+        np.testing.assert_array_equal(ym[:, 16:], y[:, 8:16], err_msg=f"T {T}: 16-row -> 8-row")
+        np.testing.assert_array_equal(ym[:, :8], y[:, 16:], err_msg=f"T {T}: 8-row -> 16-row")
+        np.testing.assert_array_equal(ym[:, 8:16], y[:, :8], err_msg=f"T {T}")
+
+
 def test_amx_tiles_give_the_vnni_bits():
     """On CPUs with AMX-INT8, batches of repacked Q4_0/Q4_1/Q8_0 rows go through AMX tiles;
     SPECDEC_SIMD=avx512vnni keeps the VNNI tiles. Both must give the same bits for every batch
@@ -227,7 +252,7 @@ def test_amx_tiles_give_the_vnni_bits():
         type_id = quantref.BY_NAME[name]
         for nrows, n in ((16, 512), (24, 96), (40, 1536)):
             blocks = quantref.random_blocks(type_id, nrows * n // 32, rng)
-            for T in (1, 3, 4, 7, 16, 17, 40):
+            for T in (1, 3, 4, 7, 8, 9, 16, 17, 40):
                 x = rng.standard_normal((T, n)).astype(np.float32)
                 x[:, 1] *= 30.0
                 cases[f"{name}-{nrows}-{n}-{T}"] = matmul_case(type_id, blocks, nrows, n, x)
