@@ -324,12 +324,15 @@ void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k
                   int n_heads, int n_kv_heads, int head_dim, float *scores) {
     attn_ctx c = {out, q,      k,       v,          kv_f16,   head_stride, mask,
                   T,   n_attn, n_heads, n_kv_heads, head_dim, scores,      0};
-    /* groups as large as they can be (a block of keys is loaded once per group) while leaving
-     * about four tasks per thread; the size changes no query's arithmetic */
+    /* groups as large as they can be: each group reads its KV head's keys and values once
+     * (after a long context, from memory), so the fewer groups the less traffic; but at least
+     * two tasks per thread, of equal sizes. The size changes no query's arithmetic. */
     const int nq = T * (n_heads / n_kv_heads);
     const int nt = sd_threadpool_size(pool);
-    int group = (nq * n_kv_heads + 4 * nt - 1) / (4 * nt);
-    group = group < 1 ? 1 : group > SD_ATTN_GROUP ? SD_ATTN_GROUP : group;
+    int per_kvh = (nq + SD_ATTN_GROUP - 1) / SD_ATTN_GROUP; /* groups per KV head */
+    const int min_per_kvh = (2 * nt + n_kv_heads - 1) / n_kv_heads;
+    per_kvh = per_kvh < min_per_kvh ? (min_per_kvh < nq ? min_per_kvh : nq) : per_kvh;
+    const int group = (nq + per_kvh - 1) / per_kvh;
     c.group = group;
     sd_threadpool_run(pool, attn_task, &c, n_kv_heads * ((nq + group - 1) / group));
 }

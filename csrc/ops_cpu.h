@@ -52,7 +52,7 @@ void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
 
 /* Queries that attend over the same keys and values (heads sharing a KV head, tokens of a
  * batch), up to SD_ATTN_GROUP of them. */
-#define SD_ATTN_GROUP 8
+#define SD_ATTN_GROUP 16
 /* The largest head size the CPU attention takes (the model loaders refuse larger ones). */
 #define SD_MAX_HEAD_DIM 512
 typedef struct {

@@ -108,9 +108,11 @@ def test_attention_query_alone_gives_the_batch_bits(kv):
     (the kernel groups a KV head's queries to share key loads; the grouping must not change a
     query's arithmetic): greedy speculation relies on it. Head sizes 16, 48, 64 and 80 take the
     SIMD kernel's whole and partial 64-dimension passes; 37, 61 and 17 slots leave partial
-    blocks of keys; 130 slots and 9 queries a head, the f16 cache's runs of widened values."""
+    blocks of keys; 130 slots and 9 queries a head, the f16 cache's runs of widened values;
+    16 and 12 tokens, groups of 16 and 12 queries."""
     for T, n_attn, H, Hkv, Dh in ((9, 37, 6, 2, 64), (5, 61, 4, 1, 48), (3, 17, 2, 2, 16),
-                                  (4, 40, 3, 1, 80), (3, 130, 9, 3, 64)):
+                                  (4, 40, 3, 1, 80), (3, 130, 9, 3, 64), (16, 90, 9, 3, 64),
+                                  (12, 45, 4, 1, 64)):
         args, _ = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 3, seed=T + Dh,
                                    kv_f16=kv == "f16")
         batch = K.run(ATTENTION_OPS[kv], K.CPU, K.fresh(args))[0]
@@ -188,7 +190,8 @@ ATTENTION_BIT_CASES = {"one": (1, 1, 4, 2, 16), "decode": (1, 300, 9, 3, 64),
                        "dh48": (5, 61, 4, 1, 48), "dh80": (4, 40, 3, 1, 80),
                        "dh128": (3, 70, 4, 2, 128), "dh16": (7, 17, 2, 2, 16),
                        "dh40": (3, 29, 4, 2, 40), "dh8": (2, 9, 2, 1, 8),
-                       "runs": (4, 150, 9, 3, 64)}
+                       "runs": (4, 150, 9, 3, 64), "group16": (16, 90, 9, 3, 64),
+                       "group12": (12, 45, 4, 1, 64)}
 
 
 def test_attention_avx512_gives_the_avx2_bits():
