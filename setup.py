@@ -83,6 +83,8 @@ class BuildExt(build_ext):
 core = Extension(
     "specdec._core",
     sources=sorted(glob(os.path.join("csrc", "*.c"))),
+    # a changed header rebuilds the extension (the sources alone are checked otherwise)
+    depends=sorted(glob(os.path.join("csrc", "*.h"))),
     include_dirs=["csrc", numpy.get_include()],
     extra_compile_args=C_FLAGS,
     extra_link_args=["-pthread"],
