@@ -118,27 +118,36 @@ SD_AVX2 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
  * degree 7 (truncation error below 3e-9 relative), ln 2 split in two parts so r is exact to
  * float precision: within 2 ulp of expf over the range. Below -87.33 (where 2^n leaves the
  * normal range) the result is 0, above 88.72 infinity; -inf gives 0 (masked scores). */
+/* y = 2^n e^r for r = xc - n ln 2 (ln 2 in two parts), in vectors of W bits (256, 512): one
+ * definition, so every width computes the same bits per lane. 2^n for n in [-126, 128]: 2^128
+ * overflows the exponent field, so it scales by 2^(n-1), then by 2. */
+#define SD_EXP_CORE(W, y, n, xc)                                                                   \
+    do {                                                                                           \
+        __typeof__(y) r_ = _mm##W##_fnmadd_ps(n, _mm##W##_set1_ps(0.693145751953125f), xc);        \
+        r_ = _mm##W##_fnmadd_ps(n, _mm##W##_set1_ps(1.428606765330187e-06f), r_);                  \
+        y = _mm##W##_set1_ps(1.0f / 5040.0f);                                                      \
+        y = _mm##W##_fmadd_ps(y, r_, _mm##W##_set1_ps(1.0f / 720.0f));                             \
+        y = _mm##W##_fmadd_ps(y, r_, _mm##W##_set1_ps(1.0f / 120.0f));                             \
+        y = _mm##W##_fmadd_ps(y, r_, _mm##W##_set1_ps(1.0f / 24.0f));                              \
+        y = _mm##W##_fmadd_ps(y, r_, _mm##W##_set1_ps(1.0f / 6.0f));                               \
+        y = _mm##W##_fmadd_ps(y, r_, _mm##W##_set1_ps(0.5f));                                      \
+        y = _mm##W##_fmadd_ps(y, r_, _mm##W##_set1_ps(1.0f));                                      \
+        y = _mm##W##_fmadd_ps(y, r_, _mm##W##_set1_ps(1.0f));                                      \
+        const __typeof__(_mm##W##_cvtps_epi32(n)) e_ =                                             \
+            _mm##W##_cvtps_epi32(_mm##W##_sub_ps(n, _mm##W##_set1_ps(1.0f)));                      \
+        const __typeof__(y) half_scale_ = _mm##W##_castsi##W##_ps(                                 \
+            _mm##W##_slli_epi32(_mm##W##_add_epi32(e_, _mm##W##_set1_epi32(127)), 23));            \
+        y = _mm##W##_mul_ps(_mm##W##_mul_ps(y, half_scale_), _mm##W##_set1_ps(2.0f));              \
+    } while (0)
+
 SD_AVX2 static inline __m256 exp256(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.33f), hi = _mm256_set1_ps(88.72f);
     const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
     const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* 2^n: n in [-126, 128]; 2^128 overflows the exponent field, so scale by 2^(n-1) twice */
-    const __m256i e = _mm256_cvtps_epi32(_mm256_sub_ps(n, _mm256_set1_ps(1.0f)));
-    const __m256 half_scale =
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
-    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, half_scale), _mm256_set1_ps(2.0f));
+    __m256 y;
+    SD_EXP_CORE(256, y, n, xc);
     y = _mm256_blendv_ps(y, _mm256_setzero_ps(), under);
     return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
 }
@@ -355,11 +364,11 @@ SD_INLINE void prefetch_keys8(const int F16, const void *ks, int Dh) {
  * keys of the largest head size, or a run of SD_ATTN_WIDE / Dh value rows (64 when Dh = 64). */
 #define SD_ATTN_WIDE (8 * SD_MAX_HEAD_DIM)
 
-/* The slots from s (a multiple of 8) to hi_max one at a time, then each query's softmax: its
- * weights in sc + i * n_attn. */
-SD_AVX2 SD_INLINE void scores_tail_softmax(const int F16, const sd_attn_group *g, const void *k,
-                                           const int *hi, int hi_max, int s, int n_attn, int Dh,
-                                           float scale, float *sc) {
+/* The slots from s (a multiple of 8) to hi_max one at a time; then each query's softmax (the
+ * kernel's softmax_row or softmax_row512) leaves its weights in sc + i * n_attn. */
+SD_AVX2 SD_INLINE void scores_tail(const int F16, const sd_attn_group *g, const void *k,
+                                   const int *hi, int hi_max, int s, int n_attn, int Dh,
+                                   float scale, float *sc) {
     for (; s < hi_max; s++) {
         for (int i = 0; i < g->n; i++) {
             sc[(size_t)i * (size_t)n_attn + (size_t)s] =
@@ -367,9 +376,6 @@ SD_AVX2 SD_INLINE void scores_tail_softmax(const int F16, const sd_attn_group *g
                     ? dot1_row(F16, g->q[i], kv_at(F16, k, (size_t)s * (size_t)Dh), Dh) * scale
                     : -INFINITY;
         }
-    }
-    for (int i = 0; i < g->n; i++) {
-        softmax_row(sc + (size_t)i * (size_t)n_attn, hi[i]);
     }
 }
 
@@ -405,7 +411,10 @@ SD_AVX2 SD_INLINE void attend_avx2(const int F16, const sd_attn_group *g, const 
             }
         }
     }
-    scores_tail_softmax(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    scores_tail(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    for (int i = 0; i < g->n; i++) {
+        softmax_row(sc + (size_t)i * (size_t)n_attn, hi[i]);
+    }
     for (int i = 0; i < g->n; i++) {
         weighted_sum(F16, g->o[i], sc + (size_t)i * (size_t)n_attn, v, hi[i], Dh);
     }
@@ -429,6 +438,68 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const void *k, const void *v
  * KV head come from L2 once per four queries instead of once per query. */
 
 #define SD_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+
+/* exp256 on sixteen lanes: the same operations, so each lane has exp256's bits. */
+SD_AVX512 static inline __m512 exp512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.33f), hi = _mm512_set1_ps(88.72f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    const __mmask16 over = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 y;
+    SD_EXP_CORE(512, y, n, xc);
+    y = _mm512_mask_blend_ps(under, y, _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(over, y, _mm512_set1_ps(INFINITY));
+}
+
+/* softmax_row with its exponentials sixteen at a time, bit for bit: the maximum does not depend
+ * on the order, each half of a 16-lane block of exponentials goes into softmax_row's 8-lane sum
+ * in slot order (low half, then high), and the last block of 8 and the tail take softmax_row's
+ * own instructions. */
+SD_AVX512 static void softmax_row512(float *sc, int n_attn) {
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    int s = 0;
+    for (; s + 16 <= n_attn; s += 16) {
+        vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sc + s));
+    }
+    float mx = _mm512_reduce_max_ps(vmax);
+    for (; s < n_attn; s++) {
+        mx = sc[s] > mx ? sc[s] : mx;
+    }
+    const __m512 vmx = _mm512_set1_ps(mx);
+    const __m256 vmx8 = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (s = 0; s + 16 <= n_attn; s += 16) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + s), vmx));
+        _mm512_storeu_ps(sc + s, e);
+        vsum = _mm256_add_ps(vsum, _mm512_castps512_ps256(e));
+        vsum =
+            _mm256_add_ps(vsum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    if (s + 8 <= n_attn) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + s), vmx8));
+        _mm256_storeu_ps(sc + s, e);
+        vsum = _mm256_add_ps(vsum, e);
+        s += 8;
+    }
+    const __m256i lm = lanes_below(n_attn - s);
+    if (s < n_attn) {
+        const __m256 x = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(sc + s, lm),
+                                          _mm256_castsi256_ps(lm));
+        const __m256 e = exp256(_mm256_sub_ps(x, vmx8));
+        _mm256_maskstore_ps(sc + s, lm, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    const float inv = 1.0f / hsum256(vsum);
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (s = 0; s + 16 <= n_attn; s += 16) {
+        _mm512_storeu_ps(sc + s, _mm512_mul_ps(_mm512_loadu_ps(sc + s), vinv));
+    }
+    for (; s < n_attn; s++) {
+        sc[s] *= inv;
+    }
+}
 
 /* Eight cache elements from element i of p, as floats in both halves of a 16-lane register. */
 SD_AVX512 SD_INLINE __m512 kv_load8x2(const int F16, const void *p, size_t i) {
@@ -660,7 +731,10 @@ SD_AVX512 SD_INLINE void attend_avx512(const int F16, const sd_attn_group *g, co
             scores_block(F16, g, act, na, ks, s, n_attn, Dh, vscale, sc);
         }
     }
-    scores_tail_softmax(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    scores_tail(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
+    for (int i = 0; i < g->n; i++) {
+        softmax_row512(sc + (size_t)i * (size_t)n_attn, hi[i]);
+    }
     if (F16 && g->n > 4) {
         /* several passes over the values: widen a run of rows to floats once for all of them */
         _Alignas(64) float vb[SD_ATTN_WIDE];
