@@ -1,6 +1,7 @@
-/* simd_q_common.h — block-unpacking helpers shared by the AVX2 and AVX512-VNNI quantized tiles.
- * Static inline with an AVX2 target: callable from (and inlined into) functions compiled for
- * any superset of AVX2. Include only from x86-64 SIMD sources. */
+/* simd_q_common.h — block-unpacking helpers shared by the AVX2 and AVX512-VNNI quantized tiles,
+ * and the AVX-512 tiles' 16-output store. Static inline with an AVX2 (the store: AVX-512F)
+ * target: callable from (and inlined into) functions compiled for any superset of it. Include
+ * only from x86-64 SIMD sources. */
 #ifndef SD_SIMD_Q_COMMON_H
 #define SD_SIMD_Q_COMMON_H
 

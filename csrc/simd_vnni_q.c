@@ -410,9 +410,11 @@ SD_VNNI SD_INLINE void packed16_dot(const int f, const int TT, __m512 *out, cons
             s1 = _mm512_dpbusd_epi32(s1, g[7], XB16(7));
 #undef XB16
             const __m512 sf = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-            const float *xf = (const float *)(X + 256 + 4 * t);
-            acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xf[8]), acc[t]); /* XIO: 32 bytes on */
-            acc[t] = _mm512_fmadd_ps(sf, _mm512_mul_ps(dw, _mm512_set1_ps(xf[0])), acc[t]);
+            /* the token's d and offset multiplier, where XID and XIO read them */
+            const float xd = *(const float *)(X + 256 + 4 * t);
+            const float xo = *(const float *)(X + 288 + 4 * t);
+            acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xo), acc[t]);
+            acc[t] = _mm512_fmadd_ps(sf, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc[t]);
         }
     }
     for (int t = 0; t < TT; t++) {
