@@ -223,11 +223,16 @@ SD_AVX2 SD_INLINE __m256 dot8_rows(const int F16, const float *q, const void *k,
     for (int j = 0; j < 8; j++) {
         a[j] = _mm256_setzero_ps();
     }
-    for (int d = 0; d < Dh; d += 8) {
+    /* a pointer per key: each load is one instruction, without index arithmetic */
+    const void *k0 = k, *k1 = kv_at(F16, k0, (size_t)Dh), *k2 = kv_at(F16, k1, (size_t)Dh);
+    const void *k3 = kv_at(F16, k2, (size_t)Dh), *k4 = kv_at(F16, k3, (size_t)Dh);
+    const void *k5 = kv_at(F16, k4, (size_t)Dh), *k6 = kv_at(F16, k5, (size_t)Dh);
+    const void *k7 = kv_at(F16, k6, (size_t)Dh);
+    for (size_t d = 0; d < (size_t)Dh; d += 8) {
         const __m256 qd = _mm256_loadu_ps(q + d);
-        for (int j = 0; j < 8; j++) {
-            a[j] = _mm256_fmadd_ps(qd, kv_load8(F16, k, (size_t)(j * Dh + d)), a[j]);
-        }
+#define SD_K1(j) a[j] = _mm256_fmadd_ps(qd, kv_load8(F16, k##j, d), a[j]);
+        SD_K1(0) SD_K1(1) SD_K1(2) SD_K1(3) SD_K1(4) SD_K1(5) SD_K1(6) SD_K1(7)
+#undef SD_K1
     }
     return tree8(a);
 }
@@ -331,8 +336,21 @@ SD_AVX2 SD_INLINE void weighted_sum(const int F16, float *o, const float *p, con
 static int attend_ends(const sd_attn_group *g, int n_attn, int *hi) {
     int hi_max = 0;
     for (int i = 0; i < g->n; i++) {
+        if (i > 0 && g->m[i] == g->m[i - 1]) { /* the heads of one token share its mask row */
+            hi[i] = hi[i - 1];
+            continue;
+        }
+        const uint8_t *m = g->m[i];
         int h = n_attn;
-        while (h > 0 && g->m[i][h - 1] == 0) {
+        while (h >= 8) { /* eight at a time: a causal prefill's rows end in long shut runs */
+            uint64_t w;
+            memcpy(&w, m + h - 8, 8);
+            if (w != 0) {
+                break;
+            }
+            h -= 8;
+        }
+        while (h > 0 && m[h - 1] == 0) {
             h--;
         }
         hi[i] = h;
@@ -535,11 +553,15 @@ SD_AVX512 SD_INLINE void dot8_rows2(const int F16, const float *q0, const float 
     /* named accumulators: GCC keeps arrays of vectors in memory */
     __m512 a0, a1, a2, a3, a4, a5, a6, a7;
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
-    for (int d = 0; d < Dh; d += 8) {
+    const void *k0 = k, *k1 = kv_at(F16, k0, (size_t)Dh), *k2 = kv_at(F16, k1, (size_t)Dh);
+    const void *k3 = kv_at(F16, k2, (size_t)Dh), *k4 = kv_at(F16, k3, (size_t)Dh);
+    const void *k5 = kv_at(F16, k4, (size_t)Dh), *k6 = kv_at(F16, k5, (size_t)Dh);
+    const void *k7 = kv_at(F16, k6, (size_t)Dh);
+    for (size_t d = 0; d < (size_t)Dh; d += 8) {
         const __m512 qd = _mm512_castpd_ps(
             _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(q0 + d))),
                                _mm256_castps_pd(_mm256_loadu_ps(q1 + d)), 1));
-#define SD_K2(j) a##j = _mm512_fmadd_ps(qd, kv_load8x2(F16, k, (size_t)(j * Dh + d)), a##j);
+#define SD_K2(j) a##j = _mm512_fmadd_ps(qd, kv_load8x2(F16, k##j, d), a##j);
         SD_K2(0) SD_K2(1) SD_K2(2) SD_K2(3) SD_K2(4) SD_K2(5) SD_K2(6) SD_K2(7)
 #undef SD_K2
     }
