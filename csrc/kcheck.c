@@ -176,7 +176,7 @@ static sd_status attention_cpu(kctx *c, void **p, const sd_karg *a, int kv_f16) 
     sd_kernels_init();
     sd_threadpool *pool = NULL;
     SD_TRY(sd_threadpool_create(&pool, 2));
-    float *scores = malloc((size_t)2 * SD_ATTN_GROUP * (size_t)n_attn * sizeof(float));
+    float *scores = malloc(sd_attention_scratch(n_attn, Dh, 2) * sizeof(float));
     if (scores == NULL) {
         sd_threadpool_free(pool);
         return sd_set_error(SD_ERR_NOMEM, "out of memory");

@@ -727,7 +727,7 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
     }
     if (n_attn > s->cap_attn || s->scores == NULL) {
         SD_TRY(grow(&s->mask, (size_t)s->cap_tokens * (size_t)n_attn));
-        SD_TRY(grow(&s->scores, (size_t)nt * SD_ATTN_GROUP * (size_t)n_attn * sizeof(float)));
+        SD_TRY(grow(&s->scores, sd_attention_scratch(n_attn, c->head_dim, nt) * sizeof(float)));
         s->cap_attn = n_attn;
     }
     return SD_OK;

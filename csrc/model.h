@@ -60,7 +60,7 @@ typedef struct {
     float *hb2;        /* (T, F) up */
     float *rope_cs;    /* (T, Dh) cos/sin pairs per position */
     uint8_t *mask;     /* (T, cap_attn) effective attention mask */
-    float *scores;     /* (n_threads, SD_ATTN_GROUP, cap_attn) */
+    float *scores;     /* sd_attention_scratch(cap_attn, head_dim, n_threads) floats */
     unsigned char *xq; /* T rows of SD_Q8_ROW_BYTES(max(D, H*Dh, F)): quantized activations */
     float *rowbuf;     /* (n_threads, max row length) dequantized weight rows */
 } sd_scratch;

@@ -130,8 +130,8 @@ static int rows_per_task(sd_threadpool *pool, int T, int64_t n, const q8_out *o)
     return r < 1 ? 1 : r > T ? T : (int)r;
 }
 
-void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs,
-               unsigned char *xq, int xq_ready) {
+void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs, unsigned char *xq,
+               int xq_ready) {
     matmul_ctx c;
     memset(&c, 0, sizeof(c));
     c.jobs = jobs;
@@ -234,18 +234,6 @@ void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const floa
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
-typedef struct {
-    float *out;
-    const float *q;
-    const void *k, *v;
-    int kv_f16;
-    size_t head_stride;
-    const uint8_t *mask;
-    int T, n_attn, n_heads, n_kv_heads, head_dim;
-    float *scores;
-    int group; /* queries per task, <= SD_ATTN_GROUP */
-} attn_ctx;
-
 /* Row s of a cache's rows (Dh elements each) as floats: in place for f32, else widened
  * (exactly) from halves into buf. */
 static const float *kv_row(const void *rows, int f16, int s, int Dh, float *buf) {
@@ -260,8 +248,8 @@ static const float *kv_row(const void *rows, int f16, int s, int Dh, float *buf)
 }
 
 /* One query: the portable twin of the SIMD kernel's per-query work. */
-static void attend_one(float *o, const float *q, const uint8_t *m, const void *k, const void *v,
-                       int f16, int n_attn, int Dh, float scale, float *sc) {
+static void attend_one(float *o, float *st, const float *q, const uint8_t *m, const void *k,
+                       const void *v, int f16, int n_attn, int Dh, float scale, float *sc) {
     float row[SD_MAX_HEAD_DIM];
     float mx = -INFINITY;
     for (int s = 0; s < n_attn; s++) {
@@ -277,6 +265,8 @@ static void attend_one(float *o, const float *q, const uint8_t *m, const void *k
             sum += sc[s];
         }
     }
+    st[0] = mx;
+    st[1] = sum;
     memset(o, 0, (size_t)Dh * sizeof(float));
     const float inv = 1.0f / sum;
     for (int s = 0; s < n_attn; s++) {
@@ -289,50 +279,230 @@ static void attend_one(float *o, const float *q, const uint8_t *m, const void *k
 void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
                    int Dh, float scale, float *sc) {
     for (int i = 0; i < g->n; i++) {
-        attend_one(g->o[i], g->q[i], g->m[i], k, v, kv_f16, n_attn, Dh, scale,
+        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, kv_f16, n_attn, Dh, scale,
                    sc + (size_t)i * (size_t)n_attn);
     }
 }
 
-/* Task = one group of up to `group` queries of one KV head: the queries (token t, head h)
- * with h in the KV head's G = H / Hkv heads, numbered t * G + (h mod G), cut into groups. KV
- * heads are the outer order, so the threads work on one head's keys and values at a time. */
+/* How sd_attention cuts its work: each KV head's T * G queries into per_kvh groups of up to
+ * `group`, and its slots into n_chunks runs of SD_ATTN_CHUNK. A task is a group (which goes
+ * over its runs one after the other) or, with `split`, one run of a group: then the runs of a
+ * KV head's few queries go to different threads, and a second pass weighs them together. */
+typedef struct {
+    int group, per_kvh, n_chunks, split, n_tasks;
+} attn_plan;
+
+static attn_plan plan_attention(int T, int n_attn, int n_heads, int n_kv_heads, int nt) {
+    attn_plan p;
+    const int nq = T * (n_heads / n_kv_heads);
+    p.n_chunks = (n_attn + SD_ATTN_CHUNK - 1) / SD_ATTN_CHUNK;
+    /* groups as large as they can be: each group reads its KV head's keys and values once
+     * (after a long context, from memory), so the fewer groups the less traffic */
+    p.per_kvh = (nq + SD_ATTN_GROUP - 1) / SD_ATTN_GROUP;
+    p.split = p.n_chunks > 1 && n_kv_heads * p.per_kvh < 2 * nt;
+    if (p.n_chunks == 1 && n_kv_heads * p.per_kvh < 2 * nt) {
+        /* one run: at least two tasks per thread, of equal sizes, by cutting the groups */
+        const int min_per_kvh = (2 * nt + n_kv_heads - 1) / n_kv_heads;
+        p.per_kvh = min_per_kvh < nq ? min_per_kvh : nq;
+    }
+    p.group = (nq + p.per_kvh - 1) / p.per_kvh;
+    p.per_kvh = (nq + p.group - 1) / p.group;
+    p.n_tasks = n_kv_heads * p.per_kvh * (p.split ? p.n_chunks : 1);
+    return p;
+}
+
+/* The record of a query's run: its output (Dh floats) and sd_attn_group.st (2). */
+#define ATTN_REC(Dh) ((size_t)(Dh) + 2)
+
+size_t sd_attention_scratch(int n_attn, int head_dim, int n_threads) {
+    const size_t nt = (size_t)(n_threads > 0 ? n_threads : 1);
+    const size_t run = (size_t)(n_attn < SD_ATTN_CHUNK ? n_attn : SD_ATTN_CHUNK);
+    const size_t n_chunks = ((size_t)n_attn + SD_ATTN_CHUNK - 1) / SD_ATTN_CHUNK;
+    /* the scores of a thread's group; with several runs, their records: a group's on each
+     * thread, or all of a split batch's (fewer than 2 nt KV-head groups, so fewer than
+     * 2 nt * SD_ATTN_GROUP queries) */
+    return nt * SD_ATTN_GROUP * run +
+           (n_chunks > 1 ? 2 * nt * SD_ATTN_GROUP * n_chunks * ATTN_REC(head_dim) : 0);
+}
+
+typedef struct {
+    float *out;
+    const float *q;
+    const void *k, *v;
+    int kv_f16;
+    size_t head_stride;
+    const uint8_t *mask;
+    int T, n_attn, n_heads, n_kv_heads, head_dim;
+    float *scores; /* (n_threads, SD_ATTN_GROUP, min(n_attn, SD_ATTN_CHUNK)) */
+    float *recs;   /* the runs' records, see rec_of */
+    attn_plan p;
+} attn_ctx;
+
+/* The records of query i of the group starting at i0 of KV head kvh, one per run: all the
+ * batch's when split (a second pass reads them), else the thread's own. */
+static float *rec_of(const attn_ctx *c, int kvh, int i0, int i, int thread) {
+    const int nq = c->T * (c->n_heads / c->n_kv_heads);
+    const size_t at = c->p.split ? (size_t)kvh * (size_t)nq + (size_t)(i0 + i)
+                                 : (size_t)thread * SD_ATTN_GROUP + (size_t)i;
+    return c->recs + at * (size_t)c->p.n_chunks * ATTN_REC(c->head_dim);
+}
+
+/* Whether m[0 .. n) opens a slot. */
+static int mask_any(const uint8_t *m, int n) {
+    int s = 0;
+    for (; s + 8 <= n; s += 8) {
+        uint64_t w;
+        memcpy(&w, m + s, 8);
+        if (w != 0) {
+            return 1;
+        }
+    }
+    for (; s < n; s++) {
+        if (m[s]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* o (Dh) from a query's n_chunks run records: each run's output weighed by its share of the
+ * softmax sum, exp(max_r - max) sum_r / sum over runs of the same, in run order. Runs without
+ * an open slot (sum 0) weigh nothing. With one open run the weight is sum_r / sum_r = 1 and o
+ * is that run's output, bit for bit. */
+static void attn_merge(float *o, const float *rec, int n_chunks, int Dh) {
+    const size_t rs = ATTN_REC(Dh);
+    float mx = -INFINITY, total = 0.0f;
+    for (int r = 0; r < n_chunks; r++) {
+        const float *st = rec + (size_t)r * rs + Dh;
+        mx = st[1] > 0.0f && st[0] > mx ? st[0] : mx;
+    }
+    for (int r = 0; r < n_chunks; r++) {
+        const float *st = rec + (size_t)r * rs + Dh;
+        total += st[1] > 0.0f ? expf(st[0] - mx) * st[1] : 0.0f;
+    }
+    int first = 1;
+    for (int r = 0; r < n_chunks; r++) {
+        const float * or = rec + (size_t)r * rs, *st = or +Dh;
+        if (st[1] > 0.0f) {
+            const float w = expf(st[0] - mx) * st[1] / total;
+            for (int d = 0; d < Dh; d++) {
+                o[d] = first ? w * or [d] : o[d] + w * or [d];
+            }
+            first = 0;
+        }
+    }
+}
+
+/* Task = one group of up to p.group queries of one KV head (with p.split, one run of it): the
+ * queries (token t, head h) with h in the KV head's G = H / Hkv heads, numbered t * G + (h mod
+ * G), cut into groups. KV heads are the outer order, so the threads work on one head's keys
+ * and values at a time. */
 static void attn_task(void *ctx, int task, int thread) {
     const attn_ctx *c = (const attn_ctx *)ctx;
+    const attn_plan *p = &c->p;
     const int G = c->n_heads / c->n_kv_heads;
-    const int nq = c->T * G;
-    const int per_kvh = (nq + c->group - 1) / c->group;
-    const int kvh = task / per_kvh, i0 = (task % per_kvh) * c->group;
-    const int Dh = c->head_dim;
-    sd_attn_group g;
-    g.n = nq - i0 < c->group ? nq - i0 : c->group;
-    for (int i = 0; i < g.n; i++) {
+    const int nq = c->T * G, Dh = c->head_dim;
+    const int pair = p->split ? task / p->n_chunks : task;
+    const int r_lo = p->split ? task % p->n_chunks : 0, r_hi = p->split ? r_lo + 1 : p->n_chunks;
+    const int kvh = pair / p->per_kvh, i0 = (pair % p->per_kvh) * p->group;
+    const int n = nq - i0 < p->group ? nq - i0 : p->group;
+    const float *q[SD_ATTN_GROUP];
+    float *o[SD_ATTN_GROUP];
+    const uint8_t *m[SD_ATTN_GROUP];
+    for (int i = 0; i < n; i++) {
         const int t = (i0 + i) / G, h = kvh * G + (i0 + i) % G;
         const size_t qo = ((size_t)t * (size_t)c->n_heads + (size_t)h) * (size_t)Dh;
-        g.q[i] = c->q + qo;
-        g.o[i] = c->out + qo;
-        g.m[i] = c->mask + (size_t)t * (size_t)c->n_attn;
+        q[i] = c->q + qo;
+        o[i] = c->out + qo;
+        m[i] = c->mask + (size_t)t * (size_t)c->n_attn;
     }
-    const size_t off = (size_t)kvh * c->head_stride * (c->kv_f16 ? 2u : 4u); /* bytes */
-    sd_attend(&g, (const char *)c->k + off, (const char *)c->v + off, c->kv_f16, c->n_attn, Dh,
-              1.0f / sqrtf((float)Dh),
-              c->scores + (size_t)thread * SD_ATTN_GROUP * (size_t)c->n_attn);
+    const size_t elt = c->kv_f16 ? 2u : 4u;
+    const char *k = (const char *)c->k + (size_t)kvh * c->head_stride * elt;
+    const char *v = (const char *)c->v + (size_t)kvh * c->head_stride * elt;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    const int run = c->n_attn < SD_ATTN_CHUNK ? c->n_attn : SD_ATTN_CHUNK;
+    float *sc = c->scores + (size_t)thread * SD_ATTN_GROUP * (size_t)run;
+    sd_attn_group g;
+    if (p->n_chunks == 1) { /* the outputs straight from the kernel */
+        float st[SD_ATTN_GROUP][2];
+        g.n = n;
+        for (int i = 0; i < n; i++) {
+            g.q[i] = q[i];
+            g.o[i] = o[i];
+            g.st[i] = st[i];
+            g.m[i] = m[i];
+        }
+        sd_attend(&g, k, v, c->kv_f16, c->n_attn, Dh, scale, sc);
+        return;
+    }
+    int hi[SD_ATTN_GROUP]; /* each query's open slots end there */
+    for (int i = 0; i < n; i++) {
+        hi[i] = i > 0 && m[i] == m[i - 1] ? hi[i - 1] : sd_mask_end(m[i], c->n_attn);
+    }
+    for (int r = r_lo; r < r_hi; r++) {
+        const int s0 = r * SD_ATTN_CHUNK;
+        const int len = c->n_attn - s0 < SD_ATTN_CHUNK ? c->n_attn - s0 : SD_ATTN_CHUNK;
+        g.n = 0;
+        for (int i = 0; i < n; i++) { /* the queries that see a slot of this run */
+            float *rec = rec_of(c, kvh, i0, i, thread) + (size_t)r * ATTN_REC(Dh);
+            const int end = hi[i] - s0 < len ? hi[i] - s0 : len;
+            if (end > 0 && mask_any(m[i] + s0, end)) {
+                g.q[g.n] = q[i];
+                g.o[g.n] = rec;
+                g.st[g.n] = rec + Dh;
+                g.m[g.n] = m[i] + s0;
+                g.n++;
+            } else {
+                rec[Dh] = -INFINITY;
+                rec[Dh + 1] = 0.0f;
+            }
+        }
+        if (g.n > 0) {
+            const size_t at = (size_t)s0 * (size_t)Dh * elt;
+            sd_attend(&g, k + at, v + at, c->kv_f16, len, Dh, scale, sc);
+        }
+    }
+    if (!p->split) {
+        for (int i = 0; i < n; i++) {
+            attn_merge(o[i], rec_of(c, kvh, i0, i, thread), p->n_chunks, Dh);
+        }
+    }
+}
+
+/* The second pass of a split batch: token `task`'s outputs from its queries' run records. */
+static void attn_merge_task(void *ctx, int task, int thread) {
+    (void)thread;
+    const attn_ctx *c = (const attn_ctx *)ctx;
+    const int G = c->n_heads / c->n_kv_heads, nq = c->T * G, Dh = c->head_dim;
+    for (int h = 0; h < c->n_heads; h++) {
+        const size_t qi = (size_t)(h / G) * (size_t)nq + (size_t)(task * G + h % G);
+        attn_merge(c->out + ((size_t)task * (size_t)c->n_heads + (size_t)h) * (size_t)Dh,
+                   c->recs + qi * (size_t)c->p.n_chunks * ATTN_REC(Dh), c->p.n_chunks, Dh);
+    }
 }
 
 void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k, const void *v,
                   int kv_f16, size_t head_stride, const uint8_t *mask, int T, int n_attn,
-                  int n_heads, int n_kv_heads, int head_dim, float *scores) {
-    attn_ctx c = {out, q,      k,       v,          kv_f16,   head_stride, mask,
-                  T,   n_attn, n_heads, n_kv_heads, head_dim, scores,      0};
-    /* groups as large as they can be: each group reads its KV head's keys and values once
-     * (after a long context, from memory), so the fewer groups the less traffic; but at least
-     * two tasks per thread, of equal sizes. The size changes no query's arithmetic. */
-    const int nq = T * (n_heads / n_kv_heads);
+                  int n_heads, int n_kv_heads, int head_dim, float *scratch) {
     const int nt = sd_threadpool_size(pool);
-    int per_kvh = (nq + SD_ATTN_GROUP - 1) / SD_ATTN_GROUP; /* groups per KV head */
-    const int min_per_kvh = (2 * nt + n_kv_heads - 1) / n_kv_heads;
-    per_kvh = per_kvh < min_per_kvh ? (min_per_kvh < nq ? min_per_kvh : nq) : per_kvh;
-    const int group = (nq + per_kvh - 1) / per_kvh;
-    c.group = group;
-    sd_threadpool_run(pool, attn_task, &c, n_kv_heads * ((nq + group - 1) / group));
+    const int run = n_attn < SD_ATTN_CHUNK ? n_attn : SD_ATTN_CHUNK;
+    attn_ctx c = {.out = out,
+                  .q = q,
+                  .k = k,
+                  .v = v,
+                  .kv_f16 = kv_f16,
+                  .head_stride = head_stride,
+                  .mask = mask,
+                  .T = T,
+                  .n_attn = n_attn,
+                  .n_heads = n_heads,
+                  .n_kv_heads = n_kv_heads,
+                  .head_dim = head_dim,
+                  .scores = scratch,
+                  .recs = scratch + (size_t)nt * SD_ATTN_GROUP * (size_t)run,
+                  .p = plan_attention(T, n_attn, n_heads, n_kv_heads, nt)};
+    sd_threadpool_run(pool, attn_task, &c, c.p.n_tasks);
+    if (c.p.split) {
+        sd_threadpool_run(pool, attn_merge_task, &c, T);
+    }
 }

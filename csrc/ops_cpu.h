@@ -4,6 +4,7 @@
 #define SD_OPS_CPU_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "model.h"
 #include "quant.h"
@@ -29,8 +30,8 @@ typedef struct {
 /* Run n_jobs (<= 4) products over the same input x (same W.cols) in one parallel dispatch.
  * xq: the quantized activations, SD_Q8_BATCH_BYTES(T, W.cols) bytes, when the weights take them
  * (sd_matmul_wants_q8): filled here, or already by the op that made x when xq_ready. */
-void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs,
-               unsigned char *xq, int xq_ready);
+void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs, unsigned char *xq,
+               int xq_ready);
 /* Whether these products read their input quantized (some weight is of a quantized type). */
 int sd_matmul_wants_q8(const sd_matmul_job *jobs, int n_jobs);
 
@@ -58,6 +59,7 @@ void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
 typedef struct {
     int n;                           /* 1 <= n <= SD_ATTN_GROUP */
     float *o[SD_ATTN_GROUP];         /* (Dh) outputs */
+    float *st[SD_ATTN_GROUP];        /* (2) out: the largest score, sum of exp(score - largest) */
     const float *q[SD_ATTN_GROUP];   /* (Dh) queries */
     const uint8_t *m[SD_ATTN_GROUP]; /* (n_attn) masks: nonzero = attend, at least one */
 } sd_attn_group;
@@ -71,12 +73,38 @@ void sd_attend(const sd_attn_group *g, const void *k, const void *v, int kv_f16,
 void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
                    int Dh, float scale, float *sc);
 
+/* The slots of a cache, in runs of SD_ATTN_CHUNK from slot 0, are attended one run at a time
+ * (sd_attend over the run), and a query's runs are then weighed together by their softmax sums
+ * (a context of one run is left as sd_attend gives it). The runs sit at the same slots whatever
+ * the batch and the threads, so a query keeps its bits; and the runs of one KV head can go to
+ * different threads, which then read its keys and values once between them. */
+#define SD_ATTN_CHUNK 512
+
+/* One past the last nonzero of m[0 .. n) (0 if none): the end of a mask row's open slots. */
+static inline int sd_mask_end(const uint8_t *m, int n) {
+    while (n >= 8) { /* eight at a time: a causal prefill's rows end in long shut runs */
+        uint64_t w;
+        memcpy(&w, m + n - 8, 8);
+        if (w != 0) {
+            break;
+        }
+        n -= 8;
+    }
+    while (n > 0 && m[n - 1] == 0) {
+        n--;
+    }
+    return n;
+}
+
+/* Floats of scratch sd_attention needs for any batch over n_attn slots on n_threads. */
+size_t sd_attention_scratch(int n_attn, int head_dim, int n_threads);
+
 /* Attention of T queries q (T, H*Dh) over cache slots [0, n_attn) of one layer: k, v
  * (Hkv, head_stride / Dh, Dh) of f32 or (kv_f16) IEEE halves, KV head h's rows head_stride
  * elements after KV head h - 1's; mask (T, n_attn) nonzero = attend. out (T, H*Dh).
- * scores: (n_threads, SD_ATTN_GROUP, n_attn) scratch. */
+ * scratch: sd_attention_scratch(n_attn, Dh, the pool's threads) floats. */
 void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k, const void *v,
                   int kv_f16, size_t head_stride, const uint8_t *mask, int T, int n_attn,
-                  int n_heads, int n_kv_heads, int head_dim, float *scores);
+                  int n_heads, int n_kv_heads, int head_dim, float *scratch);
 
 #endif /* SD_OPS_CPU_H */

@@ -247,8 +247,9 @@ SD_AVX2 SD_INLINE float dot1_row(const int F16, const float *q, const void *k, i
 }
 
 /* Softmax in place over one query's scores sc[0 .. n_attn) (-inf for shut slots, at least one
- * open): the weights p_s, 0 for shut slots. */
-SD_AVX2 static void softmax_row(float *sc, int n_attn) {
+ * open): the weights p_s, 0 for shut slots; st = the largest score and the sum of exponentials
+ * the weights are divided by. */
+SD_AVX2 static void softmax_row(float *sc, int n_attn, float *st) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax = ninf;
     int s = 0;
@@ -278,7 +279,9 @@ SD_AVX2 static void softmax_row(float *sc, int n_attn) {
         _mm256_maskstore_ps(sc + s, lm, e);
         vsum = _mm256_add_ps(vsum, e);
     }
-    const __m256 inv = _mm256_set1_ps(1.0f / hsum256(vsum));
+    st[0] = mx;
+    st[1] = hsum256(vsum);
+    const __m256 inv = _mm256_set1_ps(1.0f / st[1]);
     for (s = 0; s + 8 <= n_attn; s += 8) {
         _mm256_storeu_ps(sc + s, _mm256_mul_ps(_mm256_loadu_ps(sc + s), inv));
     }
@@ -336,25 +339,9 @@ SD_AVX2 SD_INLINE void weighted_sum(const int F16, float *o, const float *p, con
 static int attend_ends(const sd_attn_group *g, int n_attn, int *hi) {
     int hi_max = 0;
     for (int i = 0; i < g->n; i++) {
-        if (i > 0 && g->m[i] == g->m[i - 1]) { /* the heads of one token share its mask row */
-            hi[i] = hi[i - 1];
-            continue;
-        }
-        const uint8_t *m = g->m[i];
-        int h = n_attn;
-        while (h >= 8) { /* eight at a time: a causal prefill's rows end in long shut runs */
-            uint64_t w;
-            memcpy(&w, m + h - 8, 8);
-            if (w != 0) {
-                break;
-            }
-            h -= 8;
-        }
-        while (h > 0 && m[h - 1] == 0) {
-            h--;
-        }
-        hi[i] = h;
-        hi_max = h > hi_max ? h : hi_max;
+        /* the heads of one token share its mask row */
+        hi[i] = i > 0 && g->m[i] == g->m[i - 1] ? hi[i - 1] : sd_mask_end(g->m[i], n_attn);
+        hi_max = hi[i] > hi_max ? hi[i] : hi_max;
     }
     return hi_max;
 }
@@ -431,7 +418,7 @@ SD_AVX2 SD_INLINE void attend_avx2(const int F16, const sd_attn_group *g, const 
     }
     scores_tail(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
     for (int i = 0; i < g->n; i++) {
-        softmax_row(sc + (size_t)i * (size_t)n_attn, hi[i]);
+        softmax_row(sc + (size_t)i * (size_t)n_attn, hi[i], g->st[i]);
     }
     for (int i = 0; i < g->n; i++) {
         weighted_sum(F16, g->o[i], sc + (size_t)i * (size_t)n_attn, v, hi[i], Dh);
@@ -475,7 +462,7 @@ SD_AVX512 static inline __m512 exp512(__m512 x) {
  * on the order, each half of a 16-lane block of exponentials goes into softmax_row's 8-lane sum
  * in slot order (low half, then high), and the last block of 8 and the tail take softmax_row's
  * own instructions. */
-SD_AVX512 static void softmax_row512(float *sc, int n_attn) {
+SD_AVX512 static void softmax_row512(float *sc, int n_attn, float *st) {
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     int s = 0;
     for (; s + 16 <= n_attn; s += 16) {
@@ -509,7 +496,9 @@ SD_AVX512 static void softmax_row512(float *sc, int n_attn) {
         _mm256_maskstore_ps(sc + s, lm, e);
         vsum = _mm256_add_ps(vsum, e);
     }
-    const float inv = 1.0f / hsum256(vsum);
+    st[0] = mx;
+    st[1] = hsum256(vsum);
+    const float inv = 1.0f / st[1];
     const __m512 vinv = _mm512_set1_ps(inv);
     for (s = 0; s + 16 <= n_attn; s += 16) {
         _mm512_storeu_ps(sc + s, _mm512_mul_ps(_mm512_loadu_ps(sc + s), vinv));
@@ -755,7 +744,7 @@ SD_AVX512 SD_INLINE void attend_avx512(const int F16, const sd_attn_group *g, co
     }
     scores_tail(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
     for (int i = 0; i < g->n; i++) {
-        softmax_row512(sc + (size_t)i * (size_t)n_attn, hi[i]);
+        softmax_row512(sc + (size_t)i * (size_t)n_attn, hi[i], g->st[i]);
     }
     if (F16 && g->n > 4) {
         /* several passes over the values: widen a run of rows to floats once for all of them */

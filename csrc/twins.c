@@ -73,7 +73,9 @@ void sd_twin_attention(float *out, const float *q, const float *kc, const float 
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < n_heads; h++) {
             sd_attn_group g;
+            float st[2];
             g.n = 1;
+            g.st[0] = st;
             g.q[0] = q + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
             g.o[0] = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
             g.m[0] = mask + (size_t)t * (size_t)n_attn;

@@ -111,15 +111,19 @@ def kv_write_case(T: int, Hkv: int, Dh: int, cap: int, seed: int):
 
 
 def attention_case(T: int, n_attn: int, H: int, Hkv: int, Dh: int, cap: int, seed: int,
-                   kv_f16: bool = False):
+                   kv_f16: bool = False, mask: np.ndarray | None = None):
     """Arguments of attention / attention_cpu (kv_f16: of attention_cpu_f16, the cache as
-    halves) and the float64 reference over the values the cache holds."""
+    halves) and the float64 reference over the values the cache holds. mask: (T, n_attn), each
+    row opening a slot; by default 60 % of the slots at random."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((T, H * Dh)).astype(np.float32)
     kc = rng.standard_normal((Hkv, cap, Dh)).astype(np.float16 if kv_f16 else np.float32)
     vc = rng.standard_normal((Hkv, cap, Dh)).astype(np.float16 if kv_f16 else np.float32)
-    mask = (rng.random((T, n_attn)) < 0.6).astype(np.uint8)
-    mask[np.arange(T), rng.integers(0, n_attn, T)] = 1  # every row attends to something
+    if mask is None:
+        mask = (rng.random((T, n_attn)) < 0.6).astype(np.uint8)
+        mask[np.arange(T), rng.integers(0, n_attn, T)] = 1  # every row attends to something
+    assert mask.shape == (T, n_attn) and mask.any(axis=1).all()
+    mask = np.ascontiguousarray(mask, dtype=np.uint8)
     ref = np.zeros((T, H, Dh))
     q3 = q.reshape(T, H, Dh).astype(np.float64)
     for t in range(T):

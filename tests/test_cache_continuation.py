@@ -10,6 +10,7 @@ and test_quant.py."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import specdec
@@ -83,3 +84,51 @@ def test_cache_check_on_smollm2(smollm2_path):
         for kw in (dict(lookup=(5, 3, 1, 0.0)), dict(layerskip=(20, 3, 0.0, 0.0))):
             tokens, _, stats = run_checked(m, prompt, 24, temperature, 0, 1.0, **kw)
             assert len(tokens) == 24 and stats["steps"] > 0
+
+
+# Past SD_ATTN_CHUNK (512) cache slots the CPU attention takes the slots in runs and weighs the
+# runs together; one-token steps split a KV head's runs over the threads, batches do not.
+LONG_CFG = tm.TinyConfig(arch="llama", vocab=40, dim=192, n_layers=2, n_heads=3, n_kv_heads=1,
+                         ffn=64, context_length=1400)
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory):
+    from specdec import testing
+
+    path = str(tmp_path_factory.mktemp("long") / "long.gguf")
+    testing.write_gguf(path, LONG_CFG, tm.make_weights(LONG_CFG, 31))
+    return specdec.load(path, threads=2)
+
+
+def test_long_context_steps_keep_their_bits(long_model):
+    """After 1100 tokens (three runs of slots), a one-token step, a batch of 4 and the same
+    tokens inside a prefill give the same logits bit for bit, at 1 and 2 threads."""
+    m = long_model
+    tokens = tm.random_tokens(LONG_CFG.vocab, 1105, 9)
+    rows = {}
+    for threads in (1, 2):
+        m.threads = threads
+        c = m.new_cache(1200)
+        m.forward(c, tokens[:1100], n_logits=1)
+        one = [m.forward(c, [t], n_logits=1)[0] for t in tokens[1100:1105]]
+        c = m.new_cache(1200)
+        m.forward(c, tokens[:1101], n_logits=1)
+        batch = m.forward(c, tokens[1101:1105], n_logits=4)
+        whole = m.forward(m.new_cache(1200), tokens, n_logits=5)
+        np.testing.assert_array_equal(np.array(one[1:]), batch, err_msg=f"{threads} threads")
+        np.testing.assert_array_equal(np.array(one), whole, err_msg=f"{threads} threads")
+        rows[threads] = whole
+    np.testing.assert_array_equal(rows[1], rows[2])
+    m.threads = 2
+
+
+@pytest.mark.parametrize("sampling", SAMPLING[:2], ids=["greedy", "T1"])
+def test_caches_equal_fresh_forward_after_a_long_prompt(long_model, sampling):
+    """The cache self-check over speculative steps that attend to more than 512 slots."""
+    temperature, top_k, top_p = sampling
+    prompt = tm.random_tokens(LONG_CFG.vocab, 40, 4) * 14  # 560 tokens that repeat
+    for kw in (dict(lookup=(5, 3, 1, 0.0)), dict(layerskip=(1, 3, 0.0, 0.0))):
+        tokens, reason, stats = run_checked(long_model, prompt, 30, temperature, top_k, top_p,
+                                            **kw)
+        assert len(tokens) == 30 and reason == "length" and stats["steps"] > 0

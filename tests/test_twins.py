@@ -109,10 +109,13 @@ def test_attention_query_alone_gives_the_batch_bits(kv):
     query's arithmetic): greedy speculation relies on it. Head sizes 16, 48, 64 and 80 take the
     SIMD kernel's whole and partial 64-dimension passes; 37, 61 and 17 slots leave partial
     blocks of keys; 130 slots and 9 queries a head, the f16 cache's runs of widened values;
-    16 and 12 tokens, groups of 16 and 12 queries."""
+    16 and 12 tokens, groups of 16 and 12 queries. Past SD_ATTN_CHUNK (512) slots the runs of
+    slots are attended apart and weighed together: 1100 slots with 9 tokens (each group goes
+    over its runs) against one token (its runs on both threads), and 1030 slots (a last run of
+    6)."""
     for T, n_attn, H, Hkv, Dh in ((9, 37, 6, 2, 64), (5, 61, 4, 1, 48), (3, 17, 2, 2, 16),
                                   (4, 40, 3, 1, 80), (3, 130, 9, 3, 64), (16, 90, 9, 3, 64),
-                                  (12, 45, 4, 1, 64)):
+                                  (12, 45, 4, 1, 64), (9, 1100, 9, 3, 64), (2, 1030, 4, 1, 64)):
         args, _ = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 3, seed=T + Dh,
                                    kv_f16=kv == "f16")
         batch = K.run(ATTENTION_OPS[kv], K.CPU, K.fresh(args))[0]
@@ -142,7 +145,8 @@ print(json.dumps([_core.simd_name(), out]))
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("T,n_attn,H,Hkv,Dh", [(1, 1, 4, 2, 16), (37, 61, 5, 1, 48),
                                                (9, 200, 4, 4, 64), (4, 40, 3, 1, 80),
-                                               (8, 300, 9, 3, 64)])
+                                               (8, 300, 9, 3, 64), (3, 1100, 9, 3, 64),
+                                               (9, 1100, 9, 3, 64)])
 def test_attention_of_the_forward_pass(T, n_attn, H, Hkv, Dh, kv):
     """The CPU forward pass's attention (the SIMD kernel this CPU picks, threaded) against the
     float64 reference over the values the cache holds (f32 or halves), within the twin's
@@ -151,6 +155,39 @@ def test_attention_of_the_forward_pass(T, n_attn, H, Hkv, Dh, kv):
                                  kv_f16=kv == "f16")
     np.testing.assert_allclose(K.run(ATTENTION_OPS[kv], K.CPU, args)[0], ref, rtol=1e-5,
                                atol=1e-6)
+
+
+def runs_mask(n_attn: int) -> np.ndarray:
+    """Mask rows whose open slots leave whole runs of SD_ATTN_CHUNK slots shut: the first run
+    only (a causal prefill's early tokens), the second only (a sliding window), the last slot
+    only, one slot in each run, and 60 % of all at random."""
+    rng = np.random.default_rng(7)
+    m = np.zeros((5, n_attn), np.uint8)
+    m[0, :40] = 1
+    m[1, 600:700] = 1
+    m[2, n_attn - 1] = 1
+    m[3, [5, 515, n_attn - 9]] = 1
+    m[4] = rng.random(n_attn) < 0.6
+    return m
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_attention_runs_with_shut_slots(kv):
+    """Queries whose slots lie in some runs of SD_ATTN_CHUNK slots and not in others: within
+    the twin's tolerance of the float64 reference, and each query alone gives its bits in the
+    batch (a run no query sees is skipped, one a query does not see weighs nothing for it)."""
+    n_attn, H, Hkv, Dh = 1100, 6, 2, 64
+    mask = runs_mask(n_attn)
+    T = len(mask)
+    args, ref = K.attention_case(T, n_attn, H, Hkv, Dh, cap=n_attn + 4, seed=11,
+                                 kv_f16=kv == "f16", mask=mask)
+    batch = K.run(ATTENTION_OPS[kv], K.CPU, K.fresh(args))[0]
+    np.testing.assert_allclose(batch, ref, rtol=1e-5, atol=1e-6)
+    for t in range(T):
+        one = K.fresh(args)
+        one[0], one[1], one[4], one[5] = one[0][t:t + 1], one[1][t:t + 1], one[4][t:t + 1], 1
+        np.testing.assert_array_equal(K.run(ATTENTION_OPS[kv], K.CPU, one)[0][0], batch[t],
+                                      err_msg=f"{kv} token {t}")
 
 
 @pytest.mark.parametrize("simd", ["avx2", "scalar"])
@@ -191,7 +228,7 @@ ATTENTION_BIT_CASES = {"one": (1, 1, 4, 2, 16), "decode": (1, 300, 9, 3, 64),
                        "dh128": (3, 70, 4, 2, 128), "dh16": (7, 17, 2, 2, 16),
                        "dh40": (3, 29, 4, 2, 40), "dh8": (2, 9, 2, 1, 8),
                        "runs": (4, 150, 9, 3, 64), "group16": (16, 90, 9, 3, 64),
-                       "group12": (12, 45, 4, 1, 64)}
+                       "group12": (12, 45, 4, 1, 64), "chunks": (2, 1100, 9, 3, 64)}
 
 
 def test_attention_avx512_gives_the_avx2_bits():
