@@ -2,10 +2,12 @@
 built `specdec` package (for example a copy of the source tree's `specdec/` after
 `python setup.py build_ext --inplace`, one per commit). Child processes alternate between the
 builds, so all see the same machine state, and time one-forward calls (`bench_forward`, the
-logits left in C) of SmolLM2-135M over T = 1, 8 and 16 tokens after a context, at 1 and 2
-threads; medians over rounds.
+logits left in C) of SmolLM2-135M over T tokens (default 1, 8 and 16) after a context, at 1
+and 2 threads, and optionally prefills; medians over rounds.
 
     python benchmarks/ab_builds.py before/ after/ --rounds 5 --context 64
+    python benchmarks/ab_builds.py before/ after/ --context 2000 --tokens 1,2,4,8 --reps 1 \
+        --iters 20 --prefill 512,1500
 
 "-" names the installed specdec. Use it to decide whether a kernel or scheduling change pays
 before committing it; the ratios, not the milliseconds, carry from run to run.
@@ -26,13 +28,19 @@ import json, sys
 import numpy as np
 import specdec
 m = specdec.load(sys.argv[1])
-context = int(sys.argv[2])
+context, reps, iters = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+tokens = [int(t) for t in sys.argv[5].split(",")]
+prefill = [int(t) for t in sys.argv[6].split(",") if t]
 out = {}
 for th in (1, 2):
     m.threads = th
-    for T in (1, 8, 16):
-        out[f"{th}-{T}"] = float(np.median([m._core.bench_forward(T, context, 10)
-                                            for _ in range(7)]))
+    for T in tokens:
+        out[f"{th}-{T}"] = float(np.median([m._core.bench_forward(T, context, iters)
+                                            for _ in range(reps)]))
+m.threads = 2
+for P in prefill:  # one forward over P tokens from an empty cache, best of three
+    m._core.bench_forward(P, 0, 1)
+    out[f"prefill-{P}"] = min(m._core.bench_forward(P, 0, 1) for _ in range(3))
 print(json.dumps(out))
 """
 
@@ -43,12 +51,19 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--tokens", default="1,8,16", help="batch sizes T, comma-separated")
+    ap.add_argument("--reps", type=int, default=7, help="timings per T and round (median)")
+    ap.add_argument("--iters", type=int, default=10, help="forwards per timing")
+    ap.add_argument("--prefill", default="",
+                    help="prompt lengths whose prefill at 2 threads is timed too, e.g. 512,1500")
     a = ap.parse_args()
     model = a.model
     if model is None:
         from specdec import hub
 
         model = hub.resolve(hub.DEFAULT_MODEL)
+    tokens = [int(t) for t in a.tokens.split(",")]
+    prefill = [int(t) for t in a.prefill.split(",") if t]
     res: dict = {b: [] for b in a.builds}
     for _ in range(a.rounds):
         for b in a.builds:
@@ -56,18 +71,28 @@ def main() -> None:
             env.setdefault("OPENBLAS_NUM_THREADS", "1")
             if b != "-":
                 env["PYTHONPATH"] = os.path.abspath(b)
-            r = subprocess.run([sys.executable, "-c", CHILD, model, str(a.context)], env=env,
+            r = subprocess.run([sys.executable, "-c", CHILD, model, str(a.context), str(a.reps),
+                                str(a.iters), a.tokens, a.prefill], env=env,
                                capture_output=True, text=True, check=True, cwd=os.sep)
             res[b].append(json.loads(r.stdout))
     print(f"context {a.context}, median of {a.rounds} rounds")
-    print("| build | threads | T=1 ms | T=8 ms | T=8 / T=1 | T=16 / T=1 |")
-    print("|---|---|---|---|---|---|")
+    print("| build | threads | " + " | ".join(f"T={T} ms" for T in tokens) + " | " +
+          " | ".join(f"T={T} / T={tokens[0]}" for T in tokens[1:]) + " |")
+    print("|---|---|" + "---|" * (2 * len(tokens) - 1))
     for b in a.builds:
         med = {k: float(np.median([o[k] for o in res[b]])) for k in res[b][0]}
         for th in (1, 2):
-            t1, t8, t16 = (med[f"{th}-{T}"] for T in (1, 8, 16))
-            print(f"| {b} | {th} | {1e3 * t1:.2f} | {1e3 * t8:.2f} | {t8 / t1:.2f}x | "
-                  f"{t16 / t1:.2f}x |")
+            t = [med[f"{th}-{T}"] for T in tokens]
+            print(f"| {b} | {th} | " + " | ".join(f"{1e3 * x:.2f}" for x in t) + " | " +
+                  " | ".join(f"{x / t[0]:.2f}x" for x in t[1:]) + " |")
+    if prefill:
+        print("\nprefill at 2 threads, best of 3 per round, median of rounds")
+        print("| build | " + " | ".join(f"{P} tokens ms" for P in prefill) + " |")
+        print("|---|" + "---|" * len(prefill))
+        for b in a.builds:
+            print(f"| {b} | " + " | ".join(
+                f"{1e3 * float(np.median([o[f'prefill-{P}'] for o in res[b]])):.0f}"
+                for P in prefill) + " |")
 
 
 if __name__ == "__main__":
