@@ -202,7 +202,8 @@ def test_attention_of_narrower_kernels(simd):
     if simd == "avx2" and "avx2" not in _core.simd_name():
         pytest.skip("this CPU has no AVX2")
     cases = {"a": (1, 1, 4, 2, 16), "b": (37, 61, 5, 1, 48), "c": (9, 200, 4, 4, 64),
-             "d": (4, 40, 3, 1, 80), "e": (8, 300, 9, 3, 64)}
+             "d": (4, 40, 3, 1, 80), "e": (8, 300, 9, 3, 64), "f": (3, 1100, 9, 3, 64),
+             "g": (2, 513, 4, 2, 20)}
     name, ok = child_json(CHILD_ATTENTION, stdin=json.dumps(cases), timeout=120,
                           SPECDEC_SIMD=simd)
     assert name == ("avx2+fma+f16c" if simd == "avx2" else "scalar")
