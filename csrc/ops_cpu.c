@@ -382,14 +382,21 @@ static void attn_merge(float *o, const float *rec, int n_chunks, int Dh) {
     }
     int first = 1;
     for (int r = 0; r < n_chunks; r++) {
-        const float * or = rec + (size_t)r * rs, *st = or +Dh;
-        if (st[1] > 0.0f) {
-            const float w = expf(st[0] - mx) * st[1] / total;
-            for (int d = 0; d < Dh; d++) {
-                o[d] = first ? w * or [d] : o[d] + w * or [d];
-            }
-            first = 0;
+        const float *out_r = rec + (size_t)r * rs, *st = out_r + Dh;
+        if (st[1] == 0.0f) { /* no open slot in this run (a NaN sum goes on, into o) */
+            continue;
         }
+        const float w = expf(st[0] - mx) * st[1] / total;
+        if (first) {
+            for (int d = 0; d < Dh; d++) {
+                o[d] = w * out_r[d];
+            }
+        } else {
+            for (int d = 0; d < Dh; d++) {
+                o[d] += w * out_r[d];
+            }
+        }
+        first = 0;
     }
 }
 
