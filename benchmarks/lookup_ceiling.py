@@ -9,9 +9,13 @@ output position and reports
 * by the size n of the n-gram that matched: how often it happens and how many of k = 8 drafted
   tokens would be accepted (the signal the adaptive draft length uses), and
 * per category, tau = tokens per target forward if verifying were free, for fixed k: the
-  ceiling of any prompt-lookup speedup on this model, whatever the hardware.
+  ceiling of any prompt-lookup speedup on this model, whatever the hardware, and
+* the same for trees of drafts (--tree-nodes): every continuation that follows a match of the
+  last n tokens (n from max_ngram down to 1, the latest match first) merged into one tree of
+  at most N drafted tokens, depth 8, as a tree-verifying loop could propose them.
 
     python benchmarks/lookup_ceiling.py --data spec_bench_dev.jsonl --limit 10
+    python benchmarks/lookup_ceiling.py --data spec_bench_dev.jsonl --limit 10 --tree-nodes 8,16,32
 """
 
 from __future__ import annotations
@@ -39,6 +43,39 @@ def lookup(h, k, max_ngram, min_ngram=1):
     return [], 0
 
 
+def lookup_tree(h, budget, depth, max_ngram, min_ngram=1):
+    """A trie (nested dicts, token -> subtree) of up to `budget` drafted tokens: the
+    continuations (up to `depth` tokens) of every match of the last n tokens of h, longest n
+    first, latest match first."""
+    L = len(h)
+    root, nodes = {}, 0
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if n >= L:
+            continue
+        tail = h[L - n:]
+        for i in range(L - n - 1, -1, -1):
+            if h[i:i + n] != tail:
+                continue
+            node = root
+            for t in h[i + n:i + n + depth]:
+                if t not in node:
+                    if nodes == budget:
+                        return root
+                    node[t] = {}
+                    nodes += 1
+                node = node[t]
+    return root
+
+
+def tree_accepted_length(tree, out, pos):
+    """How many tokens of out from pos a greedy tree verification would accept."""
+    a, node = 0, tree
+    while pos + a < len(out) and out[pos + a] in node:
+        node = node[out[pos + a]]
+        a += 1
+    return a
+
+
 def accepted_length(draft, out, pos):
     a = 0
     for j, t in enumerate(draft):
@@ -57,14 +94,18 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--tree-nodes", default="",
+                   help="also trees of drafts of these sizes, e.g. 8,16,32 (depth 8)")
     args = p.parse_args(argv)
+    trees = [int(x) for x in args.tree_nodes.split(",") if x]
 
     model = specdec.load(args.model, threads=args.threads)
     tok = model.require_tokenizer()
     rows = load_questions(args.data, args.limit)
     by_n = defaultdict(lambda: [0, 0, Counter()])  # n -> positions, accepted sum, histogram
     KS = (1, 2, 4, 8)
-    tau = defaultdict(lambda: {k: [0, 0] for k in KS})  # cat -> k -> [tokens, steps]
+    # cat -> k (or "treeN") -> [tokens, steps]
+    tau = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for i, r in enumerate(rows):
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": r["turns"][0]}]))
         out = specdec.generate(model, ids, max_new_tokens=args.max_new_tokens).tokens
@@ -84,6 +125,14 @@ def main(argv=None) -> int:
                 pos += accepted_length(d, out, pos) + 1
                 t[1] += 1
             t[0] += len(out)
+        for nodes in trees:  # the same replay with a tree of drafts per step
+            pos = 0
+            t = tau[r["category"]][f"tree{nodes}"]
+            while pos < len(out):
+                tree = lookup_tree(ids + out[:pos], nodes, 8, args.max_ngram)
+                pos += min(tree_accepted_length(tree, out, pos), len(out) - pos - 1) + 1
+                t[1] += 1
+            t[0] += len(out)
         print(f"\r{i + 1}/{len(rows)} questions", end="", file=sys.stderr)
     print(file=sys.stderr)
 
@@ -99,18 +148,21 @@ def main(argv=None) -> int:
         full = f"{s[2][8] / s[0]:.0%}" if n else "-"
         print(f"| {label} | {s[0] / total:.0%} | {mean} | {full} |")
     print("\ntau (tokens per target forward) if verification were free:\n")
-    print("| category | " + " | ".join(f"k={k}" for k in KS) + " |")
-    print("|---|" + "---|" * len(KS))
-    overall = {k: [0, 0] for k in KS}
+    cols = list(KS) + [f"tree{n}" for n in trees]
+    print("| category | " + " | ".join(f"k={k}" if isinstance(k, int) else
+                                       f"tree of {k[4:]}" for k in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    overall = {k: [0, 0] for k in cols}
     for cat in sorted(tau):
         cells = []
-        for k in KS:
+        for k in cols:
             t = tau[cat][k]
             overall[k][0] += t[0]
             overall[k][1] += t[1]
             cells.append(f"{t[0] / t[1]:.2f}")
         print(f"| {cat} | " + " | ".join(cells) + " |")
-    print("| overall | " + " | ".join(f"{overall[k][0] / overall[k][1]:.2f}" for k in KS) + " |")
+    print("| overall | " + " | ".join(f"{overall[k][0] / overall[k][1]:.2f}" for k in cols) +
+          " |")
     return 0
 
 
