@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "llamacpp_order.h"
 #include "specdec.h"
 #include "threadpool.h"
 #include "verify.h"
@@ -607,6 +608,44 @@ fail:
     return NULL;
 }
 
+/* llamacpp_logits(tokens, n_batch) -> (T, V): the forward in llama.cpp's float order */
+static PyObject *model_llamacpp_logits(ModelObject *self, PyObject *args) {
+    PyObject *tok_obj = NULL;
+    int n_batch = 0;
+    if (!PyArg_ParseTuple(args, "Oi:llamacpp_logits", &tok_obj, &n_batch)) {
+        return NULL;
+    }
+    Py_ssize_t T = 0;
+    int32_t *tokens = tokens_from(tok_obj, "tokens", &T);
+    if (tokens == NULL) {
+        return NULL;
+    }
+    PyArrayObject *out = NULL;
+    if (T < 1 || T > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "tokens must hold at least one token");
+        goto fail;
+    }
+    npy_intp dims[2] = {T, sd_model_config(self->model)->vocab_size};
+    out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out == NULL || model_enter(self) < 0) {
+        goto fail;
+    }
+    sd_status st;
+    float *dst = (float *)PyArray_DATA(out);
+    Py_BEGIN_ALLOW_THREADS st = sd_forward_llamacpp_order(self->model, tokens, (int)T, n_batch, dst);
+    Py_END_ALLOW_THREADS model_leave(self);
+    if (st != SD_OK) {
+        raise_status(st);
+        goto fail;
+    }
+    PyMem_Free(tokens);
+    return (PyObject *)out;
+fail:
+    PyMem_Free(tokens);
+    Py_XDECREF(out);
+    return NULL;
+}
+
 static PyObject *model_new_cache(ModelObject *self, PyObject *args) {
     int n_slots = 0;
     if (!PyArg_ParseTuple(args, "i:new_cache", &n_slots)) {
@@ -1000,6 +1039,8 @@ static PyMethodDef model_methods[] = {
     {"forward", (PyCFunction)(void (*)(void))model_forward, METH_VARARGS | METH_KEYWORDS,
      "forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> ndarray"},
     {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
+    {"llamacpp_logits", (PyCFunction)model_llamacpp_logits, METH_VARARGS,
+     "llamacpp_logits(tokens, n_batch) -> ndarray: logits in llama.cpp's float order"},
     {"generate", (PyCFunction)(void (*)(void))model_generate, METH_VARARGS | METH_KEYWORDS,
      "generate(prompt, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None, "
      "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, lookup=None, draft=None, layerskip=None, "

@@ -140,6 +140,35 @@ class Model:
         cache = self._core.new_cache(n)
         return self._core.forward(cache, tokens)
 
+    def llamacpp_logits(self, tokens: TokenIds, n_batch: Optional[int] = None) -> np.ndarray:
+        """Logits of ``tokens`` at positions 0..T-1, computed in llama.cpp's own float order.
+
+        A reference for checking specdec against llama.cpp bit for bit, not a fast path: it
+        keeps its own cache for the one call and runs portable kernels (seconds for a few hundred
+        tokens). Two correct implementations of a model that quantizes its activations to 8 bits
+        differ by tenths of a logit when they only sum in another order; this one does every
+        float operation as llama.cpp's CPU backend does (as shipped with llama-cpp-python 0.3.36
+        built for x86-64 with AVX-512, flash attention off, f16 KV cache: that binding's
+        defaults), so its logits equal llama.cpp's exactly. It evaluates the first ``n_batch``
+        tokens as one batch (default: all of them) and each later token alone, as
+        ``Llama.eval(tokens[:n_batch])`` followed by one-token ``eval`` calls does; ``n_batch=1``
+        is one token at a time throughout.
+
+        Supported: llama-architecture models on the CPU with Q4_1 attention/MLP matrices and a
+        Q8_0 token embedding and head (the layout of SmolLM2-135M-Instruct's GGUF). Anything
+        else raises ValueError naming what differs.
+
+        Returns a float32 array of shape ``(len(tokens), vocab_size)``.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("tokens must hold at least one token")
+        if n_batch is None:
+            n_batch = n
+        if not 1 <= int(n_batch) <= n:
+            raise ValueError(f"n_batch must be in [1, {n}] (the number of tokens), got {n_batch}")
+        return self._core.llamacpp_logits(tokens, int(n_batch))
+
     def new_cache(self, n_slots: Optional[int] = None) -> KVCache:
         """A KV cache of ``n_slots`` slots (default: the context length) for this model."""
         if n_slots is None:
