@@ -12,7 +12,8 @@ specdec to stay within 1.5 times llama.cpp's own largest spread and, on average,
 times its mean spread (specdec keeps its KV cache in f32 where llama.cpp rounds it to f16, which
 alone moves logits by up to ~0.2), to agree on the argmax wherever llama.cpp's top-1/top-2 gap
 exceeds that spread, and to agree on the argmax overall about as often as llama.cpp agrees with
-itself (within 3 percentage points)."""
+itself (within 3 percentage points). Bit-for-bit equality with llama.cpp, by a forward that
+sums in llama.cpp's order, is tested in test_llamacpp_order.py."""
 
 from __future__ import annotations
 
