@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "model.h"
 #include "quant.h"
 #include "simd.h"
@@ -19,10 +20,6 @@
 
 static float lc_half(float x) {
     return sd_f16_to_f32(sd_f32_to_f16(x));
-}
-
-static float lc_f16_at(const uint8_t *p) {
-    return sd_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
 }
 
 /* ggml's vector exp (ggml_v_expf, the AVX-512 variant), one lane: a rounding trick gives
@@ -163,6 +160,7 @@ static inline __attribute__((always_inline)) void lc_mm_rows(void *ctx, int task
     const sd_mat *w = c->w;
     const int K = c->a->K, nb = K / 32, T = c->T;
     const int q41 = w->type == SD_TYPE_Q4_1;
+    const size_t blk_bytes = w->row_bytes / (size_t)nb;
     float *lanes = c->acc + (size_t)thread * T * 9;
     float *offs = lanes + (size_t)T * 8;
     const int64_t r0 = (int64_t)task * LC_ROWS_PER_TASK;
@@ -171,21 +169,14 @@ static inline __attribute__((always_inline)) void lc_mm_rows(void *ctx, int task
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
         memset(lanes, 0, (size_t)T * 9 * sizeof(float));
         for (int b = 0; b < nb; b++) {
-            int8_t wq[32];
-            float dw, mw = 0.0f;
+            sd_sub32 sb; /* Q4_1: nibbles 0..15, d, m; Q8_0: int8, d, m = 0 */
             if (q41) {
-                const uint8_t *blk = row + 20 * (size_t)b; /* d, m (halves), 16 bytes of nibbles */
-                dw = lc_f16_at(blk);
-                mw = lc_f16_at(blk + 2);
-                for (int i = 0; i < 16; i++) {
-                    wq[i] = (int8_t)(blk[4 + i] & 15);
-                    wq[16 + i] = (int8_t)(blk[4 + i] >> 4);
-                }
+                sd_blk_decode_q4_1(&sb, row + blk_bytes * (size_t)b, 0);
             } else {
-                const uint8_t *blk = row + 34 * (size_t)b; /* d (half), 32 int8 */
-                dw = lc_f16_at(blk);
-                memcpy(wq, blk + 2, 32);
+                sd_blk_decode_q8_0(&sb, row + blk_bytes * (size_t)b, 0);
             }
+            const int8_t *wq = sb.q;
+            const float dw = sb.d_lo, mw = sb.m;
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = c->a->q + (size_t)t * K + 32 * b;
                 const float sc = dw * c->a->d[(size_t)t * nb + b];
@@ -495,11 +486,12 @@ sd_status sd_forward_llamacpp_order(sd_model *m, const int32_t *tokens, int n, i
     for (int t = 0; t < n; t++) {
         const uint8_t *row = (const uint8_t *)m->w.tok_embd.data +
                              (size_t)tokens[t] * m->w.tok_embd.row_bytes;
+        const size_t blk_bytes = m->w.tok_embd.row_bytes / (size_t)(D / 32);
         for (int b = 0; b < D / 32; b++) {
-            const float d = lc_f16_at(row + 34 * (size_t)b);
-            const int8_t *qs = (const int8_t *)(row + 34 * (size_t)b + 2);
+            sd_sub32 sb;
+            sd_blk_decode_q8_0(&sb, row + blk_bytes * (size_t)b, 0);
             for (int i = 0; i < 32; i++) {
-                st.x[(size_t)t * D + 32 * b + i] = (float)qs[i] * d;
+                st.x[(size_t)t * D + 32 * b + i] = (float)sb.q[i] * sb.d_lo;
             }
         }
     }

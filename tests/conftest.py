@@ -7,8 +7,10 @@ specdec loaders by tests/test_tinymodels.py.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,3 +95,23 @@ def smollm2_path() -> str:
         return hub.resolve(hub.DEFAULT_MODEL)
     except OSError as e:
         pytest.skip(f"SmolLM2-135M-Instruct is not available (offline?): {e}")
+
+
+LLAMACPP_FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"
+
+
+@pytest.fixture(scope="session")
+def llamacpp_fx() -> dict:
+    """llama.cpp's view of SmolLM2-135M-Instruct: tokens, top-20 logits (batched and one token at
+    a time) and greedy continuations of 10 prompts, recorded by tools/llamacpp_reference.py."""
+    return json.loads(LLAMACPP_FIXTURE.read_text())
+
+
+@pytest.fixture(scope="session")
+def llamacpp_model(smollm2_path, llamacpp_fx):
+    """SmolLM2-135M-Instruct loaded from the very file llamacpp_fx was recorded from."""
+    import specdec
+
+    if specdec.hub.sha256_of(smollm2_path) != llamacpp_fx["model_sha256"]:
+        pytest.fail(f"{smollm2_path} is not the file the fixture was recorded from")
+    return specdec.load(smollm2_path)

@@ -9,27 +9,10 @@ prompts evaluated in one batch and one token at a time (two kernel paths of llam
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import specdec
-
-FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"
-
-
-@pytest.fixture(scope="module")
-def fx() -> dict:
-    return json.loads(FIXTURE.read_text())
-
-
-@pytest.fixture(scope="module")
-def model(smollm2_path, fx):
-    if specdec.hub.sha256_of(smollm2_path) != fx["model_sha256"]:
-        pytest.fail(f"{smollm2_path} is not the file the fixture was recorded from")
-    return specdec.load(smollm2_path)
 
 
 def recorded(logits: np.ndarray, top: np.ndarray) -> np.ndarray:
@@ -38,59 +21,60 @@ def recorded(logits: np.ndarray, top: np.ndarray) -> np.ndarray:
     return np.round(np.take_along_axis(logits, ids, axis=1).astype(np.float64), 5)
 
 
-def test_one_batch_equals_llamacpp(model, fx):
+def test_one_batch_equals_llamacpp(llamacpp_model, llamacpp_fx):
     """The whole prompt in one batch: all 20 recorded logits of every position, exactly, and so
     the same top-1 token at 100 % of the positions."""
-    for p in fx["prompts"]:
-        logits = model.llamacpp_logits(p["tokens"])
+    for p in llamacpp_fx["prompts"]:
+        logits = llamacpp_model.llamacpp_logits(p["tokens"])
         top = np.array(p["top_logits"])
         np.testing.assert_array_equal(recorded(logits, top), top[:, :, 1], err_msg=p["name"])
         assert np.all(logits.argmax(axis=1) == top[:, 0, 0]), p["name"]
 
 
-def test_one_token_at_a_time_equals_llamacpp(model, fx):
+def test_one_token_at_a_time_equals_llamacpp(llamacpp_model, llamacpp_fx):
     """The prompt one token at a time (llama.cpp's one-token attention products): the fixture's
     stepwise logits, exactly. Three prompts, to keep the suite short."""
-    for p in fx["prompts"][:3]:
-        logits = model.llamacpp_logits(p["tokens"], n_batch=1)
+    for p in llamacpp_fx["prompts"][:3]:
+        logits = llamacpp_model.llamacpp_logits(p["tokens"], n_batch=1)
         top = np.array(p["top_logits"])
         np.testing.assert_array_equal(recorded(logits, top), np.array(p["top_logits_stepwise"]),
                                       err_msg=p["name"])
 
 
-def test_greedy_continuations_equal_llamacpp(model, fx):
+def test_greedy_continuations_equal_llamacpp(llamacpp_model, llamacpp_fx):
     """The batched prompt, then llama.cpp's greedy tokens one at a time: at each of the first 32
     steps the argmax is llama.cpp's next token, with its recorded top-1/top-2 gap. By induction
     a free-running greedy decode in this order gives llama.cpp's 32 tokens for every prompt."""
     n = 32
-    for p in fx["prompts"]:
+    for p in llamacpp_fx["prompts"]:
         seq = p["tokens"] + p["greedy"][:n - 1]
-        logits = model.llamacpp_logits(seq, n_batch=len(p["tokens"]))[len(p["tokens"]) - 1:]
+        n_prompt = len(p["tokens"])
+        logits = llamacpp_model.llamacpp_logits(seq, n_batch=n_prompt)[n_prompt - 1:]
         assert logits.argmax(axis=1).tolist() == p["greedy"][:n], p["name"]
         two = np.sort(logits, axis=1)[:, -2:].astype(np.float64)
         np.testing.assert_allclose(two[:, 1] - two[:, 0], p["greedy_margin"][:n], atol=2e-5,
                                    err_msg=p["name"])
 
 
-def test_orders_differ_where_llamacpp_differs(model, fx):
+def test_orders_differ_where_llamacpp_differs(llamacpp_model, llamacpp_fx):
     """The one-token and batch orders are not the same function: they part where llama.cpp's two
     paths part (a check that the batch/one-token switch does something)."""
-    p = fx["prompts"][0]
-    a = model.llamacpp_logits(p["tokens"][:20])
-    b = model.llamacpp_logits(p["tokens"][:20], n_batch=1)
+    p = llamacpp_fx["prompts"][0]
+    a = llamacpp_model.llamacpp_logits(p["tokens"][:20])
+    b = llamacpp_model.llamacpp_logits(p["tokens"][:20], n_batch=1)
     np.testing.assert_array_equal(a[0], b[0])  # row 0 attends one slot: both orders agree
     assert np.any(a != b)
 
 
-def test_bad_arguments(model):
+def test_bad_arguments(llamacpp_model):
     with pytest.raises(ValueError, match="n_batch"):
-        model.llamacpp_logits([1, 2, 3], n_batch=4)
+        llamacpp_model.llamacpp_logits([1, 2, 3], n_batch=4)
     with pytest.raises(ValueError, match="n_batch"):
-        model.llamacpp_logits([1, 2, 3], n_batch=0)
+        llamacpp_model.llamacpp_logits([1, 2, 3], n_batch=0)
     with pytest.raises(ValueError, match="outside"):
-        model.llamacpp_logits([1, 10**6])
+        llamacpp_model.llamacpp_logits([1, 10**6])
     with pytest.raises(ValueError, match="at least one"):
-        model.llamacpp_logits([])
+        llamacpp_model.llamacpp_logits([])
 
 
 def test_unsupported_model_is_named(llama_gguf):

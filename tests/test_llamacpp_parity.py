@@ -17,54 +17,36 @@ sums in llama.cpp's order, is tested in test_llamacpp_order.py."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import specdec
 
-FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"
 
-
-@pytest.fixture(scope="module")
-def fx() -> dict:
-    return json.loads(FIXTURE.read_text())
-
-
-@pytest.fixture(scope="module")
-def model(smollm2_path, fx):
-    m = specdec.load(smollm2_path)
-    if specdec.hub.sha256_of(smollm2_path) != fx["model_sha256"]:
-        pytest.fail(f"{smollm2_path} is not the file the fixture was recorded from")
-    return m
-
-
-def self_spread(fx) -> np.ndarray:
+def self_spread(llamacpp_fx) -> np.ndarray:
     """llama.cpp's |one-token - batched| logit differences over all recorded ids."""
     return np.concatenate([np.abs(np.array(p["top_logits_stepwise"])
                                   - np.array(p["top_logits"])[:, :, 1]).ravel()
-                           for p in fx["prompts"]])
+                           for p in llamacpp_fx["prompts"]])
 
 
 @pytest.fixture(scope="module")
-def spread(fx) -> float:
+def spread(llamacpp_fx) -> float:
     """llama.cpp's largest |one-token - batched| logit difference over all recorded ids."""
-    return float(self_spread(fx).max())
+    return float(self_spread(llamacpp_fx).max())
 
 
-def test_tokenization_identical(model, fx):
-    for p in fx["prompts"]:
-        assert model.tokenizer.encode(p["text"]) == p["tokens"], p["name"]
+def test_tokenization_identical(llamacpp_model, llamacpp_fx):
+    for p in llamacpp_fx["prompts"]:
+        assert llamacpp_model.tokenizer.encode(p["text"]) == p["tokens"], p["name"]
 
 
-def test_teacher_forced_logits(model, fx, spread):
+def test_teacher_forced_logits(llamacpp_model, llamacpp_fx, spread):
     tol = 1.5 * spread
     agree = total = self_agree = 0
     diffs = []
-    for p in fx["prompts"]:
-        logits = model.logits(p["tokens"])
+    for p in llamacpp_fx["prompts"]:
+        logits = llamacpp_model.logits(p["tokens"])
         top = np.array(p["top_logits"])              # (T, 20, 2): id, logit
         ids, ref = top[:, :, 0].astype(int), top[:, :, 1]
         ours = np.take_along_axis(logits, ids, axis=1)
@@ -78,24 +60,24 @@ def test_teacher_forced_logits(model, fx, spread):
         self_agree += int(np.sum(np.argmax(p["top_logits_stepwise"], axis=1) == 0))
         total += len(p["tokens"])
     assert agree / total >= self_agree / total - 0.03, (agree / total, self_agree / total)
-    assert float(np.concatenate(diffs).mean()) <= 1.75 * float(self_spread(fx).mean())
+    assert float(np.concatenate(diffs).mean()) <= 1.75 * float(self_spread(llamacpp_fx).mean())
 
 
-def test_greedy_teacher_forced(model, fx, spread):
+def test_greedy_teacher_forced(llamacpp_model, llamacpp_fx, spread):
     """Fed llama.cpp's own greedy continuation, specdec picks the same next token at every
     step where llama.cpp's choice was not a near-tie (gap > llama.cpp's own spread)."""
-    for p in fx["prompts"]:
+    for p in llamacpp_fx["prompts"]:
         seq = p["tokens"] + p["greedy"][:-1]
-        picks = model.logits(seq)[len(p["tokens"]) - 1:].argmax(axis=1)
+        picks = llamacpp_model.logits(seq)[len(p["tokens"]) - 1:].argmax(axis=1)
         clear = np.array(p["greedy_margin"]) > spread
         assert np.all(picks[clear] == np.array(p["greedy"])[clear]), p["name"]
 
 
-def test_greedy_free_running(model, fx, spread):
+def test_greedy_free_running(llamacpp_model, llamacpp_fx, spread):
     """Free-running continuations may part only at a near-tie: where the first 32 tokens
     differ, llama.cpp's gap at the first differing step is below its own spread."""
-    for p in fx["prompts"]:
-        g = specdec.generate(model, p["tokens"], max_new_tokens=32, stop_tokens=[]).tokens
+    for p in llamacpp_fx["prompts"]:
+        g = specdec.generate(llamacpp_model, p["tokens"], max_new_tokens=32, stop_tokens=[]).tokens
         ref = p["greedy"][:32]
         if g != ref:
             k = next(i for i, (a, b) in enumerate(zip(g, ref)) if a != b)
