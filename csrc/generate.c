@@ -261,12 +261,25 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
 
 /* ---- prompt lookup --------------------------------------------------------------------------- */
 
+/* How far back a match of the last n tokens at h[i .. i + n) extends: the length of the common
+ * suffix of h[0 .. i + n) and h[0 .. len), at least n, counted up to SD_LOOKUP_LONG_MAX. */
+#define SD_LOOKUP_LONG 16     /* a match this long or longer counts apart: the text repeats */
+#define SD_LOOKUP_LONG_MAX 32 /* ... and one this long apart again */
+static int match_extent(const int32_t *h, int len, int i, int n) {
+    int e = n;
+    while (e < SD_LOOKUP_LONG_MAX && i + n - e - 1 >= 0 && h[i + n - e - 1] == h[len - e - 1]) {
+        e++;
+    }
+    return e;
+}
+
 /* Up to k tokens that followed the latest earlier occurrence of the last n tokens of h (n from
  * max_ngram down to min_ngram); returns how many were written to draft and sets *n_match to the
- * n that matched (0 when none did). */
-static int lookup_draft(int32_t *draft, int *n_match, const int32_t *h, int len,
+ * n that matched (0 when none did) and *extent to match_extent's length of the match. */
+static int lookup_draft(int32_t *draft, int *n_match, int *extent, const int32_t *h, int len,
                         const sd_prompt_lookup *pl, int k) {
     *n_match = 0;
+    *extent = 0;
     for (int n = pl->max_ngram; n >= pl->min_ngram; n--) {
         if (n >= len) {
             continue;
@@ -278,6 +291,7 @@ static int lookup_draft(int32_t *draft, int *n_match, const int32_t *h, int len,
                 m = m < k ? m : k;
                 memcpy(draft, h + i + n, (size_t)m * sizeof(int32_t));
                 *n_match = n;
+                *extent = match_extent(h, len, i, n);
                 return m;
             }
         }
@@ -612,9 +626,12 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
     const int K = pl->k;
     /* acceptance counted apart for each n-gram size: a long match predicts the continuation
      * far better than a one-token match (on SmolLM2's Spec-Bench answers, 4.5 of 8 drafted
-     * tokens accepted after a 4-gram match, 0.6 after a 1-gram one: benchmarks/RESULTS.md) */
-    double *acc_n = calloc((size_t)pl->max_ngram + 1, 2 * sizeof(double));
-    double *drafted_n = acc_n != NULL ? acc_n + pl->max_ngram + 1 : NULL;
+     * tokens accepted after a 4-gram match, 0.6 after a 1-gram one: benchmarks/RESULTS.md);
+     * and apart again for matches that extend SD_LOOKUP_LONG or SD_LOOKUP_LONG_MAX tokens back,
+     * where the text repeats itself (a list, a loop) and a long draft is nearly always taken */
+    const int n_buckets = pl->max_ngram + 3;
+    double *acc_n = calloc((size_t)n_buckets, 2 * sizeof(double));
+    double *drafted_n = acc_n != NULL ? acc_n + n_buckets : NULL;
     spec_loop L;
     sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, m->cfg.context_length, 0, out,
                                    ss, t_start);
@@ -623,8 +640,11 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
     }
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
-        int k = spec_room(&L, p, K), n = 0;
-        k = k > 0 ? lookup_draft(L.batch + 1, &n, L.hist, L.len, pl, k) : 0;
+        int k = spec_room(&L, p, K), n = 0, extent = 0;
+        k = k > 0 ? lookup_draft(L.batch + 1, &n, &extent, L.hist, L.len, pl, k) : 0;
+        if (extent >= SD_LOOKUP_LONG) { /* the bucket of acc_n / drafted_n */
+            n = pl->max_ngram + (extent >= SD_LOOKUP_LONG_MAX ? 2 : 1);
+        }
         if (pl->verify_slope > 0.0f && k > 0) {
             k = adaptive_k(acc_n[n], drafted_n[n], pl->verify_slope, k, ss->steps);
         }

@@ -42,6 +42,25 @@ def predicted_speedup(alpha: float, k: float, c: float = 0.0) -> float:
     return (1 - alpha ** (k + 1)) / ((1 - alpha) * (1 + k * c))
 
 
+def trailing_loop(tokens: List[int], max_period: int = 128, min_tokens: int = 32) -> int:
+    """How many tokens at the end of ``tokens`` repeat a period of at most ``max_period`` tokens:
+    the length of the longest suffix that is periodic with some period p <= max_period, spans
+    at least two periods and at least ``min_tokens`` tokens; 0 without such a suffix.
+
+    Greedy decoding of a small model often ends in such a loop (the same sentence or list item
+    again and again until the token limit); prompt lookup copies a loop at almost no cost, so the
+    share of looped tokens says how much of a speedup comes from it."""
+    n, best = len(tokens), 0
+    for p in range(1, min(max_period, n // 2) + 1):
+        i = n - 1 - p
+        while i >= 0 and tokens[i] == tokens[i + p]:
+            i -= 1
+        run = n - 1 - i  # tokens[i+1:] has period p
+        if run >= 2 * p and run >= min_tokens:
+            best = max(best, run)
+    return best
+
+
 def load_questions(path: str, limit: int) -> List[dict]:
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     for r in rows:
@@ -123,7 +142,9 @@ def run(args: argparse.Namespace) -> dict:
             g = specdec.generate(model, ids, max_new_tokens=args.max_new_tokens,
                                  temperature=args.temperature, seed=args.seed, speculator=spec)
             dt = time.perf_counter() - t0
-            m = {"new_tokens": len(g.tokens), "time_s": dt}
+            m = {"new_tokens": len(g.tokens), "time_s": dt, "finish": g.finish_reason}
+            if spec is None:
+                m["loop_tokens"] = trailing_loop(list(g.tokens))
             if g.stats is not None:
                 m.update(steps=g.stats.steps, drafted=g.stats.drafted,
                          accepted=g.stats.accepted)
@@ -138,9 +159,9 @@ def summarize(res: dict) -> str:
     cats = sorted({q["category"] for q in res["questions"]}) + ["overall"]
     methods = [m for m in res["questions"][0]["methods"] if m != "plain"] if res["questions"] \
         else []
-    lines = [f"| category | n | plain tok/s | " + " | ".join(
+    lines = [f"| category | n | plain tok/s | plain at limit | plain looped | " + " | ".join(
         f"{m} tok/s | {m} speedup | {m} decode speedup | {m} tau | {m} accept | {m} predicted"
-        for m in methods) + " |", "|---|---|---|" + "---|---|---|---|---|---|" * len(methods)]
+        for m in methods) + " |", "|---|---|---|---|---|" + "---|---|---|---|---|---|" * len(methods)]
     for cat in cats:
         qs = [q for q in res["questions"] if cat == "overall" or q["category"] == cat]
         if not qs:
@@ -148,7 +169,11 @@ def summarize(res: dict) -> str:
         pt = sum(q["methods"]["plain"]["time_s"] for q in qs)
         pn = sum(q["methods"]["plain"]["new_tokens"] for q in qs)
         pf = sum(q.get("prefill_s", 0.0) for q in qs)
-        cells = [cat, str(len(qs)), f"{pn / pt:.1f}"]
+        # answers cut by max_new_tokens, and the share of plain output tokens in a trailing loop
+        at_limit = sum(q["methods"]["plain"].get("finish") == "length" for q in qs)
+        looped = sum(q["methods"]["plain"].get("loop_tokens", 0) for q in qs)
+        cells = [cat, str(len(qs)), f"{pn / pt:.1f}", f"{at_limit / len(qs):.0%}",
+                 f"{looped / pn:.0%}" if pn else "-"]
         for m in methods:
             t = sum(q["methods"][m]["time_s"] for q in qs)
             n = sum(q["methods"][m]["new_tokens"] for q in qs)
@@ -185,11 +210,12 @@ def main(argv=None) -> int:
                         "of")
     p.add_argument("--model-slope", type=float, default=0.2,
                    help="layerskip, draft: adaptive draft length's verify slope (0 = off)")
-    p.add_argument("--k", type=int, default=8, help="lookup: the most drafts per step")
+    p.add_argument("--k", type=int, default=16, help="lookup: the most drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--verify-slope", type=float, default=0.2,
                    help="adaptive draft length (0 = always draft k)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=1024,
+                   help="Spec-Bench's own setting is 1024 (its evaluation scripts)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="questions per category (0 = all)")

@@ -159,6 +159,21 @@ def test_bad_arguments(models, kw, match):
         specdec.generate(models[0], [1, 2, 3], max_new_tokens=4, **kw)
 
 
+def test_trailing_loop():
+    """The bench's loop measure: the longest periodic suffix (period <= 128, two periods, 32
+    tokens at least)."""
+    from specdec.bench import trailing_loop
+
+    assert trailing_loop([1, 2, 3] * 20) == 60
+    assert trailing_loop(list(range(50)) + [7, 8] * 20) == 40
+    assert trailing_loop(list(range(100, 140)) + [9] * 31) == 0  # too short
+    assert trailing_loop(list(range(100))) == 0
+    assert trailing_loop([5] * 40 + [1, 2]) == 0  # the loop must reach the end
+    sentence = list(range(200, 300))  # a 100-token sentence said three times and a half
+    assert trailing_loop([1, 2] + sentence * 3 + sentence[:50]) == 350
+    assert trailing_loop([]) == 0
+
+
 @pytest.mark.parametrize("args", [dict(k=0), dict(k=33), dict(min_ngram=0),
                                   dict(max_ngram=1, min_ngram=2)])
 def test_bad_prompt_lookup(args):
@@ -194,5 +209,6 @@ def test_bench_harness_runs(tmp_path, capsys):
     assert len(res["questions"]) == 3
     q = res["questions"][0]["methods"]
     assert q["plain"]["new_tokens"] == q["lookup"]["new_tokens"]  # greedy: same output length
+    assert set(q["plain"]) >= {"finish", "loop_tokens"} and "plain looped" in table
     assert bench.predicted_speedup(0.0, 4) == 1.0
     assert abs(bench.predicted_speedup(0.5, 2) - 1.75) < 1e-9
