@@ -20,7 +20,7 @@ class PromptLookup:
 
     #: the most drafts per step; the adaptive draft length (verify_slope) sizes each draft, so a
     #: long one is proposed only where the text repeats itself (on SmolLM2's Spec-Bench answers
-    #: 16 beats 8 and changes nothing where answers are short: benchmarks/RESULTS.md)
+    #: 16 beats 8 at 1024 new tokens and makes no difference at 128: benchmarks/RESULTS.md)
     k: int = 16
     max_ngram: int = 4
     min_ngram: int = 1
