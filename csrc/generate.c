@@ -642,18 +642,18 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
         double t0 = now_s();
         int k = spec_room(&L, p, K), n = 0, extent = 0;
         k = k > 0 ? lookup_draft(L.batch + 1, &n, &extent, L.hist, L.len, pl, k) : 0;
-        if (extent >= SD_LOOKUP_LONG) { /* the bucket of acc_n / drafted_n */
-            n = pl->max_ngram + (extent >= SD_LOOKUP_LONG_MAX ? 2 : 1);
-        }
+        /* the acceptance counts this draft is sized by and adds to */
+        const int b = extent < SD_LOOKUP_LONG ? n
+                      : pl->max_ngram + (extent < SD_LOOKUP_LONG_MAX ? 1 : 2);
         if (pl->verify_slope > 0.0f && k > 0) {
-            k = adaptive_k(acc_n[n], drafted_n[n], pl->verify_slope, k, ss->steps);
+            k = adaptive_k(acc_n[b], drafted_n[b], pl->verify_slope, k, ss->steps);
         }
         L.batch[0] = L.hist[L.len - 1];
         double t1 = now_s();
         const int accepted_before = ss->accepted;
         st = spec_verify(&L, k, 0);
-        acc_n[n] += ss->accepted - accepted_before;
-        drafted_n[n] += k;
+        acc_n[b] += ss->accepted - accepted_before;
+        drafted_n[b] += k;
         ss->time_draft_s += t1 - t0;
         ss->time_verify_s += now_s() - t1;
     }
