@@ -548,6 +548,15 @@ static sd_status spec_verify_cuda(spec_loop *L, int k, int with_q) {
 }
 #endif
 
+/* Where the next run of a verify batch's logit rows ends, after `have` of its k + 1 rows: the
+ * head's weights are read once per run, so runs are few and grow. */
+/* Where the next run of a verify batch's rows to process ends, after `have` of its k + 1: runs
+ * of 2, 2, 4, 8, ... rows, so the chain rule runs a few times at most. */
+static int rows_next(int have, int k) {
+    const int run = have < 2 ? 2 : have;
+    return have + run < k + 1 ? have + run : k + 1;
+}
+
 /* One verify step: the target scores L->batch = [last, d1 .. dk] in one forward; the chain rule
  * of verify.h keeps a prefix of the drafts (with_q: their distributions are L->q [k][V], else
  * the drafts are deterministic). */
@@ -561,11 +570,8 @@ static sd_status spec_verify(spec_loop *L, int k, int with_q) {
     sd_batch b = {0};
     b.n_tokens = k + 1;
     b.tokens = L->batch;
-    b.n_logits = k + 1;
+    b.n_logits = k + 1; /* in one pass: the head's weights are read once for all rows */
     SD_TRY(sd_forward(L->m, L->kv, &b, L->logits));
-    for (int r = 0; r <= k; r++) {
-        sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s, L->iwork);
-    }
     /* uniforms keyed by the output position they decide: none is ever used twice */
     double ua[SD_MAX_DRAFT], un[SD_MAX_DRAFT + 1];
     const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
@@ -575,10 +581,26 @@ static sd_status spec_verify(spec_loop *L, int k, int with_q) {
         }
         un[i] = sd_rng_uniform(L->seed, SD_STREAM_EMIT, pos + (uint64_t)i);
     }
+    /* The rows processed a run at a time, each run only once every draft before it is
+     * accepted: the rows after a rejected draft are never processed (when sampling, a softmax
+     * of the vocabulary each). The chain rule over the first j drafts decides as the rule over
+     * all k does whenever it rejects one of them, so it runs on the rows there are and the step
+     * goes on only when all j were accepted. */
+    int have = 0, n_acc = 0;
     int32_t next = 0;
-    const int n_acc = sd_verify_chain(&next, L->probs, with_q ? L->q : NULL, L->batch + 1, k, V, ua,
-                                      un, L->fwork);
-    return spec_finish_step(L, k, n_acc, next);
+    for (;;) {
+        const int want = rows_next(have, k);
+        for (int r = have; r < want; r++) {
+            sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s,
+                              L->iwork);
+        }
+        have = want;
+        n_acc = sd_verify_chain(&next, L->probs, with_q ? L->q : NULL, L->batch + 1, have - 1, V,
+                                ua, un, L->fwork);
+        if (n_acc < have - 1 || have == k + 1) {
+            return spec_finish_step(L, k, n_acc, next);
+        }
+    }
 }
 
 /* Starts a speculative call: zeroed stats and outputs, parameters checked, 1 <= K <= max,
