@@ -548,8 +548,6 @@ static sd_status spec_verify_cuda(spec_loop *L, int k, int with_q) {
 }
 #endif
 
-/* Where the next run of a verify batch's logit rows ends, after `have` of its k + 1 rows: the
- * head's weights are read once per run, so runs are few and grow. */
 /* Where the next run of a verify batch's rows to process ends, after `have` of its k + 1: runs
  * of 2, 2, 4, 8, ... rows, so the chain rule runs a few times at most. */
 static int rows_next(int have, int k) {
