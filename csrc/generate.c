@@ -261,10 +261,11 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
 
 /* ---- prompt lookup --------------------------------------------------------------------------- */
 
-/* How far back a match of the last n tokens at h[i .. i + n) extends: the length of the common
- * suffix of h[0 .. i + n) and h[0 .. len), at least n, counted up to SD_LOOKUP_LONG_MAX. */
 #define SD_LOOKUP_LONG 16     /* a match this long or longer counts apart: the text repeats */
 #define SD_LOOKUP_LONG_MAX 32 /* ... and one this long apart again */
+
+/* How far back a match of the last n tokens at h[i .. i + n) extends: the length of the common
+ * suffix of h[0 .. i + n) and h[0 .. len), at least n, counted up to SD_LOOKUP_LONG_MAX. */
 static int match_extent(const int32_t *h, int len, int i, int n) {
     int e = n;
     while (e < SD_LOOKUP_LONG_MAX && i + n - e - 1 >= 0 && h[i + n - e - 1] == h[len - e - 1]) {
@@ -584,8 +585,7 @@ static sd_status spec_verify(spec_loop *L, int k, int with_q) {
      * of the vocabulary each). The chain rule over the first j drafts decides as the rule over
      * all k does whenever it rejects one of them, so it runs on the rows there are and the step
      * goes on only when all j were accepted. */
-    int have = 0, n_acc = 0;
-    int32_t next = 0;
+    int have = 0;
     for (;;) {
         const int want = rows_next(have, k);
         for (int r = have; r < want; r++) {
@@ -593,8 +593,9 @@ static sd_status spec_verify(spec_loop *L, int k, int with_q) {
                               L->iwork);
         }
         have = want;
-        n_acc = sd_verify_chain(&next, L->probs, with_q ? L->q : NULL, L->batch + 1, have - 1, V,
-                                ua, un, L->fwork);
+        int32_t next = 0;
+        const int n_acc = sd_verify_chain(&next, L->probs, with_q ? L->q : NULL, L->batch + 1,
+                                          have - 1, V, ua, un, L->fwork);
         if (n_acc < have - 1 || have == k + 1) {
             return spec_finish_step(L, k, n_acc, next);
         }
