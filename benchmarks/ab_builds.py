@@ -3,11 +3,14 @@ built `specdec` package (for example a copy of the source tree's `specdec/` afte
 `python setup.py build_ext --inplace`, one per commit). Child processes alternate between the
 builds, so all see the same machine state, and time one-forward calls (`bench_forward`, the
 logits left in C) of SmolLM2-135M over T tokens (default 1, 8 and 16) after a context, at 1
-and 2 threads, and optionally prefills; medians over rounds.
+and 2 threads, and optionally prefills and (--attention) the CPU attention of those forwards
+alone (`_core.bench_attention`: all layers, the model's heads, an f16 cache; builds without it
+are left out of that table); medians over rounds.
 
     python benchmarks/ab_builds.py before/ after/ --rounds 5 --context 64
     python benchmarks/ab_builds.py before/ after/ --context 2000 --tokens 1,2,4,8 --reps 1 \
         --iters 20 --prefill 512,1500
+    python benchmarks/ab_builds.py before/ after/ --context 1500 --attention --rounds 8
 
 "-" names the installed specdec. Use it to decide whether a kernel or scheduling change pays
 before committing it; the ratios, not the milliseconds, carry from run to run.
@@ -27,11 +30,19 @@ CHILD = r"""
 import json, sys
 import numpy as np
 import specdec
+from specdec import _core
 m = specdec.load(sys.argv[1])
 context, reps, iters = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 tokens = [int(t) for t in sys.argv[5].split(",")]
 prefill = [int(t) for t in sys.argv[6].split(",") if t]
+attention = sys.argv[7] == "1" and hasattr(_core, "bench_attention")
 out = {}
+c = m.config
+for th in (1, 2) if attention else ():
+    for T in tokens:  # the slots a forward over T tokens after the context attends to
+        out[f"att-{th}-{T}"] = float(np.median([
+            _core.bench_attention(T, context + T, c.n_heads, c.n_kv_heads, c.head_dim,
+                                    c.n_layers, th, iters) for _ in range(reps)]))
 for th in (1, 2):
     m.threads = th
     for T in tokens:
@@ -56,6 +67,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10, help="forwards per timing")
     ap.add_argument("--prefill", default="",
                     help="prompt lengths whose prefill at 2 threads is timed too, e.g. 512,1500")
+    ap.add_argument("--attention", action="store_true",
+                    help="time the forwards' CPU attention alone too")
     a = ap.parse_args()
     model = a.model
     if model is None:
@@ -72,7 +85,8 @@ def main() -> None:
             if b != "-":
                 env["PYTHONPATH"] = os.path.abspath(b)
             r = subprocess.run([sys.executable, "-c", CHILD, model, str(a.context), str(a.reps),
-                                str(a.iters), a.tokens, a.prefill], env=env,
+                                str(a.iters), a.tokens, a.prefill, str(int(a.attention))],
+                               env=env,
                                capture_output=True, text=True, check=True, cwd=os.sep)
             res[b].append(json.loads(r.stdout))
     print(f"context {a.context}, median of {a.rounds} rounds")
@@ -85,6 +99,17 @@ def main() -> None:
             t = [med[f"{th}-{T}"] for T in tokens]
             print(f"| {b} | {th} | " + " | ".join(f"{1e3 * x:.2f}" for x in t) + " | " +
                   " | ".join(f"{x / t[0]:.2f}x" for x in t[1:]) + " |")
+    if a.attention:
+        print(f"\nthe attention alone ({a.context} slots + T), median of rounds")
+        print("| build | threads | " + " | ".join(f"T={T} ms" for T in tokens) + " |")
+        print("|---|---|" + "---|" * len(tokens))
+        for b in a.builds:
+            if f"att-1-{tokens[0]}" not in res[b][0]:
+                continue
+            for th in (1, 2):
+                print(f"| {b} | {th} | " + " | ".join(
+                    f"{1e3 * float(np.median([o[f'att-{th}-{T}'] for o in res[b]])):.2f}"
+                    for T in tokens) + " |")
     if prefill:
         print("\nprefill at 2 threads, best of 3 per round, median of rounds")
         print("| build | " + " | ".join(f"{P} tokens ms" for P in prefill) + " |")

@@ -1,12 +1,16 @@
 /* bench.c — timing entry points for the benchmark scripts: forwards over T tokens after a
  * context, with the logits left where the decoding loops leave them (on the device for a CUDA
- * model), and the GPU's copy bandwidth. Not used by decoding. */
+ * model), the CPU attention alone, and the GPU's copy bandwidth. Not used by decoding. */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "forward.h"
 #include "model.h"
+#include "ops_cpu.h"
+#include "quant.h"
 #include "status.h"
+#include "threadpool.h"
 #ifdef SD_WITH_CUDA
 #include "../cuda/sd_cuda.h"
 #endif
@@ -67,6 +71,70 @@ sd_status sd_bench_forward(double *seconds, sd_model *m, int T, int context, int
     sd_kv_cache_free(kv);
     free(tok);
     free(logits);
+    return st;
+}
+
+sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, int n_kv_heads,
+                             int head_dim, int n_layers, int n_threads, int iters) {
+    *seconds = 0.0;
+    if (T < 1 || n_attn < T || n_kv_heads < 1 || n_heads % n_kv_heads != 0 || head_dim < 1 ||
+        head_dim > SD_MAX_HEAD_DIM || n_layers < 1 || n_threads < 1 || iters < 1) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "bench_attention: need 1 <= T <= n_attn, n_kv_heads dividing n_heads, "
+                            "1 <= head_dim <= %d, n_layers, n_threads and iters >= 1",
+                            SD_MAX_HEAD_DIM);
+    }
+    const size_t per_layer = (size_t)n_kv_heads * (size_t)n_attn * (size_t)head_dim;
+    const size_t nq = (size_t)T * (size_t)n_heads * (size_t)head_dim;
+    uint16_t *k = malloc(2 * per_layer * (size_t)n_layers * sizeof(uint16_t));
+    float *q = malloc(2 * nq * sizeof(float));
+    uint8_t *mask = calloc((size_t)T * (size_t)n_attn, 1);
+    float *scratch = malloc(sd_attention_scratch(n_attn, head_dim, n_threads) * sizeof(float));
+    sd_threadpool *pool = NULL;
+    sd_status st = k == NULL || q == NULL || mask == NULL || scratch == NULL
+                       ? sd_set_error(SD_ERR_NOMEM, "out of memory")
+                       : sd_threadpool_create(&pool, n_threads);
+    if (st == SD_OK) {
+        sd_kernels_init();
+        /* keys and values as halves of a fixed pseudo-random sequence in [-1, 1) */
+        uint32_t x = 12345u;
+        const size_t n_kv = 2 * per_layer * (size_t)n_layers;
+        float f[256];
+        for (size_t i = 0; i < n_kv; i += 256) {
+            const size_t n = n_kv - i < 256 ? n_kv - i : 256;
+            for (size_t j = 0; j < n; j++) {
+                x = x * 1664525u + 1013904223u;
+                f[j] = (float)(x >> 8) / 8388608.0f - 1.0f;
+            }
+            sd_f32_to_f16_row(k + i, f, (int64_t)n);
+        }
+        for (size_t i = 0; i < nq; i++) {
+            x = x * 1664525u + 1013904223u;
+            q[i] = (float)(x >> 8) / 8388608.0f - 1.0f;
+        }
+        /* a verify batch after n_attn - T slots: token t sees the context and tokens 0 .. t */
+        for (int t = 0; t < T; t++) {
+            memset(mask + (size_t)t * (size_t)n_attn, 1, (size_t)(n_attn - T + t + 1));
+        }
+        const uint16_t *v = k + per_layer * (size_t)n_layers;
+        for (int w = 0; w < 2; w++) { /* one warm-up pass, then the timed ones */
+            const int n = w == 0 ? 1 : iters;
+            const double t0 = now_s();
+            for (int i = 0; i < n; i++) {
+                for (int l = 0; l < n_layers; l++) {
+                    sd_attention(pool, q + nq, q, k + (size_t)l * per_layer,
+                                 v + (size_t)l * per_layer, 1, (size_t)n_attn * (size_t)head_dim,
+                                 mask, T, n_attn, n_heads, n_kv_heads, head_dim, scratch);
+                }
+            }
+            *seconds = (now_s() - t0) / n;
+        }
+    }
+    sd_threadpool_free(pool);
+    free(scratch);
+    free(mask);
+    free(q);
+    free(k);
     return st;
 }
 

@@ -350,6 +350,25 @@ static PyObject *core_copy_bench(PyObject *mod, PyObject *args) {
     return PyFloat_FromDouble(sec);
 }
 
+/* bench_attention(T, n_attn, n_heads, n_kv_heads, head_dim, n_layers, threads, iters) ->
+ * seconds per pass over the layers (sd_bench_attention). */
+static PyObject *core_bench_attention(PyObject *mod, PyObject *args) {
+    (void)mod;
+    int T = 0, n_attn = 0, H = 0, Hkv = 0, Dh = 0, layers = 0, threads = 0, iters = 0;
+    if (!PyArg_ParseTuple(args, "iiiiiiii:bench_attention", &T, &n_attn, &H, &Hkv, &Dh, &layers,
+                          &threads, &iters)) {
+        return NULL;
+    }
+    double sec = 0.0;
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st =
+        sd_bench_attention(&sec, T, n_attn, H, Hkv, Dh, layers, threads, iters);
+    Py_END_ALLOW_THREADS if (st != SD_OK) {
+        return raise_status(st);
+    }
+    return PyFloat_FromDouble(sec);
+}
+
 static PyObject *core_kernel_names(PyObject *mod, PyObject *unused) {
     (void)mod;
     (void)unused;
@@ -1441,6 +1460,9 @@ static PyMethodDef core_methods[] = {
     {"kernel", core_kernel, METH_VARARGS,
      "kernel(name, device, args) -> None: a CUDA kernel (device 1) or its CPU twin (0)"},
     {"kernel_names", core_kernel_names, METH_NOARGS, "the kernels kernel() runs"},
+    {"bench_attention", core_bench_attention, METH_VARARGS,
+     "bench_attention(T, n_attn, n_heads, n_kv_heads, head_dim, n_layers, threads, iters) -> "
+     "seconds per pass of the CPU attention over n_layers layers of an f16 cache"},
     {"copy_bench", core_copy_bench, METH_VARARGS,
      "copy_bench(gpu, bytes, iters) -> seconds per device-to-device copy"},
     {"load", (PyCFunction)(void (*)(void))core_load, METH_VARARGS | METH_KEYWORDS,

@@ -354,6 +354,12 @@ sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_
 /* Seconds per forward over T tokens (logits for all T, left on the device for a CUDA model)
  * after a `context`-token prefix, mean of iters calls after a warm-up: the verify-cost curve. */
 sd_status sd_bench_forward(double *seconds, sd_model *model, int T, int context, int iters);
+/* Seconds per pass of the CPU attention over n_layers layers of an f16 cache (each its own
+ * keys and values, so a pass reads them from memory as a forward does): T queries per head, a
+ * verify batch's mask after n_attn - T slots, on a pool of n_threads, mean of iters passes
+ * after a warm-up. */
+sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, int n_kv_heads,
+                             int head_dim, int n_layers, int n_threads, int iters);
 /* Seconds per device-to-device copy of `bytes` on CUDA device `gpu` (the bandwidth ceiling);
  * SD_ERR_UNSUPPORTED without a CUDA backend. */
 sd_status sd_bench_copy(double *seconds, int gpu, size_t bytes, int iters);
