@@ -438,8 +438,7 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const void *k, const void *v
  * The same arithmetic as sd_attend_avx2, instruction for instruction per query, so it gives the
  * same bits; what changes is how the work is shared. Two queries take each block of keys
  * together (their dot products side by side in 16-lane registers, each key loaded once for
- * both; in a verify batch's larger groups, two such pairs per load of a key widened into both
- * halves), and four queries sum the value rows together, 16 dimensions per register (a lane's
+ * both), and four queries sum the value rows together, 16 dimensions per register (a lane's
  * sums are the same FMAs in the same slot order as in eight-lane registers), so the values of a
  * KV head come from L2 once per four queries instead of once per query. */
 
@@ -535,81 +534,31 @@ SD_AVX512 static inline __m512 hadd512(__m512 x, __m512 y) {
     return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
 }
 
-/* Eight floats of a and eight of b, in the low and the high half. */
-SD_AVX512 SD_INLINE __m512 pair8(const float *a, const float *b) {
-    return _mm512_castpd_ps(
-        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
-                           _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
-}
-
-/* tree8 of two queries' accumulators at once, a query in each half: r0 the low half's eight
- * sums, r1 the high half's. */
-SD_AVX512 SD_INLINE void tree8x2(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5,
-                                 __m512 a6, __m512 a7, __m256 *r0, __m256 *r1) {
+/* dot8_rows of q0 and of q1 with the same eight keys, in 16-lane registers: lanes 0-7 do q0's
+ * FMAs, lanes 8-15 q1's, each half exactly dot8_rows' sequence (the key's eight floats sit in
+ * both halves), and tree8 runs on both halves at once. Each key is loaded once for the two. */
+SD_AVX512 SD_INLINE void dot8_rows2(const int F16, const float *q0, const float *q1, const void *k,
+                                    int Dh, __m256 *r0, __m256 *r1) {
+    /* named accumulators: GCC keeps arrays of vectors in memory */
+    __m512 a0, a1, a2, a3, a4, a5, a6, a7;
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
+    const void *k0 = k, *k1 = kv_at(F16, k0, (size_t)Dh), *k2 = kv_at(F16, k1, (size_t)Dh);
+    const void *k3 = kv_at(F16, k2, (size_t)Dh), *k4 = kv_at(F16, k3, (size_t)Dh);
+    const void *k5 = kv_at(F16, k4, (size_t)Dh), *k6 = kv_at(F16, k5, (size_t)Dh);
+    const void *k7 = kv_at(F16, k6, (size_t)Dh);
+    for (size_t d = 0; d < (size_t)Dh; d += 8) {
+        const __m512 qd = _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(q0 + d))),
+                               _mm256_castps_pd(_mm256_loadu_ps(q1 + d)), 1));
+#define SD_K2(j) a##j = _mm512_fmadd_ps(qd, kv_load8x2(F16, k##j, d), a##j);
+        SD_K2(0) SD_K2(1) SD_K2(2) SD_K2(3) SD_K2(4) SD_K2(5) SD_K2(6) SD_K2(7)
+#undef SD_K2
+    }
     const __m512 h0123 = hadd512(hadd512(a0, a1), hadd512(a2, a3));
     const __m512 h4567 = hadd512(hadd512(a4, a5), hadd512(a6, a7));
     *r0 = tree8_tail(_mm512_castps512_ps256(h0123), _mm512_castps512_ps256(h4567));
     *r1 = tree8_tail(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h0123), 1)),
                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h4567), 1)));
-}
-
-/* Eight keys of a block (8 Dh halves) as floats for dot8_rows2's DUP form: elements d .. d + 7
- * of key j twice, the 16 floats at kd + 2 (j Dh + d), what kv_load8x2 would make of them. With
- * them in memory each of the pair's multiply-adds takes a plain load, not a broadcast: worth
- * it when several pairs read the block. */
-SD_AVX512 SD_INLINE void widen_keys_dup(float *kd, const void *ks, int Dh) {
-    for (int i = 0; i < 8 * Dh; i += 8) {
-        _mm512_store_ps(kd + 2 * i, kv_load8x2(1, ks, (size_t)i));
-    }
-}
-
-/* dot8_rows of q0 and of q1 with the same eight keys, in 16-lane registers: lanes 0-7 do q0's
- * FMAs, lanes 8-15 q1's, each half exactly dot8_rows' sequence (the key's eight floats sit in
- * both halves), and tree8 runs on both halves at once. Each key is loaded once for the two.
- * DUP: k is widen_keys_dup's floats, the same values already in both halves. */
-SD_AVX512 SD_INLINE void dot8_rows2(const int F16, const int DUP, const float *q0, const float *q1,
-                                    const void *k, int Dh, __m256 *r0, __m256 *r1) {
-    /* named accumulators: GCC keeps arrays of vectors in memory */
-    __m512 a0, a1, a2, a3, a4, a5, a6, a7;
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
-    const size_t row = DUP ? 2 * (size_t)Dh : (size_t)Dh; /* elements from a key to the next */
-    const void *k0 = k, *k1 = kv_at(F16, k0, row), *k2 = kv_at(F16, k1, row);
-    const void *k3 = kv_at(F16, k2, row), *k4 = kv_at(F16, k3, row);
-    const void *k5 = kv_at(F16, k4, row), *k6 = kv_at(F16, k5, row);
-    const void *k7 = kv_at(F16, k6, row);
-    for (size_t d = 0; d < (size_t)Dh; d += 8) {
-        const __m512 qd = pair8(q0 + d, q1 + d);
-#define SD_K2(j)                                                                                   \
-    a##j = _mm512_fmadd_ps(qd, DUP ? _mm512_load_ps((const float *)k##j + 2 * d)                   \
-                                   : kv_load8x2(F16, k##j, d),                                     \
-                           a##j);
-        SD_K2(0) SD_K2(1) SD_K2(2) SD_K2(3) SD_K2(4) SD_K2(5) SD_K2(6) SD_K2(7)
-#undef SD_K2
-    }
-    tree8x2(a0, a1, a2, a3, a4, a5, a6, a7, r0, r1);
-}
-
-/* dot8_rows2 of the pairs (q[0], q[1]) and (q[2], q[3]) with the same eight keys in
- * widen_keys_dup's floats: each key's load serves four queries, and each pair's lanes do
- * exactly dot8_rows2's arithmetic. r[i] = query i's eight dot products. */
-SD_AVX512 SD_INLINE void dot8_rows4(const float *const *q, const float *kd, int Dh, __m256 *r) {
-    __m512 a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7;
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
-    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = _mm512_setzero_ps();
-    const size_t row = 2 * (size_t)Dh;
-    for (size_t d = 0; d < (size_t)Dh; d += 8) {
-        const __m512 qa = pair8(q[0] + d, q[1] + d), qb = pair8(q[2] + d, q[3] + d);
-#define SD_K4(j)                                                                                   \
-    {                                                                                              \
-        const __m512 kj = _mm512_load_ps(kd + (j) * row + 2 * d);                                  \
-        a##j = _mm512_fmadd_ps(qa, kj, a##j);                                                      \
-        b##j = _mm512_fmadd_ps(qb, kj, b##j);                                                      \
-    }
-        SD_K4(0) SD_K4(1) SD_K4(2) SD_K4(3) SD_K4(4) SD_K4(5) SD_K4(6) SD_K4(7)
-#undef SD_K4
-    }
-    tree8x2(a0, a1, a2, a3, a4, a5, a6, a7, &r[0], &r[1]);
-    tree8x2(b0, b1, b2, b3, b4, b5, b6, b7, &r[2], &r[3]);
 }
 
 /* weighted_sum of four queries at once over dimensions d0 .. d0 + 16 NV (the last register
@@ -751,52 +700,31 @@ SD_AVX512 SD_INLINE void values_all(const int F16, const sd_attn_group *g, const
 }
 
 /* The scores of the na queries act[] for the block of eight keys ks at slot s: in pairs, then
- * one alone; with DUP (ks is widen_keys_dup's floats) in fours first, and the one alone paired
- * with itself. */
-SD_AVX512 SD_INLINE void scores_block(const int F16, const int DUP, const sd_attn_group *g,
-                                      const int *act, int na, const void *ks, int s, int n_attn,
-                                      int Dh, __m256 vscale, float *sc) {
+ * one alone. */
+SD_AVX512 SD_INLINE void scores_block(const int F16, const sd_attn_group *g, const int *act, int na,
+                                      const void *ks, int s, int n_attn, int Dh, __m256 vscale,
+                                      float *sc) {
     int j = 0;
-    for (; DUP && j + 4 <= na; j += 4) {
-        const float *q4[4] = {g->q[act[j]], g->q[act[j + 1]], g->q[act[j + 2]], g->q[act[j + 3]]};
-        __m256 r[4];
-        dot8_rows4(q4, (const float *)ks, Dh, r);
-        for (int e = 0; e < 4; e++) {
-            const int i = act[j + e];
-            store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s, r[e], vscale);
-        }
-    }
     for (; j + 2 <= na; j += 2) {
         const int i0 = act[j], i1 = act[j + 1];
         __m256 d0, d1;
-        dot8_rows2(F16, DUP, g->q[i0], g->q[i1], ks, Dh, &d0, &d1);
+        dot8_rows2(F16, g->q[i0], g->q[i1], ks, Dh, &d0, &d1);
         store_scores8(sc + (size_t)i0 * (size_t)n_attn + (size_t)s, g->m[i0] + s, d0, vscale);
         store_scores8(sc + (size_t)i1 * (size_t)n_attn + (size_t)s, g->m[i1] + s, d1, vscale);
     }
     if (j < na) {
         const int i = act[j];
-        __m256 d0, d1; /* DUP: the query paired with itself, each half dot8_rows' bits */
-        if (DUP) {
-            dot8_rows2(0, 1, g->q[i], g->q[i], ks, Dh, &d0, &d1);
-        } else {
-            d0 = dot8_rows(F16, g->q[i], ks, Dh);
-        }
-        store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s, d0, vscale);
+        store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
+                      dot8_rows(F16, g->q[i], ks, Dh), vscale);
     }
 }
-
-/* Above this many queries on a block of keys, the block is widened into both halves
- * (widen_keys_dup) and taken four queries at a time; at most this many (one token's heads of a
- * KV head in one-token decoding: 3 for SmolLM2), a widening per pair would cost more than the
- * broadcasts it saves. */
-#define SD_ATTN_DUP_MIN 4
 
 SD_AVX512 SD_INLINE void attend_avx512(const int F16, const sd_attn_group *g, const void *k,
                                        const void *v, int n_attn, int Dh, float scale, float *sc) {
     int hi[SD_ATTN_GROUP];
     const int hi_max = attend_ends(g, n_attn, hi);
     const __m256 vscale = _mm256_set1_ps(scale);
-    _Alignas(64) float kb[F16 ? 2 * SD_ATTN_WIDE : 1];
+    _Alignas(64) float kb[F16 ? SD_ATTN_WIDE : 1];
     int s = 0;
     for (; s + 8 <= hi_max; s += 8) {
         const void *ks = kv_at(F16, k, (size_t)s * (size_t)Dh);
@@ -807,14 +735,11 @@ SD_AVX512 SD_INLINE void attend_avx512(const int F16, const sd_attn_group *g, co
                 act[na++] = i;
             }
         }
-        if (F16 && na > SD_ATTN_DUP_MIN) {
-            widen_keys_dup(kb, ks, Dh);
-            scores_block(0, 1, g, act, na, kb, s, n_attn, Dh, vscale, sc);
-        } else if (F16 && na > 1) {
+        if (F16 && na > 1) {
             widen_rows512(kb, ks, 8 * Dh);
-            scores_block(0, 0, g, act, na, kb, s, n_attn, Dh, vscale, sc);
+            scores_block(0, g, act, na, kb, s, n_attn, Dh, vscale, sc);
         } else {
-            scores_block(F16, 0, g, act, na, ks, s, n_attn, Dh, vscale, sc);
+            scores_block(F16, g, act, na, ks, s, n_attn, Dh, vscale, sc);
         }
     }
     scores_tail(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
