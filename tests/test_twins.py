@@ -330,3 +330,16 @@ def test_kernel_checks_refuse_bad_arguments():
         args, _ = K.rmsnorm_case(2, 8, seed=0)
         with pytest.raises(ValueError, match="no CUDA backend"):
             _core.kernel("rmsnorm", 1, args)
+
+
+def test_bench_attention_times_and_checks_its_arguments():
+    """The attention timing entry point of benchmarks/ab_builds.py --attention: a positive time
+    for a small case, a ValueError naming the rule for shapes it cannot run."""
+    assert _core.bench_attention(3, 40, 4, 2, 16, 2, 2, 1) > 0.0
+    for bad in ((0, 40, 4, 2, 16, 2, 2, 1),    # no query
+                (41, 40, 4, 2, 16, 2, 2, 1),   # more queries than slots
+                (3, 40, 4, 3, 16, 2, 2, 1),    # KV heads not dividing the heads
+                (3, 40, 4, 2, 1024, 2, 2, 1),  # head too large
+                (3, 40, 4, 2, 16, 2, 0, 1)):   # no thread
+        with pytest.raises(ValueError, match="bench_attention: need"):
+            _core.bench_attention(*bad)
