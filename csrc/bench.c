@@ -77,10 +77,11 @@ sd_status sd_bench_forward(double *seconds, sd_model *m, int T, int context, int
 sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, int n_kv_heads,
                              int head_dim, int n_layers, int n_threads, int iters) {
     *seconds = 0.0;
-    if (T < 1 || n_attn < T || n_kv_heads < 1 || n_heads % n_kv_heads != 0 || head_dim < 1 ||
-        head_dim > SD_MAX_HEAD_DIM || n_layers < 1 || n_threads < 1 || iters < 1) {
+    if (T < 1 || n_attn < T || n_kv_heads < 1 || n_heads < 1 || n_heads % n_kv_heads != 0 ||
+        head_dim < 1 || head_dim > SD_MAX_HEAD_DIM || n_layers < 1 || n_threads < 1 || iters < 1) {
         return sd_set_error(SD_ERR_INVALID_ARG,
-                            "bench_attention: need 1 <= T <= n_attn, n_kv_heads dividing n_heads, "
+                            "bench_attention: need 1 <= T <= n_attn, n_heads >= 1, n_kv_heads "
+                            "dividing n_heads, "
                             "1 <= head_dim <= %d, n_layers, n_threads and iters >= 1",
                             SD_MAX_HEAD_DIM);
     }

@@ -339,6 +339,7 @@ def test_bench_attention_times_and_checks_its_arguments():
     for bad in ((0, 40, 4, 2, 16, 2, 2, 1),    # no query
                 (41, 40, 4, 2, 16, 2, 2, 1),   # more queries than slots
                 (3, 40, 4, 3, 16, 2, 2, 1),    # KV heads not dividing the heads
+                (3, 40, 0, 2, 16, 2, 2, 1),    # no head
                 (3, 40, 4, 2, 1024, 2, 2, 1),  # head too large
                 (3, 40, 4, 2, 16, 2, 0, 1)):   # no thread
         with pytest.raises(ValueError, match="bench_attention: need"):
