@@ -582,10 +582,10 @@ static sd_status spec_verify(spec_loop *L, int k, int with_q) {
     }
     /* The rows processed a run at a time, each run only once every draft before it is
      * accepted: the rows after a rejected draft are never processed (when sampling, a softmax
-     * of the vocabulary each). The chain rule over the first j drafts decides as the rule over
-     * all k does whenever it rejects one of them, so it runs on the rows there are and the step
-     * goes on only when all j were accepted. */
-    int have = 0;
+     * of the vocabulary each). The chain rule decides draft by draft, so it goes on from the
+     * first undecided draft over the rows there are; when it rejects one, its decision is the
+     * rule's over all k, and the step goes on only when all were accepted. */
+    int have = 0, n_acc = 0; /* rows processed; drafts accepted */
     for (;;) {
         const int want = rows_next(have, k);
         for (int r = have; r < want; r++) {
@@ -594,8 +594,9 @@ static sd_status spec_verify(spec_loop *L, int k, int with_q) {
         }
         have = want;
         int32_t next = 0;
-        const int n_acc = sd_verify_chain(&next, L->probs, with_q ? L->q : NULL, L->batch + 1,
-                                          have - 1, V, ua, un, L->fwork);
+        n_acc += sd_verify_chain(&next, L->probs + (size_t)n_acc * V,
+                                 with_q ? L->q + (size_t)n_acc * V : NULL, L->batch + 1 + n_acc,
+                                 have - 1 - n_acc, V, ua + n_acc, un + n_acc, L->fwork);
         if (n_acc < have - 1 || have == k + 1) {
             return spec_finish_step(L, k, n_acc, next);
         }
