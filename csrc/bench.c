@@ -74,6 +74,12 @@ sd_status sd_bench_forward(double *seconds, sd_model *m, int T, int context, int
     return st;
 }
 
+/* The next value in [-1, 1) of a fixed pseudo-random sequence (a linear congruential one). */
+static float lcg_unit(uint32_t *x) {
+    *x = *x * 1664525u + 1013904223u;
+    return (float)(*x >> 8) / 8388608.0f - 1.0f;
+}
+
 sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, int n_kv_heads,
                              int head_dim, int n_layers, int n_threads, int iters) {
     *seconds = 0.0;
@@ -97,21 +103,19 @@ sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, in
                        : sd_threadpool_create(&pool, n_threads);
     if (st == SD_OK) {
         sd_kernels_init();
-        /* keys and values as halves of a fixed pseudo-random sequence in [-1, 1) */
+        /* keys and values as halves of lcg_unit's sequence, then the queries */
         uint32_t x = 12345u;
         const size_t n_kv = 2 * per_layer * (size_t)n_layers;
         float f[256];
         for (size_t i = 0; i < n_kv; i += 256) {
             const size_t n = n_kv - i < 256 ? n_kv - i : 256;
             for (size_t j = 0; j < n; j++) {
-                x = x * 1664525u + 1013904223u;
-                f[j] = (float)(x >> 8) / 8388608.0f - 1.0f;
+                f[j] = lcg_unit(&x);
             }
             sd_f32_to_f16_row(k + i, f, (int64_t)n);
         }
         for (size_t i = 0; i < nq; i++) {
-            x = x * 1664525u + 1013904223u;
-            q[i] = (float)(x >> 8) / 8388608.0f - 1.0f;
+            q[i] = lcg_unit(&x);
         }
         /* a verify batch after n_attn - T slots: token t sees the context and tokens 0 .. t */
         for (int t = 0; t < T; t++) {
