@@ -25,22 +25,18 @@ import sys
 from collections import Counter, defaultdict
 
 import specdec
+from specdec import _core
 from specdec.bench import load_questions
 from specdec.hub import DEFAULT_MODEL
 
 
 def lookup(h, k, max_ngram, min_ngram=1):
-    """The prompt-lookup draft of specdec's C loop (generate.c, lookup_draft), in Python:
-    (draft tokens, matched n), ([], 0) without a match."""
-    L = len(h)
-    for n in range(max_ngram, min_ngram - 1, -1):
-        if n >= L:
-            continue
-        tail = h[L - n:]
-        for i in range(L - n - 1, -1, -1):
-            if h[i:i + n] == tail:
-                return h[i + n:i + n + min(L - (i + n), k)], n
-    return [], 0
+    """The prompt-lookup draft of specdec's C loop (sd_lookup_draft, through
+    `_core.lookup_draft`): (draft tokens, matched n), ([], 0) without a match. (Tables in
+    benchmarks/RESULTS.md before 2026-12-02's lookup change were made with the earlier rule:
+    the latest occurrence, its continuation cut at the end of the text.)"""
+    draft, n, _ = _core.lookup_draft(h, k, max_ngram, min_ngram)
+    return draft, n
 
 
 def lookup_tree(h, budget, depth, max_ngram, min_ngram=1):

@@ -14,6 +14,7 @@
 
 #include "forward.h"
 #include "hd.h"
+#include "lookup.h"
 #include "model.h"
 #include "sampler.h"
 #include "status.h"
@@ -261,44 +262,11 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
 
 /* ---- prompt lookup --------------------------------------------------------------------------- */
 
-#define SD_LOOKUP_LONG 16     /* a match this long or longer counts apart: the text repeats */
-#define SD_LOOKUP_LONG_MAX 32 /* ... and one this long apart again */
-
-/* How far back a match of the last n tokens at h[i .. i + n) extends: the length of the common
- * suffix of h[0 .. i + n) and h[0 .. len), at least n, counted up to SD_LOOKUP_LONG_MAX. */
-static int match_extent(const int32_t *h, int len, int i, int n) {
-    int e = n;
-    while (e < SD_LOOKUP_LONG_MAX && i + n - e - 1 >= 0 && h[i + n - e - 1] == h[len - e - 1]) {
-        e++;
-    }
-    return e;
-}
-
-/* Up to k tokens that followed the latest earlier occurrence of the last n tokens of h (n from
- * max_ngram down to min_ngram); returns how many were written to draft and sets *n_match to the
- * n that matched (0 when none did) and *extent to match_extent's length of the match. */
-static int lookup_draft(int32_t *draft, int *n_match, int *extent, const int32_t *h, int len,
-                        const sd_prompt_lookup *pl, int k) {
-    *n_match = 0;
-    *extent = 0;
-    for (int n = pl->max_ngram; n >= pl->min_ngram; n--) {
-        if (n >= len) {
-            continue;
-        }
-        const int32_t *tail = h + len - n;
-        for (int i = len - n - 1; i >= 0; i--) { /* latest occurrence first */
-            if (memcmp(h + i, tail, (size_t)n * sizeof(int32_t)) == 0) {
-                int m = len - (i + n);
-                m = m < k ? m : k;
-                memcpy(draft, h + i + n, (size_t)m * sizeof(int32_t));
-                *n_match = n;
-                *extent = match_extent(h, len, i, n);
-                return m;
-            }
-        }
-    }
-    return 0;
-}
+/* The adaptive draft length counts acceptance apart for a match that extends this many tokens
+ * back (sd_lookup_draft's extent), where the text repeats itself, and apart again for one this
+ * long (at most SD_LOOKUP_EXTENT_MAX). */
+#define SD_LOOKUP_LONG 16
+#define SD_LOOKUP_LONG_MAX 32
 
 /* The draft length that maximises expected tokens per verify cost given an acceptance rate
  * measured as `accepted` of `drafted` (a Beta(1, 1)-smoothed count, so it starts at 0.5); when
@@ -663,7 +631,9 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
     while (st == SD_OK && !L.e.done) {
         double t0 = now_s();
         int k = spec_room(&L, p, K), n = 0, extent = 0;
-        k = k > 0 ? lookup_draft(L.batch + 1, &n, &extent, L.hist, L.len, pl, k) : 0;
+        k = k > 0 ? sd_lookup_draft(L.batch + 1, &n, &extent, L.hist, L.len, pl->max_ngram,
+                                    pl->min_ngram, k)
+                  : 0;
         /* the acceptance counts this draft is sized by and adds to */
         const int b = extent < SD_LOOKUP_LONG ? n
                       : pl->max_ngram + (extent < SD_LOOKUP_LONG_MAX ? 1 : 2);

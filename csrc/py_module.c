@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "llamacpp_order.h"
+#include "lookup.h"
 #include "specdec.h"
 #include "threadpool.h"
 #include "verify.h"
@@ -367,6 +368,47 @@ static PyObject *core_bench_attention(PyObject *mod, PyObject *args) {
         return raise_status(st);
     }
     return PyFloat_FromDouble(sec);
+}
+
+/* lookup_draft(tokens, k, max_ngram, min_ngram) -> (draft, n_match, extent): the prompt-lookup
+ * draft after tokens (sd_lookup_draft), a test and research hook. */
+static PyObject *core_lookup_draft(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *t_obj;
+    int k = 0, max_ngram = 0, min_ngram = 0;
+    if (!PyArg_ParseTuple(args, "Oiii:lookup_draft", &t_obj, &k, &max_ngram, &min_ngram)) {
+        return NULL;
+    }
+    if (k < 1 || k > SD_MAX_DRAFT || min_ngram < 1 || max_ngram < min_ngram) {
+        PyErr_Format(PyExc_ValueError,
+                     "lookup_draft needs 1 <= k <= %d and 1 <= min_ngram <= max_ngram, got k=%d, "
+                     "max_ngram=%d, min_ngram=%d",
+                     SD_MAX_DRAFT, k, max_ngram, min_ngram);
+        return NULL;
+    }
+    PyArrayObject *t =
+        (PyArrayObject *)PyArray_FROMANY(t_obj, NPY_INT32, 1, 1, NPY_ARRAY_IN_ARRAY);
+    if (t == NULL) {
+        return NULL;
+    }
+    if (PyArray_DIM(t, 0) > INT32_MAX) {
+        Py_DECREF(t);
+        PyErr_SetString(PyExc_ValueError, "lookup_draft: too many tokens");
+        return NULL;
+    }
+    int32_t draft[SD_MAX_DRAFT];
+    int n_match = 0, extent = 0;
+    const int n = sd_lookup_draft(draft, &n_match, &extent, (const int32_t *)PyArray_DATA(t),
+                                  (int)PyArray_DIM(t, 0), max_ngram, min_ngram, k);
+    Py_DECREF(t);
+    PyObject *l = PyList_New(n);
+    if (l == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        PyList_SET_ITEM(l, i, PyLong_FromLong(draft[i]));
+    }
+    return Py_BuildValue("(Nii)", l, n_match, extent);
 }
 
 static PyObject *core_kernel_names(PyObject *mod, PyObject *unused) {
@@ -1443,6 +1485,9 @@ static PyMethodDef core_methods[] = {
      "RuntimeError unless every piece ran exactly once within its run (a test hook)"},
     {"process_logits", core_process_logits, METH_VARARGS,
      "process_logits(logits, temperature, top_k, top_p, min_p) -> the processed distribution"},
+    {"lookup_draft", core_lookup_draft, METH_VARARGS,
+     "lookup_draft(tokens, k, max_ngram, min_ngram) -> (draft, n_match, extent): the draft "
+     "prompt lookup proposes after tokens (a test and research hook)"},
     {"verify_chains", core_verify_chains, METH_VARARGS,
      "verify_chains(p, q, drafts, u_accept, u_next) -> (n_accepted, next): the chain rule of "
      "speculative sampling over N runs (a test and research hook)"},

@@ -266,8 +266,10 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
 #define SD_MAX_DRAFT 32
 
 /* Prompt lookup (n-gram) drafting: match the last n tokens of prompt + output (n from max_ngram
- * down to min_ngram) at their latest earlier occurrence and propose the up to k tokens that
- * followed it. Deterministic drafts: verified as one-hot draft distributions. */
+ * down to min_ngram) at the earlier occurrence whose preceding tokens agree longest with the
+ * text's (the latest among equals) and propose the k tokens that followed it, continued
+ * periodically past the end of the text (sd_lookup_draft in lookup.h). Deterministic drafts:
+ * verified as one-hot draft distributions. */
 typedef struct {
     int k;         /* 1 <= k <= SD_MAX_DRAFT: the most drafts per step */
     int max_ngram; /* >= min_ngram */

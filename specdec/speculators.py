@@ -14,9 +14,12 @@ MAX_DRAFT = 32  # SD_MAX_DRAFT in csrc/specdec.h
 @dataclass(frozen=True)
 class PromptLookup:
     """n-gram prompt lookup: match the last n tokens of prompt + output (n from ``max_ngram``
-    down to ``min_ngram``) at their latest earlier occurrence and propose the ``k`` tokens that
-    followed. Needs no second model; pays off where the output repeats its input
-    (summarization, editing, retrieval-augmented answers, code)."""
+    down to ``min_ngram``) at an earlier occurrence and propose the ``k`` tokens that followed.
+    Of several occurrences, the one whose preceding tokens agree longest with the end of the
+    text wins (the latest among equals), and a continuation that runs into the end of the text
+    goes on periodically, so a loop of p < k tokens is still drafted k tokens ahead. Needs no
+    second model; pays off where the output repeats its input (summarization, editing,
+    retrieval-augmented answers, code) or itself (a small model's loops)."""
 
     #: the most drafts per step; the adaptive draft length (verify_slope) sizes each draft, so a
     #: long one is proposed only where the text repeats itself (on SmolLM2's Spec-Bench answers

@@ -1,0 +1,24 @@
+/* lookup.h — the n-gram prompt-lookup drafter: a pure function of the text so far. */
+#ifndef SD_LOOKUP_H
+#define SD_LOOKUP_H
+
+#include <stdint.h>
+
+/* How far back sd_lookup_draft follows a match when it chooses between the occurrences of an
+ * n-gram: the occurrence whose preceding tokens agree longest with the text's last ones wins,
+ * counted up to this many tokens. */
+#define SD_LOOKUP_EXTENT_MAX 64
+
+/* The draft of up to k tokens that prompt lookup proposes after h[0 .. len): for n from
+ * max_ngram down to min_ngram, the occurrences h[i .. i + n) of the last n tokens (i + n < len)
+ * are compared by their extent, the length of the common suffix of h[0 .. i + n) and
+ * h[0 .. len) (at least n, counted up to SD_LOOKUP_EXTENT_MAX); the longest wins, the latest
+ * among equals; the first n with an occurrence decides. The draft is what followed it,
+ * d_j = h[i + n + j], where i + n + j >= len continuing from the draft itself (d_j = d_{j-p},
+ * p = len - i - n): a text that repeats a period of p tokens is drafted k tokens ahead, not
+ * only p. Returns the tokens written to draft (0 without a match: then *n_match = *extent =
+ * 0), sets *n_match to the matched n and *extent to the winner's extent. */
+int sd_lookup_draft(int32_t *draft, int *n_match, int *extent, const int32_t *h, int len,
+                    int max_ngram, int min_ngram, int k);
+
+#endif /* SD_LOOKUP_H */
