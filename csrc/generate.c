@@ -269,10 +269,12 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
 #define SD_LOOKUP_LONG_MAX 32
 
 /* The draft length that maximises expected tokens per verify cost given an acceptance rate
- * measured as `accepted` of `drafted` (a Beta(1, 1)-smoothed count, so it starts at 0.5); when
- * no length pays, 1 on every fourth step (`step`), to keep measuring, else 0. */
-static int adaptive_k(double accepted, double drafted, float slope, int kmax, int step) {
-    const double a = (accepted + 1.0) / (drafted + 2.0);
+ * measured as `accepted` of `trials` (a Beta(1, 1)-smoothed count, so it starts at 0.5; prompt
+ * lookup counts as trials the accepted tokens and the rejected drafts, the model drafters all
+ * drafted tokens); when no length pays, 1 on every fourth step (`step`), to keep measuring,
+ * else 0. */
+static int adaptive_k(double accepted, double trials, float slope, int kmax, int step) {
+    const double a = (accepted + 1.0) / (trials + 2.0);
     double best_v = 1.0, ak = a; /* k = 0: one token per unit cost */
     int best = 0;
     for (int k = 1; k <= kmax; k++) {
@@ -618,10 +620,12 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
      * far better than a one-token match (on SmolLM2's Spec-Bench answers, 4.5 of 8 drafted
      * tokens accepted after a 4-gram match, 0.6 after a 1-gram one: benchmarks/RESULTS.md);
      * and apart again for matches that extend SD_LOOKUP_LONG or SD_LOOKUP_LONG_MAX tokens back,
-     * where the text repeats itself (a list, a loop) and a long draft is nearly always taken */
+     * where the text repeats itself (a list, a loop) and a long draft is nearly always taken.
+     * Per bucket: tokens accepted and drafts rejected, the trials of a geometric acceptance
+     * (the tokens after a rejected one were never tested, so they do not count). */
     const int n_buckets = pl->max_ngram + 3;
     double *acc_n = calloc((size_t)n_buckets, 2 * sizeof(double));
-    double *drafted_n = acc_n != NULL ? acc_n + n_buckets : NULL;
+    double *rej_n = acc_n != NULL ? acc_n + n_buckets : NULL;
     spec_loop L;
     sd_status st = spec_loop_begin(&L, m, prompt, n_prompt, p, &s, K, m->cfg.context_length, 0, out,
                                    ss, t_start);
@@ -638,14 +642,17 @@ sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
         const int b = extent < SD_LOOKUP_LONG ? n
                       : pl->max_ngram + (extent < SD_LOOKUP_LONG_MAX ? 1 : 2);
         if (pl->verify_slope > 0.0f && k > 0) {
-            k = adaptive_k(acc_n[b], drafted_n[b], pl->verify_slope, k, ss->steps);
+            /* a repeating text starts from the prior of a long run of accepted tokens */
+            const double prior = b > pl->max_ngram ? SD_LOOKUP_LONG * (b - pl->max_ngram) : 0.0;
+            k = adaptive_k(acc_n[b] + prior, acc_n[b] + rej_n[b] + prior, pl->verify_slope, k,
+                           ss->steps);
         }
         L.batch[0] = L.hist[L.len - 1];
         double t1 = now_s();
         const int accepted_before = ss->accepted;
         st = spec_verify(&L, k, 0);
         acc_n[b] += ss->accepted - accepted_before;
-        drafted_n[b] += k;
+        rej_n[b] += ss->accepted - accepted_before < k ? 1.0 : 0.0;
         ss->time_draft_s += t1 - t0;
         ss->time_verify_s += now_s() - t1;
     }
