@@ -277,8 +277,9 @@ typedef struct {
     /* Adaptive draft length: 0 = always draft up to k; > 0 = draft the k that maximises the
      * expected tokens per unit of verify cost, (1 - a^(k+1)) / ((1 - a)(1 + verify_slope k)),
      * with a the acceptance rate measured so far in this request after matches of the same
-     * n-gram size (starting at 0.5) and verify_slope the cost of one more token in a verify
-     * batch relative to one token. */
+     * n-gram size, or reaching as far back (accepted tokens over accepted tokens plus rejected
+     * drafts; starting at 0.5, or near 1 for matches reaching 16 or more tokens back) and
+     * verify_slope the cost of one more token in a verify batch relative to one token. */
     float verify_slope;
 } sd_prompt_lookup;
 

@@ -31,7 +31,8 @@ class PromptLookup:
     #: single token (about 0.2 on a 2-core CPU with SmolLM2, benchmarks/RESULTS.md; a few
     #: hundredths on a GPU); each draft is then sized to the acceptance rate measured so far in
     #: the request after matches of the same n-gram size (and, apart, after matches that reach
-    #: 16 or 32 tokens back, where the text repeats itself). 0 = always draft up to k.
+    #: 16 or 32 tokens back, where the text repeats itself and a long draft is tried first).
+    #: 0 = always draft up to k.
     verify_slope: float = 0.2
 
     def __post_init__(self) -> None:
