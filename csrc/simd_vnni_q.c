@@ -266,13 +266,16 @@ SD_Q_AVX2 int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes
     return 1;
 }
 
-/* The activations of up to eight tokens, interleaved block by block for the packed kernels:
- * per block of 32 elements, XI_BYTES bytes = the 32 quants of tokens 0..7 (token t at 32 t),
- * then their f32 scales d (at 256 + 4 t), then the f32 values the weight offsets multiply
- * (at 288 + 4 t: s for Q4_1, e for the formats shifted to unsigned). One pointer and immediate
- * offsets address every token, so eight tokens do not need 24 address registers. Slots past
- * the batch are left as they are: the kernels read only the first tt. */
-#define XI_BYTES 320
+/* The activations of up to XI_TOKENS tokens, interleaved block by block for the packed
+ * kernels: per block of 32 elements, XI_BYTES bytes = the 32 quants of tokens 0..15 (token t at
+ * 32 t), then their f32 scales d (at XI_D + 4 t), then the f32 values the weight offsets
+ * multiply (at XI_O + 4 t: s for Q4_1, e for the formats shifted to unsigned). One pointer and
+ * immediate offsets address every token, so sixteen tokens do not need 48 address registers.
+ * Slots past the batch are left as they are: the kernels read only the first tt. */
+#define XI_TOKENS 16
+#define XI_D (32 * XI_TOKENS)
+#define XI_O (XI_D + 4 * XI_TOKENS)
+#define XI_BYTES (XI_O + 4 * XI_TOKENS)
 
 SD_Q_AVX2 SD_INLINE void interleave_acts(uint8_t *xi, const int f, const sd_acts *a, int t0, int tt,
                                          int64_t n) {
@@ -283,16 +286,16 @@ SD_Q_AVX2 SD_INLINE void interleave_acts(uint8_t *xi, const int f, const sd_acts
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *blk = xi + (size_t)b * XI_BYTES;
             memcpy(blk + 32 * i, x.q + 32 * b, 32);
-            memcpy(blk + 256 + 4 * i, &x.d[b], 4);
-            memcpy(blk + 288 + 4 * i, &xo[b], 4);
+            memcpy(blk + XI_D + 4 * i, &x.d[b], 4);
+            memcpy(blk + XI_O + 4 * i, &xo[b], 4);
         }
     }
 }
 
 /* The 4 activation bytes of group g of token t in the interleaved block X, broadcast. */
 #define XIB(X, t, g) _mm256_set1_epi32(*(const int32_t *)((X) + 32 * (t) + 4 * (g)))
-#define XID(X, t) _mm256_set1_ps(*(const float *)((X) + 256 + 4 * (t)))
-#define XIO(X, t) _mm256_set1_ps(*(const float *)((X) + 288 + 4 * (t)))
+#define XID(X, t) _mm256_set1_ps(*(const float *)((X) + XI_D + 4 * (t)))
+#define XIO(X, t) _mm256_set1_ps(*(const float *)((X) + XI_O + 4 * (t)))
 
 /* One 160-byte block of 8 packed Q4_0/Q4_1 rows: the eight group vectors (nibbles as bytes,
  * groups h and h + 4 from vector h), the rows' scales d and offsets m. */
@@ -308,13 +311,13 @@ SD_Q_AVX2 SD_INLINE void unpack_packed_nibbles(__m256i *g, __m256 *dw, __m256 *m
     *mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 144)));
 }
 
-/* Eight packed rows against TT <= 8 tokens: out[t] lane k = dot(row k, token t). The unpacked
+/* Eight packed rows against TT <= 16 tokens: out[t] lane k = dot(row k, token t). The unpacked
  * block (8 registers) and one accumulator per token fit the 32 registers AVX-512 gives, so a
- * verify batch of up to eight tokens unpacks each weight block once. */
+ * verify batch of up to sixteen tokens unpacks each weight block once. */
 SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const uint8_t *P,
                                    int64_t nb, const uint8_t *X) {
     const int bb = f == V_Q8_0 ? 272 : 160;
-    __m256 acc[8];
+    __m256 acc[XI_TOKENS];
     for (int t = 0; t < TT; t++) {
         acc[t] = _mm256_setzero_ps();
     }
@@ -333,6 +336,7 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
         } else {
             unpack_packed_nibbles(g, &dw, &mw, P);
         }
+        #pragma GCC unroll 16 /* acc[] in registers, not in memory */
         for (int t = 0; t < TT; t++) {
             __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[0], XIB(X, t, 0));
             __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[1], XIB(X, t, 1));
@@ -353,7 +357,7 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
 }
 
 /* Sixteen packed rows, two 8-row groups (P0: rows 0-7, P1: rows 8-15, each at the same block),
- * against TT <= 8 tokens in 512-bit registers: lanes 0-7 of out[t] are rows 0-7, lanes 8-15
+ * against TT <= 16 tokens in 512-bit registers: lanes 0-7 of out[t] are rows 0-7, lanes 8-15
  * rows 8-15. Each lane does packed8_dot's arithmetic (the same exact integer sums, then the
  * same float instructions in the same order), so every row gets the bits of the 8-row kernel,
  * with half the instructions per row: one unpacking, one multiply-add and one float step serve
@@ -363,7 +367,7 @@ SD_VNNI SD_INLINE void packed16_dot(const int f, const int TT, __m512 *out, cons
     const int bb = f == V_Q8_0 ? 272 : 160;
     const size_t pair = 2 * (size_t)nb * (size_t)bb; /* to the same block of the next pair */
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[8];
+    __m512 acc[XI_TOKENS];
     for (int t = 0; t < TT; t++) {
         acc[t] = _mm512_setzero_ps();
     }
@@ -398,6 +402,7 @@ SD_VNNI SD_INLINE void packed16_dot(const int f, const int TT, __m512 *out, cons
         }
 #undef SD_PAIR
 #undef SD_PAIR_PH
+        #pragma GCC unroll 16 /* acc[] in registers, not in memory */
         for (int t = 0; t < TT; t++) {
 #define XB16(g) _mm512_set1_epi32(*(const int32_t *)(X + 32 * t + 4 * (g)))
             __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), g[0], XB16(0));
@@ -411,8 +416,8 @@ SD_VNNI SD_INLINE void packed16_dot(const int f, const int TT, __m512 *out, cons
 #undef XB16
             const __m512 sf = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             /* the token's d and offset multiplier, where XID and XIO read them */
-            const float xd = *(const float *)(X + 256 + 4 * t);
-            const float xo = *(const float *)(X + 288 + 4 * t);
+            const float xd = *(const float *)(X + XI_D + 4 * t);
+            const float xo = *(const float *)(X + XI_O + 4 * t);
             acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xo), acc[t]);
             acc[t] = _mm512_fmadd_ps(sf, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), acc[t]);
         }
@@ -428,7 +433,7 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
                                           int64_t nb, const uint8_t *X) {
     const int bb = f == V_Q8_0 ? 272 : 160;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[8]; /* TT <= 4 at run time (16 registers); sized for the shared dispatch */
+    __m256 acc[XI_TOKENS]; /* TT <= 4 at run time (16 registers); sized for the shared dispatch */
     for (int t = 0; t < TT; t++) {
         acc[t] = _mm256_setzero_ps();
     }
@@ -465,37 +470,54 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
     }
 }
 
-/* The tile over repacked rows, for one instruction set: blocks of PACKED_ROW_BLOCK rows (small
- * enough to stay in L2 while every token passes over them); within a block TS tokens at a time
- * (interleaved once when T <= TS), eight rows at a time with that set's packed8 kernel, or
- * sixteen where WIDE takes them. One body, two instantiations (VNNI with TS = 8 and the 16-row
+/* The tile over repacked rows, for one instruction set. The tokens go in groups of at most TS,
+ * as even as can be (17 tokens: 8 and 9, not 16 and 1: a pass of one token over the weights
+ * costs nearly what a pass of many does, its sums being one dependent chain; a token's
+ * arithmetic does not depend on its group's size, so no bit changes). The groups are
+ * interleaved once, as many at a time as PACKED_XI_BYTES holds (all of a verify batch's; a long
+ * prefill's in runs); for each run, blocks of PACKED_ROW_BLOCK rows (small enough to stay in L2
+ * while every group passes over them), eight rows at a time with that set's packed8 kernel, or
+ * sixteen where WIDE takes them. One body, two instantiations (VNNI with TS = 16 and the 16-row
  * step, AVX2 alone with TS = 4 and none), each compiled for its own target. */
 #define PACKED_ROW_BLOCK 64
+/* the most bytes of interleaved groups at once (one group of the longest row, SD_VNNI_MAX_ROW /
+ * 32 blocks, takes 160 KB: then one group at a time) */
+#define PACKED_XI_BYTES (128 * 1024)
 #define PACKED_TILE(name, attr, dot, TS, WIDE)                                                     \
     attr void name(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,             \
                    const sd_acts *a, int T, int64_t n, const float *bias, int accumulate) {        \
         const int f = type == 2 ? V_Q4_0 : type == 3 ? V_Q4_1 : V_Q8_0;                            \
         const int bb = f == V_Q8_0 ? 272 : 160;                                                    \
         const int64_t nb = n / 32;                                                                 \
-        /* sized to the row: 5.6 KB for n = 576, at most 80 KB (n <= SD_VNNI_MAX_ROW) */           \
-        uint8_t xi[nb * XI_BYTES] __attribute__((aligned(32)));                                    \
-        for (int64_t rb = 0; rb < nrows; rb += PACKED_ROW_BLOCK) {                                 \
-            const int64_t re = nrows - rb < PACKED_ROW_BLOCK ? nrows : rb + PACKED_ROW_BLOCK;      \
-            for (int t = 0; t < T; t += (TS)) {                                                    \
-                const int tt = T - t < (TS) ? T - t : (TS);                                        \
-                if (rb == 0 || T > (TS)) {                                                         \
-                    interleave_acts(xi, f, a, t, tt, n);                                           \
-                }                                                                                  \
-                for (int64_t r0 = rb; r0 < re; r0 += 8) {                                          \
-                    const uint8_t *P =                                                             \
-                        (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;      \
-                    const float *bv = bias != NULL ? bias + r0 : NULL;                             \
-                    WIDE(f, tt, P, nb, bb, xi, y, ldy, t, r0, re, bv, accumulate)                  \
-                    __m256 out[8];                                                                 \
-                    PACKED_DISPATCH(dot, f, tt, out, P, nb, xi);                                   \
-                    for (int i = 0; i < tt; i++) {                                                 \
-                        store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv,      \
-                               accumulate);                                                        \
+        const size_t xg = (size_t)nb * XI_BYTES; /* one group's interleaved activations */        \
+        const int ng = (T + (TS)-1) / (TS);                                                        \
+        const int cap = xg <= PACKED_XI_BYTES ? (int)(PACKED_XI_BYTES / xg) : 1;                   \
+        const int run = ng < cap ? ng : cap; /* groups interleaved at a time */                    \
+        uint8_t xi[(size_t)(run > 0 ? run : 1) * xg] __attribute__((aligned(32)));                  \
+        /* group g: tokens g T / ng to (g + 1) T / ng */                                           \
+        for (int g0 = 0; g0 < ng; g0 += run) {                                                     \
+            const int g1 = ng - g0 < run ? ng : g0 + run;                                          \
+            for (int g = g0; g < g1; g++) {                                                        \
+                const int t = (int)((int64_t)g * T / ng), te = (int)((int64_t)(g + 1) * T / ng);   \
+                interleave_acts(xi + (size_t)(g - g0) * xg, f, a, t, te - t, n);                   \
+            }                                                                                      \
+            for (int64_t rb = 0; rb < nrows; rb += PACKED_ROW_BLOCK) {                             \
+                const int64_t re = nrows - rb < PACKED_ROW_BLOCK ? nrows : rb + PACKED_ROW_BLOCK;  \
+                for (int g = g0; g < g1; g++) {                                                    \
+                    const int t = (int)((int64_t)g * T / ng);                                      \
+                    const int tt = (int)((int64_t)(g + 1) * T / ng) - t;                           \
+                    const uint8_t *xs = xi + (size_t)(g - g0) * xg;                                \
+                    for (int64_t r0 = rb; r0 < re; r0 += 8) {                                      \
+                        const uint8_t *P = (const uint8_t *)packed +                               \
+                                           (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;             \
+                        const float *bv = bias != NULL ? bias + r0 : NULL;                         \
+                        WIDE(f, tt, P, nb, bb, xs, y, ldy, t, r0, re, bv, accumulate)              \
+                        __m256 out[XI_TOKENS];                                                     \
+                        PACKED_DISPATCH(dot, f, tt, out, P, nb, xs);                               \
+                        for (int i = 0; i < tt; i++) {                                             \
+                            store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv,  \
+                                   accumulate);                                                    \
+                        }                                                                          \
                     }                                                                              \
                 }                                                                                  \
             }                                                                                      \
@@ -516,6 +538,14 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
     } while (0)
 #define PACKED_TT(dot, F, tt, ...)                                                                 \
     switch (tt) {                                                                                  \
+    case 16: dot(F, 16, __VA_ARGS__); break;                                                       \
+    case 15: dot(F, 15, __VA_ARGS__); break;                                                       \
+    case 14: dot(F, 14, __VA_ARGS__); break;                                                       \
+    case 13: dot(F, 13, __VA_ARGS__); break;                                                       \
+    case 12: dot(F, 12, __VA_ARGS__); break;                                                       \
+    case 11: dot(F, 11, __VA_ARGS__); break;                                                       \
+    case 10: dot(F, 10, __VA_ARGS__); break;                                                       \
+    case 9: dot(F, 9, __VA_ARGS__); break;                                                         \
     case 8: dot(F, 8, __VA_ARGS__); break;                                                         \
     case 7: dot(F, 7, __VA_ARGS__); break;                                                         \
     case 6: dot(F, 6, __VA_ARGS__); break;                                                         \
@@ -530,7 +560,7 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
  * an iteration of the tile's loop over groups of 8 rows that consumes two of them. */
 #define PACKED_WIDE16(f, tt, P, nb, bb, xi, y, ldy, t, r0, re, bv, accumulate)                     \
     if (r0 + 16 <= re) {                                                                           \
-        __m512 out16[8];                                                                           \
+        __m512 out16[XI_TOKENS];                                                                   \
         PACKED_DISPATCH(packed16_dot, f, tt, out16, P, P + (size_t)nb * (size_t)bb, nb, xi);       \
         for (int i = 0; i < tt; i++) {                                                             \
             sd_q_store16(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out16[i], bv,             \
@@ -541,7 +571,7 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
     }
 #define PACKED_NARROW(...)
 
-PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot, 8, PACKED_WIDE16)
+PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot, 16, PACKED_WIDE16)
 PACKED_TILE(sd_tile_packed_avx2, SD_Q_AVX2, packed8_dot_avx2, 4, PACKED_NARROW)
 
 #endif /* SD_HAVE_X86_SIMD */

@@ -307,12 +307,12 @@ def test_batch_rows_equal_one_token_steps_bitwise(cm, P):
     np.testing.assert_array_equal(together, apart)
 
 
-@pytest.mark.parametrize("P", [5, 16, 21])
-def test_batch_rows_equal_one_token_steps_bitwise_smollm2(smollm2_path, P):
-    """The same for the quantized SmolLM2 (repacked integer kernels, 8-token tiles and their
-    remainders: batches of 9)."""
+@pytest.mark.parametrize("P,B", [(5, 9), (16, 9), (21, 17)])
+def test_batch_rows_equal_one_token_steps_bitwise_smollm2(smollm2_path, P, B):
+    """The same for the quantized SmolLM2 (repacked integer kernels: batches of 9 and 17 tokens
+    go through them in groups of up to 16)."""
     m = specdec.load(smollm2_path)
-    seq = random_tokens(49152, P + 9, seed=P)
+    seq = random_tokens(49152, P + B, seed=P)
     together, apart = _batch_vs_steps(m, seq[:P], seq[P:])
     np.testing.assert_array_equal(together, apart)
 
