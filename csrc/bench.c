@@ -91,7 +91,9 @@ sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, in
                             "1 <= head_dim <= %d, n_layers, n_threads and iters >= 1",
                             SD_MAX_HEAD_DIM);
     }
-    const size_t per_layer = (size_t)n_kv_heads * (size_t)n_attn * (size_t)head_dim;
+    /* each head's keys (in tiles) and values (in rows) take whole tiles, as in a cache */
+    const size_t per_head = (size_t)sd_kv_slots(n_attn) * (size_t)head_dim;
+    const size_t per_layer = (size_t)n_kv_heads * per_head;
     const size_t nq = (size_t)T * (size_t)n_heads * (size_t)head_dim;
     uint16_t *k = malloc(2 * per_layer * (size_t)n_layers * sizeof(uint16_t));
     float *q = malloc(2 * nq * sizeof(float));
@@ -128,8 +130,8 @@ sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, in
             for (int i = 0; i < n; i++) {
                 for (int l = 0; l < n_layers; l++) {
                     sd_attention(pool, q + nq, q, k + (size_t)l * per_layer,
-                                 v + (size_t)l * per_layer, 1, (size_t)n_attn * (size_t)head_dim,
-                                 mask, T, n_attn, n_heads, n_kv_heads, head_dim, scratch);
+                                 v + (size_t)l * per_layer, 1, per_head, mask, T, n_attn, n_heads,
+                                 n_kv_heads, head_dim, scratch);
                 }
             }
             *seconds = (now_s() - t0) / n;

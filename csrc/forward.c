@@ -245,11 +245,11 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
             for (int h = 0; h < Hkv; h++) {
                 const size_t src = (size_t)t * (size_t)KVD + (size_t)h * (size_t)Dh;
                 const size_t dst = sd_kv_row(kv, l, h, slots[t]);
+                sd_key_put(sd_kv_at(kv, kv->k, sd_kv_row(kv, l, h, 0)), kv->f16, slots[t], Dh,
+                           s->k + src);
                 if (kv->f16) {
-                    sd_f32_to_f16_row((uint16_t *)kv->k + dst, s->k + src, Dh);
                     sd_f32_to_f16_row((uint16_t *)kv->v + dst, s->v + src, Dh);
                 } else {
-                    memcpy((float *)kv->k + dst, s->k + src, (size_t)Dh * sizeof(float));
                     memcpy((float *)kv->v + dst, s->v + src, (size_t)Dh * sizeof(float));
                 }
             }

@@ -16,6 +16,7 @@
 #include "hd.h"
 #include "lookup.h"
 #include "model.h"
+#include "ops_cpu.h"
 #include "sampler.h"
 #include "status.h"
 #include "twins.h"
@@ -347,6 +348,10 @@ static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *
         done += b.n_tokens;
     }
     const void *ka = kv->k, *va = kv->v, *kf = fresh->k, *vf = fresh->v;
+    /* a host cache's heads are kv->stride slots apart, its keys in tiles; a downloaded one's
+     * capacity slots apart, its keys in rows */
+    size_t sa = (size_t)kv->stride, sf = (size_t)fresh->stride;
+    int tiled = 1;
     float *dl = NULL;
 #ifdef SD_WITH_CUDA
     if (st == SD_OK && kv->cuda != NULL) { /* both caches to the host */
@@ -366,17 +371,28 @@ static sd_status check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *
             va = v1;
             kf = k2;
             vf = v2;
+            sa = (size_t)kv->capacity;
+            sf = (size_t)fresh->capacity;
+            tiled = 0;
         }
     }
 #endif
     /* the same model: both caches hold the same element type (f32 when downloaded) */
-    const size_t elt = sd_kv_elt(kv), row = (size_t)kv->head_dim * elt;
+    const size_t elt = sd_kv_elt(kv), Dh = (size_t)kv->head_dim, row = Dh * elt;
     for (int l = 0; st == SD_OK && l < kv->n_layers * kv->n_kv_heads; l++) {
+        /* where head l begins in each */
+        const char *ha = (const char *)ka + (size_t)l * sa * row;
+        const char *hf = (const char *)kf + (size_t)l * sf * row;
         for (int i = 0; i < n; i++) {
-            const size_t a = sd_kv_row(kv, 0, l, i) * elt, f = sd_kv_row(fresh, 0, l, i) * elt;
-            if (memcmp((const char *)ka + a, (const char *)kf + f, row) != 0 ||
-                memcmp((const char *)va + a, (const char *)vf + f, row) != 0 ||
-                kv->pos[i] != fresh->pos[i]) {
+            const size_t a = ((size_t)l * sa + (size_t)i) * row;
+            const size_t f = ((size_t)l * sf + (size_t)i) * row;
+            int same = memcmp((const char *)va + a, (const char *)vf + f, row) == 0 &&
+                       kv->pos[i] == fresh->pos[i];
+            for (size_t d = 0; same && d < Dh; d++) {
+                const size_t at = tiled ? sd_key_at(i, (int)d, (int)Dh) : (size_t)i * Dh + d;
+                same = memcmp(ha + at * elt, hf + at * elt, elt) == 0;
+            }
+            if (!same) {
                 st = sd_set_error(SD_ERR_INTERNAL,
                                   "cache check after step %d: the %s cache's slot %d (token %d) "
                                   "differs from a fresh forward in layer %d",

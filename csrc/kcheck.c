@@ -174,18 +174,34 @@ static sd_status attention_cpu(kctx *c, void **p, const sd_karg *a, int kv_f16) 
         }
     }
     sd_kernels_init();
-    sd_threadpool *pool = NULL;
-    SD_TRY(sd_threadpool_create(&pool, 2));
+    /* the rows given, laid out as a cache holds them: each head's keys in tiles, its values in
+     * rows, heads sd_kv_slots(cap) slots apart */
+    const int elt = kv_f16 ? 2 : 4, stride = sd_kv_slots(cap);
+    const size_t head = (size_t)stride * (size_t)Dh;
+    char *k = calloc(2 * (size_t)Hkv * head, (size_t)elt);
+    char *v = k != NULL ? k + (size_t)Hkv * head * elt : NULL;
     float *scores = malloc(sd_attention_scratch(n_attn, Dh, 2) * sizeof(float));
-    if (scores == NULL) {
-        sd_threadpool_free(pool);
-        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    sd_threadpool *pool = NULL;
+    sd_status st = k == NULL || scores == NULL ? sd_set_error(SD_ERR_NOMEM, "out of memory")
+                                               : sd_threadpool_create(&pool, 2);
+    if (st == SD_OK) {
+        for (int h = 0; h < Hkv; h++) {
+            for (int s = 0; s < cap; s++) {
+                const size_t from = ((size_t)h * (size_t)cap + (size_t)s) * (size_t)Dh * elt;
+                for (int d = 0; d < Dh; d++) {
+                    memcpy(k + (h * head + sd_key_at(s, d, Dh)) * elt,
+                           (const char *)p[2] + from + (size_t)d * elt, (size_t)elt);
+                }
+                memcpy(v + (h * head + (size_t)s * (size_t)Dh) * elt, (const char *)p[3] + from,
+                       (size_t)Dh * elt);
+            }
+        }
+        sd_attention(pool, p[0], p[1], k, v, kv_f16, head, p[4], T, n_attn, H, Hkv, Dh, scores);
     }
-    sd_attention(pool, p[0], p[1], p[2], p[3], kv_f16, (size_t)cap * (size_t)Dh, p[4], T, n_attn, H,
-                 Hkv, Dh, scores);
-    free(scores);
     sd_threadpool_free(pool);
-    return SD_OK;
+    free(scores);
+    free(k);
+    return st;
 }
 static sd_status run_attention_cpu(kctx *c, void **p, const sd_karg *a) {
     return attention_cpu(c, p, a, 0);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "ops_cpu.h"
 #include "status.h"
 #ifdef SD_WITH_CUDA
 #include "../cuda/sd_cuda.h"
@@ -24,10 +25,12 @@ sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) 
         return sd_set_error(SD_ERR_NOMEM, "out of memory allocating a KV cache");
     }
     kv->capacity = n_slots;
+    kv->stride = sd_kv_slots(n_slots);
     kv->n_layers = c->n_layers;
     kv->n_kv_heads = c->n_kv_heads;
     kv->head_dim = c->head_dim;
-    size_t n = (size_t)c->n_layers * (size_t)n_slots * (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t n =
+        (size_t)c->n_layers * (size_t)kv->stride * (size_t)c->n_kv_heads * (size_t)c->head_dim;
     kv->pos = calloc((size_t)n_slots, sizeof(int32_t));
 #ifdef SD_WITH_CUDA
     if (m->cuda != NULL) { /* keys and values on the device, positions here */
@@ -106,7 +109,8 @@ sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
     for (int l = 0; l < kv->n_layers; l++) {
         for (int h = 0; h < kv->n_kv_heads; h++) {
             const size_t d = sd_kv_row(kv, l, h, dst), s = sd_kv_row(kv, l, h, src);
-            memcpy(sd_kv_at(kv, kv->k, d), sd_kv_at(kv, kv->k, s), row);
+            sd_key_copy(sd_kv_at(kv, kv->k, sd_kv_row(kv, l, h, 0)), kv->f16, dst, src,
+                        kv->head_dim);
             memcpy(sd_kv_at(kv, kv->v, d), sd_kv_at(kv, kv->v, s), row);
         }
     }

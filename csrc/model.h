@@ -93,17 +93,20 @@ struct sd_kv_cache {
     int n_layers;
     int n_kv_heads;
     int head_dim;
-    int f16; /* keys and values are IEEE halves (uint16_t), else f32 */
-    /* (L, Hkv, capacity, Dh): each KV head's rows are contiguous, so attention streams them */
+    int f16;    /* keys and values are IEEE halves (uint16_t), else f32 */
+    int stride; /* slots per KV head: capacity rounded up to whole key tiles (sd_kv_slots) */
+    /* (L, Hkv, stride, Dh): each KV head's keys and values are contiguous, so attention streams
+     * them; the keys in tiles of SD_KV_TILE slots (sd_key_at, ops_cpu.h), the values in rows */
     void *k;      /* post-RoPE keys (NULL for a CUDA model's cache: they live on the device) */
     void *v;      /* values (likewise) */
     int32_t *pos; /* (capacity) RoPE position of each slot, on the host for every backend */
     struct sd_cuda_cache *cuda; /* a CUDA model's keys and values, or NULL */
 };
 
-/* Offset (in elements) of the key/value row of `slot` in KV head `head` of `layer`. */
+/* Offset (in elements) of the value row of `slot` in KV head `head` of `layer`; with slot 0,
+ * where that head's keys and values begin. */
 static inline size_t sd_kv_row(const sd_kv_cache *kv, int layer, int head, int slot) {
-    return (((size_t)layer * (size_t)kv->n_kv_heads + (size_t)head) * (size_t)kv->capacity +
+    return (((size_t)layer * (size_t)kv->n_kv_heads + (size_t)head) * (size_t)kv->stride +
             (size_t)slot) *
            (size_t)kv->head_dim;
 }

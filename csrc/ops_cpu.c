@@ -234,6 +234,38 @@ void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const floa
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
+void sd_key_put(void *k, int f16, int slot, int Dh, const float *row) {
+    if (f16) {
+        uint16_t h[SD_MAX_HEAD_DIM];
+        sd_f32_to_f16_row(h, row, Dh);
+        for (int d = 0; d < Dh; d++) {
+            ((uint16_t *)k)[sd_key_at(slot, d, Dh)] = h[d];
+        }
+    } else {
+        for (int d = 0; d < Dh; d++) {
+            ((float *)k)[sd_key_at(slot, d, Dh)] = row[d];
+        }
+    }
+}
+
+void sd_key_get(float *row, const void *k, int f16, int slot, int Dh) {
+    for (int d = 0; d < Dh; d++) {
+        const size_t at = sd_key_at(slot, d, Dh);
+        row[d] = f16 ? sd_f16_to_f32(((const uint16_t *)k)[at]) : ((const float *)k)[at];
+    }
+}
+
+void sd_key_copy(void *k, int f16, int dst, int src, int Dh) {
+    for (int d = 0; d < Dh; d++) {
+        const size_t to = sd_key_at(dst, d, Dh), from = sd_key_at(src, d, Dh);
+        if (f16) {
+            ((uint16_t *)k)[to] = ((const uint16_t *)k)[from];
+        } else {
+            ((float *)k)[to] = ((const float *)k)[from];
+        }
+    }
+}
+
 /* Row s of a cache's rows (Dh elements each) as floats: in place for f32, else widened
  * (exactly) from halves into buf. */
 static const float *kv_row(const void *rows, int f16, int s, int Dh, float *buf) {
@@ -247,14 +279,22 @@ static const float *kv_row(const void *rows, int f16, int s, int Dh, float *buf)
     return buf;
 }
 
-/* One query: the portable twin of the SIMD kernel's per-query work. */
+/* One query: the portable twin of the SIMD kernel's per-query work; keys in tiles, or (rows)
+ * in rows as values are. */
 static void attend_one(float *o, float *st, const float *q, const uint8_t *m, const void *k,
-                       const void *v, int f16, int n_attn, int Dh, float scale, float *sc) {
+                       const void *v, int f16, int rows, int n_attn, int Dh, float scale,
+                       float *sc) {
     float row[SD_MAX_HEAD_DIM];
     float mx = -INFINITY;
     for (int s = 0; s < n_attn; s++) {
         if (m[s]) {
-            sc[s] = sd_dot_f32(q, kv_row(k, f16, s, Dh, row), Dh) * scale;
+            const float *ks = row;
+            if (rows) {
+                ks = kv_row(k, f16, s, Dh, row);
+            } else {
+                sd_key_get(row, k, f16, s, Dh);
+            }
+            sc[s] = sd_dot_f32(q, ks, Dh) * scale;
             mx = sc[s] > mx ? sc[s] : mx;
         }
     }
@@ -279,7 +319,15 @@ static void attend_one(float *o, float *st, const float *q, const uint8_t *m, co
 void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
                    int Dh, float scale, float *sc) {
     for (int i = 0; i < g->n; i++) {
-        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, kv_f16, n_attn, Dh, scale,
+        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, kv_f16, 0, n_attn, Dh, scale,
+                   sc + (size_t)i * (size_t)n_attn);
+    }
+}
+
+void sd_attend_rows_ref(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+                        float scale, float *sc) {
+    for (int i = 0; i < g->n; i++) {
+        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, 0, 1, n_attn, Dh, scale,
                    sc + (size_t)i * (size_t)n_attn);
     }
 }

@@ -65,13 +65,18 @@ typedef struct {
 } sd_attn_group;
 
 /* Attention of each query of g: o = the softmax(scale * q . k_s over the slots s < n_attn its
- * mask opens) weighted sum of v_s; k, v (n_attn, Dh): one KV head's rows, contiguous, f32 or
- * (kv_f16) IEEE halves. sc: (SD_ATTN_GROUP, n_attn) scratch. sd_attend is this CPU's kernel,
- * sd_attend_ref the portable one. */
+ * mask opens) weighted sum of v_s; k: one KV head's keys in tiles (SD_KV_TILE below; the last
+ * tile whole, its slots past n_attn unread in effect), v (n_attn, Dh): its values in rows; f32
+ * or (kv_f16) IEEE halves. sc: (SD_ATTN_GROUP, n_attn) scratch. sd_attend is this CPU's
+ * kernel, sd_attend_ref the portable one. */
 void sd_attend(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn, int Dh,
                float scale, float *sc);
 void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
                    int Dh, float scale, float *sc);
+/* sd_attend_ref over f32 keys in rows (n_attn, Dh), as the CUDA backend's cache holds them: the
+ * CPU twin of its attention kernel (twins.c). */
+void sd_attend_rows_ref(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
+                        float scale, float *sc);
 
 /* The slots of a cache, in runs of SD_ATTN_CHUNK from slot 0, are attended one run at a time
  * (sd_attend over the run), and a query's runs are then weighed together by their softmax sums
@@ -79,6 +84,33 @@ void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_
  * the batch and the threads, so a query keeps its bits; and the runs of one KV head can go to
  * different threads, which then read its keys and values once between them. */
 #define SD_ATTN_CHUNK 512
+
+/* Keys in a CPU cache lie in tiles of SD_KV_TILE slots, dimension-major: element d of slot
+ * SD_KV_TILE t + i sits at t SD_KV_TILE Dh + d SD_KV_TILE + i. A vector load then holds one
+ * dimension of sixteen keys, and a query's sixteen dot products are vertical multiply-adds
+ * with no horizontal sums. A tile takes the room of SD_KV_TILE rows, so a run of slots from a
+ * multiple of SD_KV_TILE starts at element s Dh as rows would (the runs above do); a KV head
+ * holds its slots rounded up to whole tiles (sd_kv_slots). Values stay in rows. */
+#define SD_KV_TILE 16
+_Static_assert(SD_ATTN_CHUNK % SD_KV_TILE == 0, "runs of slots start at a tile");
+
+/* Offset (in elements) of dimension d of slot `slot` in a KV head's tiled keys. */
+static inline size_t sd_key_at(int slot, int d, int Dh) {
+    return ((size_t)(slot / SD_KV_TILE) * (size_t)Dh + (size_t)d) * SD_KV_TILE +
+           (size_t)(slot % SD_KV_TILE);
+}
+
+/* Slots a KV head's keys and values take for n of them: whole tiles. */
+static inline int sd_kv_slots(int n) {
+    return (n + SD_KV_TILE - 1) / SD_KV_TILE * SD_KV_TILE;
+}
+
+/* A key row (Dh floats) into slot `slot` of tiled keys k, f32 or (f16) IEEE halves rounded as
+ * sd_f32_to_f16_row rounds; out of it as floats (halves widen exactly); and copied between
+ * slots of one head unchanged. */
+void sd_key_put(void *k, int f16, int slot, int Dh, const float *row);
+void sd_key_get(float *row, const void *k, int f16, int slot, int Dh);
+void sd_key_copy(void *k, int f16, int dst, int src, int Dh);
 
 /* One past the last nonzero of m[0 .. n) (0 if none): the end of a mask row's open slots. */
 static inline int sd_mask_end(const uint8_t *m, int n) {
@@ -100,8 +132,9 @@ static inline int sd_mask_end(const uint8_t *m, int n) {
 size_t sd_attention_scratch(int n_attn, int head_dim, int n_threads);
 
 /* Attention of T queries q (T, H*Dh) over cache slots [0, n_attn) of one layer: k, v
- * (Hkv, head_stride / Dh, Dh) of f32 or (kv_f16) IEEE halves, KV head h's rows head_stride
- * elements after KV head h - 1's; mask (T, n_attn) nonzero = attend. out (T, H*Dh).
+ * (Hkv, head_stride / Dh, Dh) of f32 or (kv_f16) IEEE halves, KV head h's keys (in tiles) and
+ * values (in rows) head_stride elements after KV head h - 1's, head_stride a multiple of
+ * SD_KV_TILE Dh; mask (T, n_attn) nonzero = attend. out (T, H*Dh).
  * scratch: sd_attention_scratch(n_attn, Dh, the pool's threads) floats. */
 void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k, const void *v,
                   int kv_f16, size_t head_stride, const uint8_t *mask, int T, int n_attn,

@@ -177,28 +177,6 @@ SD_AVX2 void sd_swiglu_avx2(float *out, const float *gate, const float *up, int6
     }
 }
 
-/* The horizontal sum of dot8_rows for one lane: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
- * computed by the same instructions. */
-SD_AVX2 static inline float hsum_tree(__m256 a) {
-    const __m256 h = _mm256_hadd_ps(a, a);
-    const __m256 h2 = _mm256_hadd_ps(h, h);
-    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
-}
-
-/* The end of tree8 on one query's half. */
-SD_AVX2 static inline __m256 tree8_tail(__m256 h0123, __m256 h4567) {
-    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20),
-                         _mm256_permute2f128_ps(h0123, h4567, 0x31));
-}
-
-/* The eight sums of a[0..7] as one vector: a tree of horizontal adds. */
-SD_AVX2 static inline __m256 tree8(const __m256 *a) {
-    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-    return tree8_tail(h0123, h4567);
-}
-
 /* The KV cache holds f32 or IEEE halves (F16 = 1, a compile-time constant in the kernels
  * below); a half widens to f32 exactly, so both give the same arithmetic on the values held. */
 #define SD_INLINE static inline __attribute__((always_inline))
@@ -216,34 +194,48 @@ SD_INLINE const char *kv_at(const int F16, const void *p, size_t i) {
     return (const char *)p + kv_size(F16, i);
 }
 
-/* Eight dot products of q with the consecutive rows k_0..k_7 (Dh elements each, Dh % 8 == 0),
- * as one vector: eight accumulators, then a tree of horizontal adds. */
-SD_AVX2 SD_INLINE __m256 dot8_rows(const int F16, const float *q, const void *k, int Dh) {
-    __m256 a[8];
-    for (int j = 0; j < 8; j++) {
-        a[j] = _mm256_setzero_ps();
-    }
-    /* a pointer per key: each load is one instruction, without index arithmetic */
-    const void *k0 = k, *k1 = kv_at(F16, k0, (size_t)Dh), *k2 = kv_at(F16, k1, (size_t)Dh);
-    const void *k3 = kv_at(F16, k2, (size_t)Dh), *k4 = kv_at(F16, k3, (size_t)Dh);
-    const void *k5 = kv_at(F16, k4, (size_t)Dh), *k6 = kv_at(F16, k5, (size_t)Dh);
-    const void *k7 = kv_at(F16, k6, (size_t)Dh);
-    for (size_t d = 0; d < (size_t)Dh; d += 8) {
-        const __m256 qd = _mm256_loadu_ps(q + d);
-#define SD_K1(j) a[j] = _mm256_fmadd_ps(qd, kv_load8(F16, k##j, d), a[j]);
-        SD_K1(0) SD_K1(1) SD_K1(2) SD_K1(3) SD_K1(4) SD_K1(5) SD_K1(6) SD_K1(7)
-#undef SD_K1
-    }
-    return tree8(a);
+/* ---- scores over tiled keys ------------------------------------------------------------------
+ * A score's arithmetic, the same in every kernel here and whatever the group: for each lane
+ * l < 8, c_l = the chain of FMAs from zero of q[d] k[d] over d = l, l + 8, ..., l + Dh - 8; the
+ * dot product is ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7)); the score that times scale,
+ * or -inf where the mask shuts the slot. Over a tile of keys (SD_KV_TILE, ops_cpu.h) each c_l is
+ * a vector over the tile's slots and the tree is vertical adds: no horizontal sums. */
+
+/* Element d of the keys of a tile, eight slots from kt (a tile's first slot, or its ninth). */
+SD_AVX2 SD_INLINE __m256 tile_load8(const int F16, const void *kt, int d) {
+    return kv_load8(F16, kt, (size_t)d * SD_KV_TILE);
 }
 
-/* One lane of dot8_rows, bit for bit. */
-SD_AVX2 SD_INLINE float dot1_row(const int F16, const float *q, const void *k, int Dh) {
-    __m256 a = _mm256_setzero_ps();
-    for (int d = 0; d < Dh; d += 8) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(F16, k, (size_t)d), a);
+/* (c_l + c_(l+1)) + (c_(l+2) + c_(l+3)) of NQ (1 or 2) queries and eight keys of a tile (kt as
+ * in tile_load8): 4 NQ chains in flight, each vector of keys loaded once for the NQ queries. */
+SD_AVX2 SD_INLINE void lanes4_dots8(const int F16, const int NQ, const float *const *q,
+                                    const void *kt, int Dh, int l, __m256 *h) {
+    __m256 a[2][4];
+    for (int i = 0; i < NQ; i++) {
+        a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm256_setzero_ps();
     }
-    return hsum_tree(a);
+    for (int d = l; d < Dh; d += 8) {
+        for (int u = 0; u < 4; u++) {
+            const __m256 kd = tile_load8(F16, kt, d + u);
+            for (int i = 0; i < NQ; i++) {
+                a[i][u] = _mm256_fmadd_ps(_mm256_set1_ps(q[i][d + u]), kd, a[i][u]);
+            }
+        }
+    }
+    for (int i = 0; i < NQ; i++) {
+        h[i] = _mm256_add_ps(_mm256_add_ps(a[i][0], a[i][1]), _mm256_add_ps(a[i][2], a[i][3]));
+    }
+}
+
+/* The dot products of NQ (1 or 2) queries with eight keys of a tile: r[i] lane j = q[i] . k_j. */
+SD_AVX2 SD_INLINE void tile_dots8(const int F16, const int NQ, const float *const *q,
+                                  const void *kt, int Dh, __m256 *r) {
+    __m256 lo[2], hi[2];
+    lanes4_dots8(F16, NQ, q, kt, Dh, 0, lo);
+    lanes4_dots8(F16, NQ, q, kt, Dh, 4, hi);
+    for (int i = 0; i < NQ; i++) {
+        r[i] = _mm256_add_ps(lo[i], hi[i]);
+    }
 }
 
 /* Softmax in place over one query's scores sc[0 .. n_attn) (-inf for shut slots, at least one
@@ -346,48 +338,50 @@ static int attend_ends(const sd_attn_group *g, int n_attn, int *hi) {
     return hi_max;
 }
 
-/* Scores of eight slots from their dot products: scale, -inf where the mask m shuts a slot. */
-SD_AVX2 static inline void store_scores8(float *row, const uint8_t *m, __m256 dot, __m256 vscale) {
-    uint64_t m8;
-    memcpy(&m8, m, 8);
-    const __m256 shut = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
-        _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)), _mm256_setzero_si256()));
-    _mm256_storeu_ps(row,
-                     _mm256_blendv_ps(_mm256_mul_ps(dot, vscale), _mm256_set1_ps(-INFINITY), shut));
-}
-
-/* The block of eight keys SD_ATTN_AHEAD slots after ks into L1. */
-SD_INLINE void prefetch_keys8(const int F16, const void *ks, int Dh) {
-    const char *a = kv_at(F16, ks, SD_ATTN_AHEAD * (size_t)Dh);
-    const char *end = kv_at(F16, a, 8 * (size_t)Dh);
-    for (; a < end; a += 64) {
-        _mm_prefetch(a, _MM_HINT_T0);
+/* Scores of n <= 8 slots from their dot products into row: times scale, -inf where the mask
+ * m shuts a slot. */
+SD_AVX2 static inline void store_scores8(float *row, const uint8_t *m, __m256 dot, __m256 vscale,
+                                         int n) {
+    const __m256 x = _mm256_mul_ps(dot, vscale);
+    if (n == 8) {
+        uint64_t m8;
+        memcpy(&m8, m, 8);
+        const __m256 shut = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8)), _mm256_setzero_si256()));
+        _mm256_storeu_ps(row, _mm256_blendv_ps(x, _mm256_set1_ps(-INFINITY), shut));
+        return;
+    }
+    float t[8];
+    _mm256_storeu_ps(t, x);
+    for (int j = 0; j < n; j++) {
+        row[j] = m[j] ? t[j] : -INFINITY;
     }
 }
 
-/* Floats of widened keys or values a kernel keeps on its stack (16 KiB, in L1): eight rows of
- * keys of the largest head size, or a run of SD_ATTN_WIDE / Dh value rows (64 when Dh = 64). */
+/* Floats of widened values a kernel keeps on its stack (16 KiB, in L1): a run of SD_ATTN_WIDE /
+ * Dh value rows (64 when Dh = 64). */
 #define SD_ATTN_WIDE (8 * SD_MAX_HEAD_DIM)
 
-/* The slots from s (a multiple of 8) to hi_max one at a time; then each query's softmax (the
- * kernel's softmax_row or softmax_row512) leaves its weights in sc + i * n_attn. */
-SD_AVX2 SD_INLINE void scores_tail(const int F16, const sd_attn_group *g, const void *k,
-                                   const int *hi, int hi_max, int s, int n_attn, int Dh,
-                                   float scale, float *sc) {
-    for (; s < hi_max; s++) {
-        for (int i = 0; i < g->n; i++) {
-            sc[(size_t)i * (size_t)n_attn + (size_t)s] =
-                s < hi[i] && g->m[i][s]
-                    ? dot1_row(F16, g->q[i], kv_at(F16, k, (size_t)s * (size_t)Dh), Dh) * scale
-                    : -INFINITY;
+/* The queries of g that see slot s or one after it (s < hi[i]), into act; returns how many. */
+static inline int attend_active(const sd_attn_group *g, const int *hi, int s, int *act) {
+    int na = 0;
+    for (int i = 0; i < g->n; i++) {
+        if (s < hi[i]) {
+            act[na++] = i;
         }
     }
+    return na;
+}
+
+/* The first of the eight (F16: halves) keys of the tile that holds slot s (a multiple of 8). */
+SD_INLINE const void *tile_at(const int F16, const void *k, int s, int Dh) {
+    return kv_at(F16, k, (size_t)(s - s % SD_KV_TILE) * (size_t)Dh + (size_t)(s % SD_KV_TILE));
 }
 
 /* The queries of a group share the keys and values (heads of one KV head, tokens of a batch):
- * each block of eight keys is loaded once for all of them and stays in L1, the values of one
- * KV head stay in L2 while every query sums them. A query's arithmetic is the same whatever
- * group it is in and whatever n_attn (dot1_row equals a lane of dot8_rows, the softmax takes
+ * each vector of keys is loaded once for two queries, the keys and values of one KV head stay
+ * in L2 while every query goes over them. A query's arithmetic is the same whatever group it
+ * is in and whatever n_attn (the score's arithmetic above, lane by lane; the softmax takes
  * every slot the same way), so a verify batch gives the bits one-token decoding gives.
  * Dh % 8 == 0 (sd_attend takes other head sizes to the portable kernel). */
 SD_AVX2 SD_INLINE void attend_avx2(const int F16, const sd_attn_group *g, const void *k,
@@ -395,28 +389,26 @@ SD_AVX2 SD_INLINE void attend_avx2(const int F16, const sd_attn_group *g, const 
     int hi[SD_ATTN_GROUP];
     const int hi_max = attend_ends(g, n_attn, hi);
     const __m256 vscale = _mm256_set1_ps(scale);
-    _Alignas(32) float kb[F16 ? SD_ATTN_WIDE : 1];
-    int s = 0;
-    for (; s + 8 <= hi_max; s += 8) {
-        const void *ks = kv_at(F16, k, (size_t)s * (size_t)Dh);
-        prefetch_keys8(F16, ks, Dh);
-        int na = 0; /* the queries that see one of these slots */
-        for (int i = 0; i < g->n; i++) {
-            na += s < hi[i];
-        }
-        if (F16 && na > 1) { /* widened once for all of them: cheaper than once per query */
-            sd_f16_to_f32_avx2(kb, ks, 8 * (int64_t)Dh);
-        }
-        for (int i = 0; i < g->n; i++) {
-            if (s < hi[i]) {
-                store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
-                              F16 && na > 1 ? dot8_rows(0, g->q[i], kb, Dh)
-                                            : dot8_rows(F16, g->q[i], ks, Dh),
-                              vscale);
+    for (int s = 0; s < hi_max; s += 8) {
+        const void *kt = tile_at(F16, k, s, Dh);
+        int act[SD_ATTN_GROUP];
+        const int na = attend_active(g, hi, s, act);
+        for (int j = 0; j < na; j += 2) {
+            const int nq = na - j < 2 ? 1 : 2;
+            const float *q[2] = {g->q[act[j]], g->q[act[j + nq - 1]]};
+            __m256 r[2];
+            if (nq == 2) {
+                tile_dots8(F16, 2, q, kt, Dh, r);
+            } else {
+                tile_dots8(F16, 1, q, kt, Dh, r);
+            }
+            for (int e = 0; e < nq; e++) {
+                const int i = act[j + e], n = hi[i] - s < 8 ? hi[i] - s : 8;
+                store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s, r[e],
+                              vscale, n);
             }
         }
     }
-    scores_tail(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
     for (int i = 0; i < g->n; i++) {
         softmax_row(sc + (size_t)i * (size_t)n_attn, hi[i], g->st[i]);
     }
@@ -436,11 +428,11 @@ SD_AVX2 void sd_attend_avx2(const sd_attn_group *g, const void *k, const void *v
 
 /* ---- the same attention on AVX-512 (32 vector registers) ------------------------------------
  * The same arithmetic as sd_attend_avx2, instruction for instruction per query, so it gives the
- * same bits; what changes is how the work is shared. Two queries take each block of keys
- * together (their dot products side by side in 16-lane registers, each key loaded once for
- * both), and four queries sum the value rows together, 16 dimensions per register (a lane's
- * sums are the same FMAs in the same slot order as in eight-lane registers), so the values of a
- * KV head come from L2 once per four queries instead of once per query. */
+ * same bits; what changes is how the work is shared. A whole tile of sixteen keys per vector,
+ * each vector of keys loaded once for three queries, and four queries sum the value rows
+ * together, 16 dimensions per register (a lane's sums are the same FMAs in the same slot order
+ * as in eight-lane registers), so the values of a KV head come from L2 once per four queries
+ * instead of once per query. */
 
 #define SD_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
 
@@ -508,16 +500,6 @@ SD_AVX512 static void softmax_row512(float *sc, int n_attn, float *st) {
     }
 }
 
-/* Eight cache elements from element i of p, as floats in both halves of a 16-lane register. */
-SD_AVX512 SD_INLINE __m512 kv_load8x2(const int F16, const void *p, size_t i) {
-    if (F16) {
-        return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(
-            _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))));
-    }
-    return _mm512_castpd_ps(
-        _mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)((const float *)p + i))));
-}
-
 /* Sixteen cache elements from element i of p as floats, or (half) eight and zeros. */
 SD_AVX512 SD_INLINE __m512 kv_load16(const int F16, const void *p, size_t i, int half) {
     if (F16) {
@@ -529,78 +511,64 @@ SD_AVX512 SD_INLINE __m512 kv_load16(const int F16, const void *p, size_t i, int
     return half ? _mm512_zextps256_ps512(_mm256_loadu_ps(f)) : _mm512_loadu_ps(f);
 }
 
-/* hadd_ps in both 256-bit halves at once: [x0+x1, x2+x3, y0+y1, y2+y3] per 128-bit lane. */
-SD_AVX512 static inline __m512 hadd512(__m512 x, __m512 y) {
-    return _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD));
+/* c_l + c_(l+1) of NQ (1 to 3) queries and the sixteen keys of the tile kt: 2 NQ chains in
+ * flight, each vector of keys loaded, and widened from halves, once for the NQ queries. */
+SD_AVX512 SD_INLINE void lanes2_dots16(const int F16, const int NQ, const float *const *q,
+                                       const void *kt, int Dh, int l, __m512 *p) {
+    __m512 a[3], b[3];
+    for (int i = 0; i < NQ; i++) {
+        a[i] = b[i] = _mm512_setzero_ps();
+    }
+    for (int d = l; d < Dh; d += 8) {
+        const __m512 ka = kv_load16(F16, kt, (size_t)d * SD_KV_TILE, 0);
+        const __m512 kb = kv_load16(F16, kt, (size_t)(d + 1) * SD_KV_TILE, 0);
+        for (int i = 0; i < NQ; i++) {
+            a[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d]), ka, a[i]);
+            b[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][d + 1]), kb, b[i]);
+        }
+    }
+    for (int i = 0; i < NQ; i++) {
+        p[i] = _mm512_add_ps(a[i], b[i]);
+    }
 }
 
-/* dot8_rows of q0 and of q1 with the same eight keys, in 16-lane registers: lanes 0-7 do q0's
- * FMAs, lanes 8-15 q1's, each half exactly dot8_rows' sequence (the key's eight floats sit in
- * both halves), and tree8 runs on both halves at once. Each key is loaded once for the two. */
-SD_AVX512 SD_INLINE void dot8_rows2(const int F16, const float *q0, const float *q1, const void *k,
-                                    int Dh, __m256 *r0, __m256 *r1) {
-    /* named accumulators: GCC keeps arrays of vectors in memory */
-    __m512 a0, a1, a2, a3, a4, a5, a6, a7;
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _mm512_setzero_ps();
-    const void *k0 = k, *k1 = kv_at(F16, k0, (size_t)Dh), *k2 = kv_at(F16, k1, (size_t)Dh);
-    const void *k3 = kv_at(F16, k2, (size_t)Dh), *k4 = kv_at(F16, k3, (size_t)Dh);
-    const void *k5 = kv_at(F16, k4, (size_t)Dh), *k6 = kv_at(F16, k5, (size_t)Dh);
-    const void *k7 = kv_at(F16, k6, (size_t)Dh);
-    for (size_t d = 0; d < (size_t)Dh; d += 8) {
-        const __m512 qd = _mm512_castpd_ps(
-            _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(q0 + d))),
-                               _mm256_castps_pd(_mm256_loadu_ps(q1 + d)), 1));
-#define SD_K2(j) a##j = _mm512_fmadd_ps(qd, kv_load8x2(F16, k##j, d), a##j);
-        SD_K2(0) SD_K2(1) SD_K2(2) SD_K2(3) SD_K2(4) SD_K2(5) SD_K2(6) SD_K2(7)
-#undef SD_K2
+/* The dot products of NQ (1 to 3) queries with the sixteen keys of the tile kt: r[i] lane j =
+ * q[i] . k_j, the score's arithmetic of the AVX2 kernel lane by lane, the partial trees kept
+ * in registers. */
+SD_AVX512 SD_INLINE void tile_dots16(const int F16, const int NQ, const float *const *q,
+                                     const void *kt, int Dh, __m512 *r) {
+    __m512 t0[3], t1[3], p[3];
+    lanes2_dots16(F16, NQ, q, kt, Dh, 0, t0);
+    lanes2_dots16(F16, NQ, q, kt, Dh, 2, p);
+    for (int i = 0; i < NQ; i++) {
+        t0[i] = _mm512_add_ps(t0[i], p[i]); /* (c0 + c1) + (c2 + c3) */
     }
-    const __m512 h0123 = hadd512(hadd512(a0, a1), hadd512(a2, a3));
-    const __m512 h4567 = hadd512(hadd512(a4, a5), hadd512(a6, a7));
-    *r0 = tree8_tail(_mm512_castps512_ps256(h0123), _mm512_castps512_ps256(h4567));
-    *r1 = tree8_tail(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h0123), 1)),
-                     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h4567), 1)));
+    lanes2_dots16(F16, NQ, q, kt, Dh, 4, t1);
+    lanes2_dots16(F16, NQ, q, kt, Dh, 6, p);
+    for (int i = 0; i < NQ; i++) {
+        r[i] = _mm512_add_ps(t0[i], _mm512_add_ps(t1[i], p[i]));
+    }
 }
 
-/* dot8_rows2 of three pairs of queries (q[0], q[1]), (q[2], q[3]), (q[4], q[5]) with the same
- * eight keys k (f32 rows): each lane does dot8_rows2's FMAs, and each pair's sums take its
- * tree, so every query gets the bits dot8_rows gives it; what changes is that each key load
- * feeds three FMAs instead of one (24 accumulators), which lifts the loads' bound on the FMA
- * rate. r[i]: query i's eight dot products. */
-SD_AVX512 SD_INLINE void dot8_rows6(const float *const *q, const float *k, int Dh, __m256 *r) {
-    __m512 a00, a01, a02, a03, a04, a05, a06, a07, a10, a11, a12, a13, a14, a15, a16, a17;
-    __m512 a20, a21, a22, a23, a24, a25, a26, a27;
-    a00 = a01 = a02 = a03 = a04 = a05 = a06 = a07 = _mm512_setzero_ps();
-    a10 = a11 = a12 = a13 = a14 = a15 = a16 = a17 = _mm512_setzero_ps();
-    a20 = a21 = a22 = a23 = a24 = a25 = a26 = a27 = _mm512_setzero_ps();
-    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3], *q4 = q[4], *q5 = q[5];
-    for (size_t d = 0; d < (size_t)Dh; d += 8) {
-#define SD_QPAIR(x, y)                                                                             \
-    _mm512_castpd_ps(                                                                              \
-        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps((x) + d))),      \
-                           _mm256_castps_pd(_mm256_loadu_ps((y) + d)), 1))
-        const __m512 p0 = SD_QPAIR(q0, q1), p1 = SD_QPAIR(q2, q3), p2 = SD_QPAIR(q4, q5);
-#undef SD_QPAIR
-#define SD_K6(j)                                                                                   \
-    {                                                                                              \
-        const __m512 kj = kv_load8x2(0, k + (size_t)(j) * (size_t)Dh, d);                          \
-        a0##j = _mm512_fmadd_ps(p0, kj, a0##j);                                                    \
-        a1##j = _mm512_fmadd_ps(p1, kj, a1##j);                                                    \
-        a2##j = _mm512_fmadd_ps(p2, kj, a2##j);                                                    \
+/* Scores of n <= 16 slots from their dot products into row: store_scores8's arithmetic. */
+SD_AVX512 static inline void store_scores16(float *row, const uint8_t *m, __m512 dot, __m512 vscale,
+                                            int n) {
+    const __m512 x = _mm512_mul_ps(dot, vscale);
+    if (n == 16) {
+        uint64_t lo, hi;
+        memcpy(&lo, m, 8);
+        memcpy(&hi, m + 8, 8);
+        const __mmask16 shut = _mm512_cmpeq_epi32_mask(
+            _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)hi, (long long)lo)),
+            _mm512_setzero_si512());
+        _mm512_storeu_ps(row, _mm512_mask_blend_ps(shut, x, _mm512_set1_ps(-INFINITY)));
+        return;
     }
-        SD_K6(0) SD_K6(1) SD_K6(2) SD_K6(3) SD_K6(4) SD_K6(5) SD_K6(6) SD_K6(7)
-#undef SD_K6
+    float t[16];
+    _mm512_storeu_ps(t, x);
+    for (int j = 0; j < n; j++) {
+        row[j] = m[j] ? t[j] : -INFINITY;
     }
-#define SD_TREE2(i)                                                                                \
-    {                                                                                              \
-        const __m512 h0123 = hadd512(hadd512(a##i##0, a##i##1), hadd512(a##i##2, a##i##3));        \
-        const __m512 h4567 = hadd512(hadd512(a##i##4, a##i##5), hadd512(a##i##6, a##i##7));        \
-        r[2 * (i)] = tree8_tail(_mm512_castps512_ps256(h0123), _mm512_castps512_ps256(h4567));    \
-        r[2 * (i) + 1] =                                                                           \
-            tree8_tail(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h0123), 1)),      \
-                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h4567), 1)));     \
-    }
-    SD_TREE2(0) SD_TREE2(1) SD_TREE2(2)
-#undef SD_TREE2
 }
 
 /* weighted_sum of four queries at once over dimensions d0 .. d0 + 16 NV (the last register
@@ -741,65 +709,35 @@ SD_AVX512 SD_INLINE void values_all(const int F16, const sd_attn_group *g, const
     }
 }
 
-/* The scores of the na queries act[] for the block of eight keys ks at slot s: six at a time
- * (keys as floats), then in pairs, then one alone. */
-SD_AVX512 SD_INLINE void scores_block(const int F16, const sd_attn_group *g, const int *act, int na,
-                                      const void *ks, int s, int n_attn, int Dh, __m256 vscale,
-                                      float *sc) {
-    int j = 0;
-    if (!F16) { /* keys as floats (kb when several queries read them): six queries at a time */
-        for (; j + 6 <= na; j += 6) {
-            const float *q6[6];
-            __m256 d6[6];
-            for (int e = 0; e < 6; e++) {
-                q6[e] = g->q[act[j + e]];
-            }
-            dot8_rows6(q6, (const float *)ks, Dh, d6);
-            for (int e = 0; e < 6; e++) {
-                const int i = act[j + e];
-                store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s, d6[e],
-                              vscale);
-            }
-        }
-    }
-    for (; j + 2 <= na; j += 2) {
-        const int i0 = act[j], i1 = act[j + 1];
-        __m256 d0, d1;
-        dot8_rows2(F16, g->q[i0], g->q[i1], ks, Dh, &d0, &d1);
-        store_scores8(sc + (size_t)i0 * (size_t)n_attn + (size_t)s, g->m[i0] + s, d0, vscale);
-        store_scores8(sc + (size_t)i1 * (size_t)n_attn + (size_t)s, g->m[i1] + s, d1, vscale);
-    }
-    if (j < na) {
-        const int i = act[j];
-        store_scores8(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s,
-                      dot8_rows(F16, g->q[i], ks, Dh), vscale);
-    }
-}
-
 SD_AVX512 SD_INLINE void attend_avx512(const int F16, const sd_attn_group *g, const void *k,
                                        const void *v, int n_attn, int Dh, float scale, float *sc) {
     int hi[SD_ATTN_GROUP];
     const int hi_max = attend_ends(g, n_attn, hi);
-    const __m256 vscale = _mm256_set1_ps(scale);
-    _Alignas(64) float kb[F16 ? SD_ATTN_WIDE : 1];
-    int s = 0;
-    for (; s + 8 <= hi_max; s += 8) {
-        const void *ks = kv_at(F16, k, (size_t)s * (size_t)Dh);
-        prefetch_keys8(F16, ks, Dh);
-        int act[SD_ATTN_GROUP], na = 0; /* the queries that see one of these slots */
-        for (int i = 0; i < g->n; i++) {
-            if (s < hi[i]) {
-                act[na++] = i;
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int s = 0; s < hi_max; s += SD_KV_TILE) {
+        const void *kt = kv_at(F16, k, (size_t)s * (size_t)Dh);
+        /* the next tile into L1 */
+        for (size_t o = 0; o < kv_size(F16, SD_KV_TILE * (size_t)Dh); o += 64) {
+            _mm_prefetch(kv_at(F16, kt, SD_KV_TILE * (size_t)Dh) + o, _MM_HINT_T0);
+        }
+        int act[SD_ATTN_GROUP];
+        const int na = attend_active(g, hi, s, act);
+        for (int j = 0; j < na; j += 3) {
+            const int nq = na - j < 3 ? na - j : 3;
+            const float *q[3] = {g->q[act[j]], g->q[act[j + (nq > 1)]], g->q[act[j + nq - 1]]};
+            __m512 r[3];
+            switch (nq) {
+            case 3: tile_dots16(F16, 3, q, kt, Dh, r); break;
+            case 2: tile_dots16(F16, 2, q, kt, Dh, r); break;
+            default: tile_dots16(F16, 1, q, kt, Dh, r); break;
+            }
+            for (int e = 0; e < nq; e++) {
+                const int i = act[j + e], n = hi[i] - s < 16 ? hi[i] - s : 16;
+                store_scores16(sc + (size_t)i * (size_t)n_attn + (size_t)s, g->m[i] + s, r[e],
+                               vscale, n);
             }
         }
-        if (F16 && na > 1) {
-            widen_rows512(kb, ks, 8 * Dh);
-            scores_block(0, g, act, na, kb, s, n_attn, Dh, vscale, sc);
-        } else {
-            scores_block(F16, g, act, na, ks, s, n_attn, Dh, vscale, sc);
-        }
     }
-    scores_tail(F16, g, k, hi, hi_max, s, n_attn, Dh, scale, sc);
     for (int i = 0; i < g->n; i++) {
         softmax_row512(sc + (size_t)i * (size_t)n_attn, hi[i], g->st[i]);
     }
@@ -817,6 +755,9 @@ SD_AVX512 SD_INLINE void attend_avx512(const int F16, const sd_attn_group *g, co
     }
 }
 
+/* Dh stays a value known at run time: were it a constant (a clone for 64, say), GCC would
+ * unroll the dimension loops whole and hoist the queries' broadcasts out of the loop over
+ * tiles, more of them than there are registers, and spill them (scores at half the speed). */
 SD_AVX512 void sd_attend_avx512(const sd_attn_group *g, const void *k, const void *v, int kv_f16,
                                 int n_attn, int Dh, float scale, float *sc) {
     if (kv_f16) {

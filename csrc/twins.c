@@ -79,8 +79,8 @@ void sd_twin_attention(float *out, const float *q, const float *kc, const float 
             g.q[0] = q + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
             g.o[0] = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
             g.m[0] = mask + (size_t)t * (size_t)n_attn;
-            sd_attend_ref(&g, kc + (size_t)(h / G) * head, vc + (size_t)(h / G) * head, 0, n_attn,
-                          head_dim, 1.0f / sqrtf((float)head_dim), sc);
+            sd_attend_rows_ref(&g, kc + (size_t)(h / G) * head, vc + (size_t)(h / G) * head, n_attn,
+                               head_dim, 1.0f / sqrtf((float)head_dim), sc);
         }
     }
     free(sc);

@@ -231,6 +231,38 @@ def test_overwrite_slot_keeps_length(llama_gguf, ref_logits):
     assert rel_err(out[0], ref_logits(t, seq[:4] + [new])[-1]) <= F16_KV_TOL
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_copy_slot_moves_keys_and_values_exactly(llama_gguf, kv_dtype):
+    """copy_slot(dst, src) gives dst the key, value and position of src bit for bit, from one
+    tile of keys to another (slot 5 to 37; the CPU cache keeps keys in tiles of 16 slots): a
+    query that attends to dst where it attended to src gets exactly the logits it got before,
+    and before the copy it does not. (37 = 5 + 2 * 16 and no open slot lies between them, so
+    the softmax and the weighted sum take the copied slot at the same point of their sums.)"""
+    t = llama_gguf
+    m = load(t)
+    m.kv_dtype = kv_dtype
+    seq = random_tokens(t.cfg.vocab, 8, seed=33)
+    cache = m.new_cache(45)
+    m.forward(cache, seq[:6])                                   # slots 0 .. 5
+    m.forward(cache, [seq[6]], positions=[3], slots=[37])       # something else in slot 37
+    n_cols = 39
+    via_src = np.zeros((1, n_cols), bool)
+    via_src[0, [0, 1, 2, 3, 4, 5, 38]] = True
+    via_dst = via_src.copy()
+    via_dst[0, 5], via_dst[0, 37] = False, True
+
+    def query(mask):
+        return m.forward(cache, [seq[7]], positions=[6], slots=[38], mask=mask)
+
+    want = query(via_src)
+    assert not np.array_equal(query(via_dst), want)
+    cache.copy_slot(37, 5)
+    np.testing.assert_array_equal(query(via_dst), want)
+    np.testing.assert_array_equal(query(via_src), want)
+    with pytest.raises(ValueError, match="outside the cache of 45 slots"):
+        cache.copy_slot(45, 5)
+
+
 def test_n_logits(cm, ref_logits):
     """n_logits=k returns only the last k rows; n_logits=0 returns an empty (0, V) array but
     still writes the cache (the next decode step is right)."""
