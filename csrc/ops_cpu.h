@@ -65,10 +65,10 @@ typedef struct {
 } sd_attn_group;
 
 /* Attention of each query of g: o = the softmax(scale * q . k_s over the slots s < n_attn its
- * mask opens) weighted sum of v_s; k: one KV head's keys in tiles (SD_KV_TILE below; the last
- * tile whole, its slots past n_attn unread in effect), v (n_attn, Dh): its values in rows; f32
- * or (kv_f16) IEEE halves. sc: (SD_ATTN_GROUP, n_attn) scratch. sd_attend is this CPU's
- * kernel, sd_attend_ref the portable one. */
+ * mask opens) weighted sum of v_s; k: one KV head's keys in tiles (SD_KV_TILE below; the tile
+ * of slot n_attn - 1 whole: its later slots are read and their scores dropped), v (n_attn, Dh):
+ * its values in rows; f32 or (kv_f16) IEEE halves. sc: (SD_ATTN_GROUP, n_attn) scratch. sd_attend
+ * is this CPU's kernel, sd_attend_ref the portable one. */
 void sd_attend(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn, int Dh,
                float scale, float *sc);
 void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
