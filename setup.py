@@ -1,5 +1,6 @@
-"""Build specdec's extension module `specdec._core` from csrc/*.c, plus cuda/*.cu when nvcc is
-available (set SPECDEC_CPU_ONLY=1 to skip CUDA even then)."""
+"""Build specdec's extension module `specdec._core` from the C sources in csrc/ and its folders
+(csrc/README.md: one folder per layer), plus cuda/*.cu when nvcc is available (set
+SPECDEC_CPU_ONLY=1 to skip CUDA even then)."""
 
 import os
 import shutil
@@ -82,9 +83,9 @@ class BuildExt(build_ext):
 
 core = Extension(
     "specdec._core",
-    sources=sorted(glob(os.path.join("csrc", "*.c"))),
+    sources=sorted(glob(os.path.join("csrc", "**", "*.c"), recursive=True)),
     # a changed header rebuilds the extension (the sources alone are checked otherwise)
-    depends=sorted(glob(os.path.join("csrc", "*.h"))),
+    depends=sorted(glob(os.path.join("csrc", "**", "*.h"), recursive=True)),
     include_dirs=["csrc", numpy.get_include()],
     extra_compile_args=C_FLAGS,
     extra_link_args=["-pthread"],

@@ -9,7 +9,7 @@
 #include "common.cuh"
 #include "sampling.cuh"
 extern "C" {
-#include "../csrc/model.h"
+#include "../csrc/model/model.h"
 }
 
 /* A matrix on the device: rows of `cols` elements of `type`, rows contiguous. */

@@ -9,10 +9,10 @@
 #include <stdint.h>
 
 extern "C" {
-#include "../csrc/status.h"
+#include "../csrc/util/status.h"
 }
-#include "../csrc/blocks.h"
-#include "../csrc/hd.h"
+#include "../csrc/format/blocks.h"
+#include "../csrc/util/hd.h"
 #include "sd_cuda.h"
 
 /* A CUDA runtime call; on failure record it and return SD_ERR_CUDA from the enclosing function. */

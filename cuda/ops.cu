@@ -5,7 +5,7 @@
 #include <math.h>
 
 #include "common.cuh"
-#include "../csrc/dummy.h"
+#include "../csrc/model/dummy.h"
 
 /* ---- context ----------------------------------------------------------------------------------
  */

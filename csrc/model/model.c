@@ -1,0 +1,782 @@
+/* model.c — build a model from a GGUF file or a Hugging Face directory: read the
+ * hyper-parameters, find every tensor by role, check its shape and type, and keep views into
+ * the file mappings. Also the scratch buffers the forward pass reuses. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cpu/ops_cpu.h"
+#include "cpu/quant.h"
+#include "util/status.h"
+#ifdef SD_WITH_CUDA
+#include "../cuda/sd_cuda.h"
+#endif
+
+/* ---- tensor roles and their names in each format --------------------------------------------- */
+
+typedef enum {
+    R_TOK_EMBD,
+    R_OUT_NORM,
+    R_OUTPUT,
+    R_ATTN_NORM,
+    R_WQ,
+    R_WK,
+    R_WV,
+    R_WO,
+    R_BQ,
+    R_BK,
+    R_BV,
+    R_FFN_NORM,
+    R_GATE,
+    R_UP,
+    R_DOWN,
+    R_COUNT
+} role;
+
+static const char *const g_gguf_names[R_COUNT] = {
+    "token_embd.weight",       "output_norm.weight",        "output.weight",
+    "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight",      "blk.%d.attn_k.weight",
+    "blk.%d.attn_v.weight",    "blk.%d.attn_output.weight", "blk.%d.attn_q.bias",
+    "blk.%d.attn_k.bias",      "blk.%d.attn_v.bias",        "blk.%d.ffn_norm.weight",
+    "blk.%d.ffn_gate.weight",  "blk.%d.ffn_up.weight",      "blk.%d.ffn_down.weight",
+};
+
+static const char *const g_hf_names[R_COUNT] = {
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+    "model.layers.%d.input_layernorm.weight",
+    "model.layers.%d.self_attn.q_proj.weight",
+    "model.layers.%d.self_attn.k_proj.weight",
+    "model.layers.%d.self_attn.v_proj.weight",
+    "model.layers.%d.self_attn.o_proj.weight",
+    "model.layers.%d.self_attn.q_proj.bias",
+    "model.layers.%d.self_attn.k_proj.bias",
+    "model.layers.%d.self_attn.v_proj.bias",
+    "model.layers.%d.post_attention_layernorm.weight",
+    "model.layers.%d.mlp.gate_proj.weight",
+    "model.layers.%d.mlp.up_proj.weight",
+    "model.layers.%d.mlp.down_proj.weight",
+};
+
+typedef struct {
+    sd_model *m;
+    const char *const *names;
+    size_t vec_used; /* floats of m->vectors handed out */
+    size_t vec_cap;
+} builder;
+
+static const sd_tensor_info *find_tensor(const builder *b, const char *name) {
+    if (b->m->gguf != NULL) {
+        return sd_gguf_find_tensor(b->m->gguf, name);
+    }
+    if (b->m->dummy != NULL) {
+        return sd_dummy_find(b->m->dummy, name);
+    }
+    return sd_st_find(b->m->st, name);
+}
+
+static void role_name(char *buf, size_t n, const builder *b, role r, int layer) {
+    snprintf(buf, n, b->names[r], layer);
+}
+
+static void shape_str(char *buf, size_t n, const sd_tensor_info *t) {
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->n_dims && o < n; d++) {
+        o += (size_t)snprintf(buf + o, n - o, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    }
+    if (o < n) {
+        snprintf(buf + o, n - o, "]");
+    }
+}
+
+/* Look up a matrix (rows, cols). `required` = 0 lets a missing tensor leave out->data NULL. */
+static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t rows, int64_t cols,
+                         int required) {
+    char name[128];
+    role_name(name, sizeof(name), b, r, layer);
+    memset(out, 0, sizeof(*out));
+    const sd_tensor_info *t = find_tensor(b, name);
+    if (t == NULL) {
+        if (!required) {
+            return SD_OK;
+        }
+        return sd_set_error(SD_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols) {
+        char got[96];
+        shape_str(got, sizeof(got), t);
+        return sd_set_error(SD_ERR_FORMAT, "tensor '%s' has shape %s, expected [%lld, %lld]", name,
+                            got, (long long)rows, (long long)cols);
+    }
+    const sd_type_traits *tr = t->type >= 0 ? sd_type_get(t->type) : NULL;
+    if (tr == NULL || tr->to_float == NULL || tr->tile == NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "tensor '%s' has type %s, which specdec cannot compute with yet "
+                            "(supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, "
+                            "Q5_K, Q6_K)",
+                            name, t->type_name);
+    }
+    out->data = t->data;
+    out->type = t->type;
+    out->rows = rows;
+    out->cols = cols;
+    out->row_bytes = sd_row_bytes(t->type, cols);
+    out->tensor_id = b->m->dummy != NULL ? (int)(t - b->m->dummy->t) : -1;
+    if (r != R_TOK_EMBD) { /* a forward reads T rows of the embedding, not the table */
+        b->m->weight_bytes += (size_t)rows * out->row_bytes;
+    }
+    return SD_OK;
+}
+
+/* Look up a vector of n elements and copy it to f32 (norms and biases are tiny and read for
+ * every token; one f32 copy keeps the hot loop free of type dispatch). */
+static sd_status get_vec(const float **out, builder *b, role r, int layer, int64_t n,
+                         int required) {
+    char name[128];
+    role_name(name, sizeof(name), b, r, layer);
+    *out = NULL;
+    const sd_tensor_info *t = find_tensor(b, name);
+    if (t == NULL) {
+        if (!required) {
+            return SD_OK;
+        }
+        return sd_set_error(SD_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    if (t->n_dims != 1 || t->shape[0] != n) {
+        char got[96];
+        shape_str(got, sizeof(got), t);
+        return sd_set_error(SD_ERR_FORMAT, "tensor '%s' has shape %s, expected [%lld]", name, got,
+                            (long long)n);
+    }
+    const sd_type_traits *tr = t->type >= 0 ? sd_type_get(t->type) : NULL;
+    if (tr == NULL || tr->to_float == NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "tensor '%s' has type %s, which specdec cannot read (supported for "
+                            "norms and biases: F32, F16, BF16)",
+                            name, t->type_name);
+    }
+    if (b->vec_used + (size_t)n > b->vec_cap) {
+        return sd_set_error(SD_ERR_INTERNAL, "vector store too small for '%s'", name);
+    }
+    float *dst = b->m->vectors + b->vec_used;
+    tr->to_float(dst, t->data, n);
+    b->vec_used += (size_t)n;
+    b->m->weight_bytes += (size_t)n * sizeof(float);
+    *out = dst;
+    return SD_OK;
+}
+
+/* ---- hyper-parameters ------------------------------------------------------------------------ */
+
+static sd_status set_arch(sd_config *c, const char *name, size_t len) {
+    if (len == 5 && memcmp(name, "llama", 5) == 0) {
+        c->arch = SD_ARCH_LLAMA;
+    } else if (len == 7 && memcmp(name, "mistral", 7) == 0) {
+        c->arch = SD_ARCH_LLAMA; /* same graph; sliding window handled by the caller */
+    } else if (len == 5 && memcmp(name, "qwen2", 5) == 0) {
+        c->arch = SD_ARCH_QWEN2;
+    } else {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "unknown architecture '%.*s' (supported: llama, mistral, qwen2)",
+                            (int)(len > 64 ? 64 : len), name);
+    }
+    snprintf(c->arch_name, sizeof(c->arch_name), "%s",
+             c->arch == SD_ARCH_QWEN2 ? "qwen2" : "llama");
+    c->has_qkv_bias = c->arch == SD_ARCH_QWEN2;
+    return SD_OK;
+}
+
+static sd_status check_config(const sd_config *c) {
+    if (c->hidden_size <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+        c->ffn_size <= 0 || c->head_dim <= 0 || c->context_length <= 0 || c->vocab_size <= 0) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "invalid hyper-parameters: hidden %d, layers %d, heads %d, kv heads "
+                            "%d, ffn %d, head_dim %d, context length %d, vocab %d",
+                            c->hidden_size, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_size,
+                            c->head_dim, c->context_length, c->vocab_size);
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        return sd_set_error(SD_ERR_FORMAT, "%d attention heads are not a multiple of %d kv heads",
+                            c->n_heads, c->n_kv_heads);
+    }
+    if (c->head_dim % 2 != 0) {
+        return sd_set_error(SD_ERR_FORMAT, "head dimension %d is odd; RoPE needs pairs",
+                            c->head_dim);
+    }
+    if (c->head_dim > SD_MAX_HEAD_DIM) {
+        return sd_set_error(SD_ERR_UNSUPPORTED, "head dimension %d is larger than the %d supported",
+                            c->head_dim, SD_MAX_HEAD_DIM);
+    }
+    if (!(c->rms_eps > 0.0f) || !(c->rope_theta > 0.0f)) {
+        return sd_set_error(SD_ERR_FORMAT, "invalid rms epsilon %g or rope theta %g",
+                            (double)c->rms_eps, (double)c->rope_theta);
+    }
+    return SD_OK;
+}
+
+static int gguf_int(const sd_gguf *g, const sd_config *c, const char *suffix, int64_t *v) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", c->arch_name, suffix);
+    return sd_gguf_get_int(g, key, v);
+}
+
+static sd_status config_from_gguf(sd_config *c, const sd_gguf *g) {
+    size_t len = 0;
+    const char *arch = sd_gguf_get_str(g, "general.architecture", &len);
+    if (arch == NULL) {
+        return sd_set_error(SD_ERR_FORMAT, "missing metadata 'general.architecture'");
+    }
+    SD_TRY(set_arch(c, arch, len));
+    /* GGUF keys use the architecture's own name */
+    snprintf(c->arch_name, sizeof(c->arch_name), "%.*s", (int)len, arch);
+    struct {
+        const char *suffix;
+        int *dst;
+    } req[] = {
+        {"embedding_length", &c->hidden_size},  {"block_count", &c->n_layers},
+        {"feed_forward_length", &c->ffn_size},  {"attention.head_count", &c->n_heads},
+        {"context_length", &c->context_length},
+    };
+    for (size_t i = 0; i < sizeof(req) / sizeof(req[0]); i++) {
+        int64_t v = 0;
+        if (!gguf_int(g, c, req[i].suffix, &v)) {
+            return sd_set_error(SD_ERR_FORMAT, "missing metadata '%s.%s'", c->arch_name,
+                                req[i].suffix);
+        }
+        if (v <= 0 || v > (1 << 30)) {
+            return sd_set_error(SD_ERR_FORMAT, "metadata '%s.%s' = %lld is out of range",
+                                c->arch_name, req[i].suffix, (long long)v);
+        }
+        *req[i].dst = (int)v;
+    }
+    int64_t v = 0;
+    c->n_kv_heads = gguf_int(g, c, "attention.head_count_kv", &v) ? (int)v : c->n_heads;
+    c->head_dim = gguf_int(g, c, "attention.key_length", &v) ? (int)v : c->hidden_size / c->n_heads;
+    if (gguf_int(g, c, "rope.dimension_count", &v) && v != c->head_dim) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "partial rotary embeddings (rope.dimension_count %lld of head "
+                            "dimension %d) are not supported",
+                            (long long)v, c->head_dim);
+    }
+    char key[128];
+    double f = 0.0;
+    snprintf(key, sizeof(key), "%s.rope.freq_base", c->arch_name);
+    c->rope_theta = sd_gguf_get_float(g, key, &f) ? (float)f : 10000.0f;
+    snprintf(key, sizeof(key), "%s.attention.layer_norm_rms_epsilon", c->arch_name);
+    c->rms_eps = sd_gguf_get_float(g, key, &f) ? (float)f : 1e-5f;
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", c->arch_name);
+    const char *scaling = sd_gguf_get_str(g, key, &len);
+    if (scaling != NULL && !(len == 4 && memcmp(scaling, "none", 4) == 0)) {
+        return sd_set_error(SD_ERR_UNSUPPORTED, "RoPE scaling '%.*s' is not supported yet",
+                            (int)(len > 32 ? 32 : len), scaling);
+    }
+    if (sd_gguf_find_tensor(g, "rope_freqs.weight") != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "RoPE frequency factors (rope_freqs.weight, Llama 3.1 style "
+                            "scaling) are not supported yet");
+    }
+    const sd_tensor_info *emb = sd_gguf_find_tensor(g, "token_embd.weight");
+    if (emb == NULL) {
+        return sd_set_error(SD_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+    }
+    c->vocab_size = emb->n_dims == 2 && emb->shape[0] < (1 << 30) ? (int)emb->shape[0] : 0;
+    /* llama.cpp's converter permutes llama q/k rows for adjacent-pair rotation; other
+     * architectures keep rotate-half (NeoX) pairing. */
+    c->rope_neox = c->arch != SD_ARCH_LLAMA;
+    c->tied_embeddings = sd_gguf_find_tensor(g, "output.weight") == NULL;
+    return check_config(c);
+}
+
+static sd_status json_int(const sd_json *cfg, const char *key, int *dst, int required,
+                          const char *path) {
+    int64_t v = 0;
+    if (!sd_json_get_int(cfg, key, &v)) {
+        if (required) {
+            return sd_set_error(SD_ERR_FORMAT, "%s: missing integer \"%s\"", path, key);
+        }
+        return SD_OK;
+    }
+    if (v <= 0 || v > (1 << 30)) {
+        return sd_set_error(SD_ERR_FORMAT, "%s: \"%s\" = %lld is out of range", path, key,
+                            (long long)v);
+    }
+    *dst = (int)v;
+    return SD_OK;
+}
+
+static sd_status config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
+                                const sd_st_set *st) {
+    const char *mt = sd_json_get_string(cfg, "model_type");
+    if (mt == NULL) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: missing \"model_type\" (cannot tell the "
+                            "architecture)",
+                            path);
+    }
+    SD_TRY(set_arch(c, mt, strlen(mt)));
+    SD_TRY(json_int(cfg, "hidden_size", &c->hidden_size, 1, path));
+    SD_TRY(json_int(cfg, "intermediate_size", &c->ffn_size, 1, path));
+    SD_TRY(json_int(cfg, "num_hidden_layers", &c->n_layers, 1, path));
+    SD_TRY(json_int(cfg, "num_attention_heads", &c->n_heads, 1, path));
+    SD_TRY(json_int(cfg, "vocab_size", &c->vocab_size, 1, path));
+    SD_TRY(json_int(cfg, "max_position_embeddings", &c->context_length, 1, path));
+    c->n_kv_heads = c->n_heads;
+    SD_TRY(json_int(cfg, "num_key_value_heads", &c->n_kv_heads, 0, path));
+    c->head_dim = c->hidden_size / c->n_heads;
+    const sd_json *hd = sd_json_get(cfg, "head_dim");
+    if (hd != NULL && hd->type != SD_JSON_NULL) {
+        SD_TRY(json_int(cfg, "head_dim", &c->head_dim, 1, path));
+    }
+    double f = 0.0;
+    c->rms_eps = sd_json_get_double(cfg, "rms_norm_eps", &f) ? (float)f : 1e-6f;
+    c->rope_theta = sd_json_get_double(cfg, "rope_theta", &f) ? (float)f : 10000.0f;
+    const sd_json *rs = sd_json_get(cfg, "rope_scaling");
+    if (rs != NULL && rs->type != SD_JSON_NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED, "%s: \"rope_scaling\" is not supported yet", path);
+    }
+    int flag = 0;
+    if ((sd_json_get_bool(cfg, "attention_bias", &flag) && flag && c->arch == SD_ARCH_LLAMA) ||
+        (sd_json_get_bool(cfg, "mlp_bias", &flag) && flag)) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "%s: attention_bias/mlp_bias in a llama model are not supported", path);
+    }
+    /* A sliding window at least as long as the sequence is plain causal attention: cap the
+     * context at the window so results stay exact. */
+    int64_t window = 0;
+    int use_sw = c->arch == SD_ARCH_LLAMA;
+    sd_json_get_bool(cfg, "use_sliding_window", &use_sw);
+    if (use_sw && sd_json_get_int(cfg, "sliding_window", &window) && window > 0 &&
+        window < c->context_length) {
+        c->context_length = (int)window;
+    }
+    int tied = 0;
+    if (!sd_json_get_bool(cfg, "tie_word_embeddings", &tied)) {
+        tied = sd_st_find(st, "lm_head.weight") == NULL;
+    }
+    c->tied_embeddings = tied;
+    c->rope_neox = 1; /* HF checkpoints use rotate-half pairing */
+    return check_config(c);
+}
+
+/* ---- build ----------------------------------------------------------------------------------- */
+
+static sd_status build_weights(sd_model *m, const char *const *names) {
+    sd_config *c = &m->cfg;
+    const int64_t D = c->hidden_size, V = c->vocab_size, F = c->ffn_size;
+    const int64_t QD = (int64_t)c->n_heads * c->head_dim;
+    const int64_t KVD = (int64_t)c->n_kv_heads * c->head_dim;
+    builder b = {m, names, 0, 0};
+    b.vec_cap = (size_t)(D * (2 * c->n_layers + 1) + (QD + 2 * KVD) * c->n_layers);
+    m->vectors = malloc(b.vec_cap * sizeof(float));
+    m->w.layers = calloc((size_t)c->n_layers, sizeof(sd_layer));
+    if (m->vectors == NULL || m->w.layers == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
+    }
+    SD_TRY(get_mat(&m->w.tok_embd, &b, R_TOK_EMBD, 0, V, D, 1));
+    SD_TRY(get_vec(&m->w.out_norm, &b, R_OUT_NORM, 0, D, 1));
+    if (c->tied_embeddings) {
+        m->w.output = m->w.tok_embd;
+        m->weight_bytes += (size_t)V * m->w.output.row_bytes;
+    } else {
+        SD_TRY(get_mat(&m->w.output, &b, R_OUTPUT, 0, V, D, 1));
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        sd_layer *L = &m->w.layers[l];
+        SD_TRY(get_vec(&L->attn_norm, &b, R_ATTN_NORM, l, D, 1));
+        SD_TRY(get_mat(&L->wq, &b, R_WQ, l, QD, D, 1));
+        SD_TRY(get_mat(&L->wk, &b, R_WK, l, KVD, D, 1));
+        SD_TRY(get_mat(&L->wv, &b, R_WV, l, KVD, D, 1));
+        SD_TRY(get_mat(&L->wo, &b, R_WO, l, D, QD, 1));
+        SD_TRY(get_vec(&L->bq, &b, R_BQ, l, QD, c->has_qkv_bias));
+        SD_TRY(get_vec(&L->bk, &b, R_BK, l, KVD, c->has_qkv_bias));
+        SD_TRY(get_vec(&L->bv, &b, R_BV, l, KVD, c->has_qkv_bias));
+        SD_TRY(get_vec(&L->ffn_norm, &b, R_FFN_NORM, l, D, 1));
+        SD_TRY(get_mat(&L->w_gate, &b, R_GATE, l, F, D, 1));
+        SD_TRY(get_mat(&L->w_up, &b, R_UP, l, F, D, 1));
+        SD_TRY(get_mat(&L->w_down, &b, R_DOWN, l, D, F, 1));
+    }
+    c->weight_type = m->w.layers[0].wq.type;
+    m->rope_freq = malloc((size_t)(c->head_dim / 2) * sizeof(double));
+    if (m->rope_freq == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
+    }
+    for (int i = 0; i < c->head_dim / 2; i++) {
+        m->rope_freq[i] = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    }
+    return SD_OK;
+}
+
+/* Keep 8-row interleaved copies of the quantized matrices the VNNI tiles read without
+ * unpacking (same size as the originals). The embedding keeps its rows as stored (a forward
+ * reads only its tokens' rows); a tied output head gets its own copy. */
+static sd_status repack_weights(sd_model *m) {
+    const int n = 7 * m->cfg.n_layers + 1;
+    sd_mat **mats = malloc((size_t)n * sizeof(*mats));
+    if (mats == NULL) {
+        return SD_OK; /* an optimisation, not a requirement: run from the file's rows */
+    }
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        sd_layer *L = &m->w.layers[l];
+        sd_mat *lm[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            mats[7 * l + i] = lm[i];
+        }
+    }
+    mats[n - 1] = &m->w.output;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += sd_repack_bytes(mats[i]->type, mats[i]->rows, mats[i]->cols);
+    }
+    m->packed = total > 0 ? malloc(total) : NULL;
+    unsigned char *p = (unsigned char *)m->packed;
+    for (int i = 0; p != NULL && i < n; i++) {
+        sd_mat *w = mats[i];
+        const size_t bytes = sd_repack_bytes(w->type, w->rows, w->cols);
+        if (bytes > 0) {
+            sd_repack(p, w->type, w->data, w->row_bytes, w->rows, w->cols);
+            w->packed = p;
+            p += bytes;
+            /* the forward reads the copy from now on: give the file's pages back (a tied
+             * embedding faults its rows back in as tokens need them) */
+            sd_map_release(w->data, (size_t)w->rows * w->row_bytes);
+        }
+    }
+    free(mats);
+    return SD_OK;
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static sd_status load_hf(sd_model *m, const char *dir) {
+    size_t n = strlen(dir);
+    char *cfg_path = malloc(n + 16);
+    if (cfg_path == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    snprintf(cfg_path, n + 16, "%s/config.json", dir);
+    sd_json *cfg = NULL;
+    sd_status st = sd_json_read_file(&cfg, cfg_path);
+    if (st == SD_OK) {
+        st = sd_st_open_dir(&m->st, dir);
+    }
+    if (st == SD_OK) {
+        if (cfg->type != SD_JSON_OBJECT) {
+            st = sd_set_error(SD_ERR_FORMAT, "%s is not a JSON object", cfg_path);
+        } else {
+            st = config_from_hf(&m->cfg, cfg, cfg_path, m->st);
+        }
+    }
+    sd_json_free(cfg);
+    free(cfg_path);
+    if (st == SD_OK) {
+        st = build_weights(m, g_hf_names);
+    }
+    return st;
+}
+
+static sd_status load_gguf(sd_model *m, const char *path) {
+    SD_TRY(sd_gguf_open(&m->gguf, path));
+    SD_TRY(config_from_gguf(&m->cfg, m->gguf));
+    return build_weights(m, g_gguf_names);
+}
+
+sd_model_params sd_model_default_params(void) {
+    sd_model_params p;
+    memset(&p, 0, sizeof(p));
+    p.n_threads = 0;
+    p.repack = 1;
+    p.device = SD_DEVICE_CPU;
+    p.gpu = 0;
+    return p;
+}
+
+static sd_status check_params(const sd_model_params *p) {
+    if (p->n_threads < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "threads must be >= 1 (or 0 for all cores), "
+                            "got %d",
+                            p->n_threads);
+    }
+    if (p->device != SD_DEVICE_CPU && p->device != SD_DEVICE_CUDA) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "unknown device %d (0 = CPU, 1 = CUDA)", p->device);
+    }
+#ifndef SD_WITH_CUDA
+    if (p->device == SD_DEVICE_CUDA) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "this build of specdec has no CUDA backend (nvcc was not found when "
+                            "it was built, or SPECDEC_CPU_ONLY was set): reinstall on a machine "
+                            "with the CUDA toolkit, or use the CPU");
+    }
+#endif
+    if (p->gpu < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "gpu index must be >= 0, got %d", p->gpu);
+    }
+    return SD_OK;
+}
+
+/* What a model needs once its weights are found: the CPU's repacked copies or the device
+ * copy, and the thread pool (which also runs the host-side work of a CUDA model). */
+static sd_status finish_model(sd_model *m, const sd_model_params *p) {
+    m->device = p->device;
+    m->kv_f16 = p->device != SD_DEVICE_CUDA;
+    if (p->device == SD_DEVICE_CUDA) {
+#ifdef SD_WITH_CUDA
+        SD_TRY(sd_cuda_model_create(&m->cuda, m, p->gpu));
+#endif
+    } else if (p->repack) {
+        SD_TRY(repack_weights(m));
+    }
+    return sd_threadpool_create(&m->pool, p->n_threads > 0 ? p->n_threads : sd_available_cpus());
+}
+
+sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight_type,
+                                uint64_t seed, const sd_model_params *params) {
+    *out = NULL;
+    sd_kernels_init();
+    sd_model_params p = params != NULL ? *params : sd_model_default_params();
+    SD_TRY(check_params(&p));
+    sd_model *m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
+    }
+    sd_config *c = &m->cfg;
+    *c = *cfg;
+    sd_status st = SD_OK;
+    if (cfg->arch != SD_ARCH_LLAMA && cfg->arch != SD_ARCH_QWEN2) {
+        st = sd_set_error(SD_ERR_INVALID_ARG, "unknown architecture %d (0 = llama, 1 = qwen2)",
+                          (int)cfg->arch);
+    }
+    if (st == SD_OK) {
+        const char *name = cfg->arch == SD_ARCH_QWEN2 ? "qwen2" : "llama";
+        st = set_arch(c, name, strlen(name));
+    }
+    if (st == SD_OK) {
+        c->rope_neox = c->arch != SD_ARCH_LLAMA; /* as a GGUF file of this architecture */
+        st = check_config(c);
+    }
+    if (st == SD_OK) {
+        st = sd_dummy_create(&m->dummy, c, weight_type, seed, p.device != SD_DEVICE_CUDA);
+    }
+    if (st == SD_OK) {
+        st = build_weights(m, g_gguf_names);
+    }
+    if (st == SD_OK) {
+        st = finish_model(m, &p);
+    }
+    if (st != SD_OK) {
+        sd_model_free(m);
+        return st;
+    }
+    *out = m;
+    return SD_OK;
+}
+
+int sd_model_device(const sd_model *m) {
+    return m->device;
+}
+
+sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params *params) {
+    *out = NULL;
+    sd_kernels_init();
+    sd_model_params p = params != NULL ? *params : sd_model_default_params();
+    SD_TRY(check_params(&p));
+    sd_model *m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
+    }
+    sd_status st;
+    if (is_dir(path)) {
+        st = load_hf(m, path);
+    } else {
+        st = load_gguf(m, path);
+    }
+    if (st != SD_OK && (m->gguf != NULL || m->st != NULL)) { /* the file opened: name it */
+        sd_error_prefix(st, "%s", path);
+    }
+    if (st == SD_OK) {
+        st = finish_model(m, &p);
+    }
+    if (st != SD_OK) {
+        sd_model_free(m);
+        return st;
+    }
+    *out = m;
+    return SD_OK;
+}
+
+static void scratch_free(sd_scratch *s) {
+    free(s->x);
+    free(s->xb);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->hb);
+    free(s->hb2);
+    free(s->rope_cs);
+    free(s->mask);
+    free(s->scores);
+    free(s->xq);
+    memset(s, 0, sizeof(*s));
+}
+
+void sd_model_free(sd_model *m) {
+    if (m == NULL) {
+        return;
+    }
+    sd_threadpool_free(m->pool);
+    scratch_free(&m->s);
+    free(m->w.layers);
+    free(m->vectors);
+    free(m->packed);
+    free(m->rope_freq);
+    free(m->pieces);
+    free(m->piece_off);
+    sd_gguf_close(m->gguf);
+    sd_st_close(m->st);
+    sd_dummy_free(m->dummy);
+#ifdef SD_WITH_CUDA
+    sd_cuda_model_free(m->cuda);
+#endif
+    free(m);
+}
+
+const sd_config *sd_model_config(const sd_model *m) {
+    return &m->cfg;
+}
+
+size_t sd_model_weight_bytes(const sd_model *m) {
+    return m->weight_bytes;
+}
+
+int sd_model_threads(const sd_model *m) {
+    return sd_threadpool_size(m->pool);
+}
+
+int sd_model_kv_f16(const sd_model *m) {
+    return m->kv_f16;
+}
+
+sd_status sd_model_set_kv_f16(sd_model *m, int f16) {
+    if (f16 && m->device == SD_DEVICE_CUDA) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "the CUDA backend keeps its KV cache in f32 only (kv_dtype='f32')");
+    }
+    m->kv_f16 = f16 != 0;
+    return SD_OK;
+}
+
+sd_status sd_model_set_threads(sd_model *m, int n_threads) {
+    if (n_threads < 1) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "threads must be >= 1, got %d", n_threads);
+    }
+    if (n_threads == sd_threadpool_size(m->pool)) {
+        return SD_OK;
+    }
+    sd_threadpool *pool = NULL;
+    SD_TRY(sd_threadpool_create(&pool, n_threads));
+    sd_threadpool_free(m->pool);
+    m->pool = pool;
+    /* per-thread scratch is sized by the thread count: rebuild on next use */
+    free(m->s.scores);
+    m->s.scores = NULL;
+    m->s.cap_tokens = 0;
+    m->s.cap_attn = 0;
+    return SD_OK;
+}
+
+static sd_status grow(void *pp, size_t bytes) {
+    void **p = (void **)pp;
+    void *n = realloc(*p, bytes > 0 ? bytes : 1);
+    if (n == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory growing forward buffers (%zu bytes)",
+                            bytes);
+    }
+    *p = n;
+    return SD_OK;
+}
+
+sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
+    sd_scratch *s = &m->s;
+    const sd_config *c = &m->cfg;
+    int nt = sd_threadpool_size(m->pool);
+    size_t T = (size_t)n_tokens;
+    size_t QD = (size_t)c->n_heads * (size_t)c->head_dim;
+    size_t KVD = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t D = (size_t)c->hidden_size, F = (size_t)c->ffn_size;
+    if (n_tokens > s->cap_tokens || s->x == NULL) {
+        size_t xbw = D > QD ? D : QD;
+        SD_TRY(grow(&s->x, T * D * sizeof(float)));
+        SD_TRY(grow(&s->xb, T * xbw * sizeof(float)));
+        SD_TRY(grow(&s->q, T * QD * sizeof(float)));
+        SD_TRY(grow(&s->k, T * KVD * sizeof(float)));
+        SD_TRY(grow(&s->v, T * KVD * sizeof(float)));
+        SD_TRY(grow(&s->hb, T * F * sizeof(float)));
+        SD_TRY(grow(&s->hb2, T * F * sizeof(float)));
+        SD_TRY(grow(&s->rope_cs, T * (size_t)c->head_dim * sizeof(float)));
+        SD_TRY(grow(&s->xq, SD_Q8_BATCH_BYTES(T, xbw > F ? xbw : F)));
+        s->cap_tokens = n_tokens;
+        s->cap_attn = 0; /* mask size depends on T too */
+    }
+    if (n_attn > s->cap_attn || s->scores == NULL) {
+        SD_TRY(grow(&s->mask, (size_t)s->cap_tokens * (size_t)n_attn));
+        SD_TRY(grow(&s->scores, sd_attention_scratch(n_attn, c->head_dim, nt) * sizeof(float)));
+        s->cap_attn = n_attn;
+    }
+    return SD_OK;
+}
+
+int sd_model_metadata_count(const sd_model *m) {
+    return m->gguf != NULL ? (int)m->gguf->n_kv : 0;
+}
+
+sd_status sd_model_metadata_entry(const sd_model *m, int i, const char **key, int *type,
+                                  const unsigned char **value) {
+    if (i < 0 || i >= sd_model_metadata_count(m)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "metadata entry %d out of range [0, %d)", i,
+                            sd_model_metadata_count(m));
+    }
+    const sd_gguf_kv *kv = &m->gguf->kv[i];
+    *key = kv->key;
+    *type = (int)kv->type;
+    *value = kv->raw;
+    return SD_OK;
+}
+
+sd_status sd_model_set_token_pieces(sd_model *m, const char *const *pieces, const size_t *lens,
+                                    int n) {
+    if (n != m->cfg.vocab_size) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "%d token pieces given for a vocabulary of %d", n,
+                            m->cfg.vocab_size);
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += lens[i];
+    }
+    char *buf = malloc(total > 0 ? total : 1);
+    size_t *off = malloc(((size_t)n + 1) * sizeof(size_t));
+    if (buf == NULL || off == NULL) {
+        free(buf);
+        free(off);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory storing token pieces");
+    }
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = o;
+        memcpy(buf + o, pieces[i], lens[i]);
+        o += lens[i];
+    }
+    off[n] = o;
+    free(m->pieces);
+    free(m->piece_off);
+    m->pieces = buf;
+    m->piece_off = off;
+    return SD_OK;
+}

@@ -1,0 +1,126 @@
+/* model.h — the model as the forward pass sees it: hyper-parameters, weight views (shapes in
+ * comments, row-major, rows = output features), the KV cache and reusable scratch buffers. */
+#ifndef SD_MODEL_H
+#define SD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/dummy_model.h"
+#include "format/gguf.h"
+#include "cpu/quant.h"
+#include "format/safetensors.h"
+#include "specdec.h"
+#include "util/threadpool.h"
+
+/* A 2-D weight: `rows` rows of `cols` elements of `type`, rows contiguous. 1-D vectors are
+ * rows == 1. */
+typedef struct {
+    const void *data;
+    int type; /* sd_type */
+    int64_t rows;
+    int64_t cols;
+    size_t row_bytes;
+    const void *packed; /* repacked 8-row interleaved copy (quant.h), or NULL */
+    int tensor_id;      /* dummy models: the id its random values are drawn with; else -1 */
+} sd_mat;
+
+typedef struct {
+    const float *attn_norm; /* (D) */
+    sd_mat wq;              /* (H*Dh, D) */
+    sd_mat wk;              /* (Hkv*Dh, D) */
+    sd_mat wv;              /* (Hkv*Dh, D) */
+    sd_mat wo;              /* (D, H*Dh) */
+    const float *bq;        /* (H*Dh) or NULL */
+    const float *bk;        /* (Hkv*Dh) or NULL */
+    const float *bv;        /* (Hkv*Dh) or NULL */
+    const float *ffn_norm;  /* (D) */
+    sd_mat w_gate;          /* (F, D) */
+    sd_mat w_up;            /* (F, D) */
+    sd_mat w_down;          /* (D, F) */
+} sd_layer;
+
+typedef struct {
+    sd_mat tok_embd;       /* (V, D) */
+    const float *out_norm; /* (D) */
+    sd_mat output;         /* (V, D); the same view as tok_embd when tied */
+    sd_layer *layers;      /* (L) */
+} sd_weights;
+
+/* Activations of one forward, grown on demand to the largest batch seen. */
+typedef struct {
+    int cap_tokens;    /* T the buffers hold */
+    int cap_attn;      /* attention columns the mask/score buffers hold */
+    float *x;          /* (T, D) residual stream */
+    float *xb;         /* (T, max(D, H*Dh)) normed input / attention output */
+    float *q;          /* (T, H*Dh) */
+    float *k;          /* (T, Hkv*Dh) */
+    float *v;          /* (T, Hkv*Dh) */
+    float *hb;         /* (T, F) gate, then SwiGLU product */
+    float *hb2;        /* (T, F) up */
+    float *rope_cs;    /* (T, Dh) cos/sin pairs per position */
+    uint8_t *mask;     /* (T, cap_attn) effective attention mask */
+    float *scores;     /* sd_attention_scratch(cap_attn, head_dim, n_threads) floats */
+    unsigned char *xq; /* T rows of SD_Q8_ROW_BYTES(max(D, H*Dh, F)): quantized activations */
+    float *rowbuf;     /* (n_threads, max row length) dequantized weight rows */
+} sd_scratch;
+
+struct sd_cuda_model;
+struct sd_cuda_cache;
+
+struct sd_model {
+    sd_config cfg;
+    sd_weights w;
+    sd_gguf *gguf;              /* owner of the mapping when loaded from GGUF */
+    sd_st_set *st;              /* owner of the mappings when loaded from safetensors */
+    sd_dummy *dummy;            /* owner of the tensors of a model with random weights */
+    int device;                 /* sd_device */
+    struct sd_cuda_model *cuda; /* the device copy and state when device == SD_DEVICE_CUDA */
+    float *vectors;             /* f32 copies of norms and biases (small; read every token) */
+    void *packed;               /* one block holding the repacked matrices, or NULL */
+    double *rope_freq;          /* (Dh/2) inverse frequencies */
+    sd_threadpool *pool;
+    sd_scratch s;
+    char *pieces;      /* token piece bytes, back to back (sd_model_set_token_pieces) */
+    size_t *piece_off; /* (V + 1) offsets into pieces, or NULL */
+    size_t weight_bytes;
+    int kv_f16; /* caches created from now on keep keys and values as IEEE halves (CPU only) */
+};
+
+struct sd_kv_cache {
+    int capacity; /* slots */
+    int length;   /* live slots [0, length) */
+    int n_layers;
+    int n_kv_heads;
+    int head_dim;
+    int f16;    /* keys and values are IEEE halves (uint16_t), else f32 */
+    int stride; /* slots per KV head: capacity rounded up to whole key tiles (sd_kv_slots) */
+    /* (L, Hkv, stride, Dh): each KV head's keys and values are contiguous, so attention streams
+     * them; the keys in tiles of SD_KV_TILE slots (sd_key_at, ops_cpu.h), the values in rows */
+    void *k;      /* post-RoPE keys (NULL for a CUDA model's cache: they live on the device) */
+    void *v;      /* values (likewise) */
+    int32_t *pos; /* (capacity) RoPE position of each slot, on the host for every backend */
+    struct sd_cuda_cache *cuda; /* a CUDA model's keys and values, or NULL */
+};
+
+/* Offset (in elements) of the value row of `slot` in KV head `head` of `layer`; with slot 0,
+ * where that head's keys and values begin. */
+static inline size_t sd_kv_row(const sd_kv_cache *kv, int layer, int head, int slot) {
+    return (((size_t)layer * (size_t)kv->n_kv_heads + (size_t)head) * (size_t)kv->stride +
+            (size_t)slot) *
+           (size_t)kv->head_dim;
+}
+
+/* Bytes of one element of the host cache, and the address of element `off` of p (kv->k or
+ * kv->v). */
+static inline size_t sd_kv_elt(const sd_kv_cache *kv) {
+    return kv->f16 ? sizeof(uint16_t) : sizeof(float);
+}
+static inline void *sd_kv_at(const sd_kv_cache *kv, void *p, size_t off) {
+    return (char *)p + off * sd_kv_elt(kv);
+}
+
+/* Grow scratch buffers for a batch of n_tokens attending n_attn columns. */
+sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn);
+
+#endif /* SD_MODEL_H */

@@ -1,0 +1,195 @@
+/* verify.c — logits processing and the accept/reject rule of speculative sampling, as small pure
+ * functions (see verify.h for the rule). Everything is deterministic given the uniforms. */
+#include "spec/verify.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "spec/sampler.h"
+#include "util/status.h"
+
+sd_sampling sd_sampling_default(void) {
+    sd_sampling s;
+    s.temperature = 0.0f;
+    s.top_k = 0;
+    s.top_p = 1.0f;
+    s.min_p = 0.0f;
+    return s;
+}
+
+sd_status sd_sampling_check(const sd_sampling *s) {
+    if (!(s->temperature >= 0.0f) || isinf(s->temperature)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "temperature must be >= 0 and finite, got %g",
+                            (double)s->temperature);
+    }
+    if (s->top_k < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "top_k must be >= 0 (0 = off), got %d", s->top_k);
+    }
+    if (!(s->top_p > 0.0f && s->top_p <= 1.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "top_p must be in (0, 1], got %g",
+                            (double)s->top_p);
+    }
+    if (!(s->min_p >= 0.0f && s->min_p < 1.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "min_p must be in [0, 1), got %g",
+                            (double)s->min_p);
+    }
+    return SD_OK;
+}
+
+/* qsort's comparator takes no context: the probabilities it orders by are this thread's. */
+static __thread const float *g_sort_p;
+
+static int by_prob_desc(const void *a, const void *b) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    const float pi = g_sort_p[i], pj = g_sort_p[j];
+    if (pi != pj) {
+        return pi > pj ? -1 : 1;
+    }
+    return i < j ? -1 : i > j;
+}
+
+void sd_process_logits(float *probs, const float *logits, int V, const sd_sampling *s,
+                       int32_t *work) {
+    if (s->temperature == 0.0f) {
+        const int best = sd_argmax(logits, V);
+        for (int i = 0; i < V; i++) {
+            probs[i] = 0.0f;
+        }
+        probs[best] = 1.0f;
+        return;
+    }
+    /* softmax(logits / T) in double for the normaliser */
+    float mx = logits[sd_argmax(logits, V)];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        const double e = exp((double)(logits[i] - mx) / s->temperature);
+        probs[i] = (float)e;
+        sum += e;
+    }
+    for (int i = 0; i < V; i++) {
+        probs[i] = (float)(probs[i] / sum);
+    }
+    const int filter = (s->top_k > 0 && s->top_k < V) || s->top_p < 1.0f || s->min_p > 0.0f;
+    if (!filter) {
+        return;
+    }
+    /* the candidates by decreasing probability (ties: lower id first). Only the head of the
+     * order matters, so sort just the tokens above a threshold, lowering it until they hold
+     * enough mass for top-p and enough tokens for top-k (a full sort of a 50k vocabulary per
+     * token would cost more than the forward pass); every filter that is on drops the rest */
+    const float pmax = probs[sd_argmax(probs, V)];
+    const int need_k = s->top_k > 0 && s->top_k < V ? s->top_k : 1;
+    const double need_mass = s->top_p < 1.0f ? s->top_p : 0.0;
+    int nc = 0;
+    for (float t = pmax * 1e-3f;; t *= 1e-3f) {
+        double mass = 0.0;
+        nc = 0;
+        for (int i = 0; i < V; i++) {
+            if (probs[i] >= t) {
+                work[nc++] = i;
+                mass += probs[i];
+            }
+        }
+        const int enough =
+            nc >= need_k && mass >= need_mass && (s->min_p <= 0.0f || t <= s->min_p * pmax);
+        if (enough || nc == V || t == 0.0f) {
+            break;
+        }
+    }
+    g_sort_p = probs;
+    qsort(work, (size_t)nc, sizeof(int32_t), by_prob_desc);
+    int keep = nc;
+    if (s->top_k > 0 && s->top_k < keep) {
+        keep = s->top_k;
+    }
+    if (s->top_p < 1.0f) {
+        /* the smallest prefix holding top_p of the mass that top-k left (all of it if off) */
+        double total = 0.0, mass = 0.0;
+        if (s->top_k > 0 && s->top_k < V) {
+            for (int r = 0; r < keep; r++) {
+                total += probs[work[r]];
+            }
+        } else {
+            for (int i = 0; i < V; i++) {
+                total += probs[i];
+            }
+        }
+        int r = 0;
+        while (r < keep) {
+            mass += probs[work[r]];
+            r++;
+            if (mass >= s->top_p * total) {
+                break;
+            }
+        }
+        keep = r;
+    }
+    if (s->min_p > 0.0f) {
+        const float floor_p = s->min_p * pmax;
+        int r = 1;
+        while (r < keep && probs[work[r]] >= floor_p) {
+            r++;
+        }
+        keep = r;
+    }
+    double kept = 0.0;
+    for (int r = 0; r < keep; r++) {
+        kept += probs[work[r]];
+        probs[work[r]] = -probs[work[r]]; /* mark the kept tokens */
+    }
+    for (int i = 0; i < V; i++) {
+        probs[i] = probs[i] < 0.0f ? (float)(-probs[i] / kept) : 0.0f;
+    }
+}
+
+int sd_sample_probs(const float *p, int V, double u) {
+    double acc = 0.0, total = 0.0;
+    for (int i = 0; i < V; i++) {
+        total += p[i];
+    }
+    const double target = u * total;
+    int last = 0;
+    for (int i = 0; i < V; i++) {
+        if (p[i] > 0.0f) {
+            last = i;
+            acc += p[i];
+            if (acc > target) {
+                return i;
+            }
+        }
+    }
+    return last;
+}
+
+int sd_accept(const float *p, const float *q, int d, double u) {
+    const double qd = q != NULL ? q[d] : 1.0;
+    return u * qd < (double)p[d];
+}
+
+int sd_sample_residual(const float *p, const float *q, int d, int V, double u, float *work) {
+    double mass = 0.0;
+    for (int i = 0; i < V; i++) {
+        const float qi = q != NULL ? q[i] : (i == d ? 1.0f : 0.0f);
+        const float r = p[i] - qi;
+        work[i] = r > 0.0f ? r : 0.0f; /* max(0, p - q) */
+        mass += work[i];
+    }
+    if (!(mass > 0.0)) {
+        return sd_sample_probs(p, V, u);
+    }
+    return sd_sample_probs(work, V, u);
+}
+
+int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t *draft, int K,
+                    int V, const double *u_accept, const double *u_next, float *work) {
+    for (int k = 0; k < K; k++) {
+        const float *pk = p + (size_t)k * (size_t)V;
+        const float *qk = q != NULL ? q + (size_t)k * (size_t)V : NULL;
+        if (!sd_accept(pk, qk, draft[k], u_accept[k])) {
+            *next = sd_sample_residual(pk, qk, draft[k], V, u_next[k], work);
+            return k;
+        }
+    }
+    *next = sd_sample_probs(p + (size_t)K * (size_t)V, V, u_next[K]);
+    return K;
+}
