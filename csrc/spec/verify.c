@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "spec/sampler.h"
+#include "util/hd.h"
 #include "util/status.h"
 
 sd_sampling sd_sampling_default(void) {
@@ -192,4 +193,12 @@ int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t
     }
     *next = sd_sample_probs(p + (size_t)K * (size_t)V, V, u_next[K]);
     return K;
+}
+
+int sd_verify_synthetic(int K, double alpha, uint64_t seed, uint64_t pos0) {
+    int n = 0;
+    while (n < K && sd_rng_uniform(seed, SD_STREAM_SYNTH, pos0 + (uint64_t)n) < alpha) {
+        n++;
+    }
+    return n;
 }

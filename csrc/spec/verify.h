@@ -57,4 +57,9 @@ int sd_sample_residual(const float *p, const float *q, int d, int V, double u, f
 int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t *draft, int K,
                     int V, const double *u_accept, const double *u_next, float *work);
 
+/* The synthetic acceptance of benchmarks (sd_bench_synthetic): the drafts a drafter accepted
+ * with probability alpha each would keep, the uniforms keyed by (seed, SD_STREAM_SYNTH, output
+ * position pos0 + i); at most K. */
+int sd_verify_synthetic(int K, double alpha, uint64_t seed, uint64_t pos0);
+
 #endif /* SD_VERIFY_H */
