@@ -113,8 +113,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         if text_in or stop:
             raise
         tok = None  # an unsupported tokenizer does not stop decoding from token ids
-    if (stop or text_in) and tok is None:
-        model.require_tokenizer()
+    if text_in and tok is None:
+        model.require_tokenizer()  # stop strings without a tokenizer: the C core says so
     if stop_tokens is None:
         stop_tokens = sorted(tok.eog_ids) if tok is not None else model.eos_ids()
     ids = encode_prompt(model, prompt)

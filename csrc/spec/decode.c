@@ -26,8 +26,8 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
                           const sd_generate_params *p, sd_sampling *s) {
     if (p->n_stop_strings > 0 && m->piece_off == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG,
-                            "stop strings need the token pieces (sd_model_set_token_pieces): "
-                            "does the model have a tokenizer?");
+                            "stop strings need the text of every token, and the model has no "
+                            "tokenizer (no sd_model_set_token_pieces)");
     }
     if (n_prompt < 1 || prompt == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG, "the prompt must hold at least one token");
