@@ -387,6 +387,121 @@ done:
     return result;
 }
 
+/* verify_trees(parents, tokens, p, q, u_accept, u_next) -> (n_accepted, paths, next): the tree
+ * rule (sd_verify_tree) over N runs of one tree shape: parents (n,) int32 with parents[i] < i;
+ * tokens (N, n) int32; p (N, n + 1, V) float32; q (N, n, V) float32 or None; u_accept (N, n)
+ * and u_next (N, depth + 1) float64. paths (N, depth) holds the accepted nodes, -1 past them. */
+static PyObject *hook_verify_trees(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *par_obj, *tok_obj, *p_obj, *q_obj, *ua_obj, *un_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOO:verify_trees", &par_obj, &tok_obj, &p_obj, &q_obj, &ua_obj,
+                          &un_obj)) {
+        return NULL;
+    }
+    PyArrayObject *par = NULL, *tok = NULL, *p = NULL, *q = NULL, *ua = NULL, *un = NULL;
+    PyArrayObject *n_acc = NULL, *paths = NULL, *next = NULL;
+    float *work = NULL;
+    PyObject *result = NULL;
+    par = (PyArrayObject *)PyArray_FROMANY(par_obj, NPY_INT32, 1, 1, NPY_ARRAY_IN_ARRAY);
+    tok = (PyArrayObject *)PyArray_FROMANY(tok_obj, NPY_INT32, 2, 2, NPY_ARRAY_IN_ARRAY);
+    p = (PyArrayObject *)PyArray_FROMANY(p_obj, NPY_FLOAT32, 3, 3, NPY_ARRAY_IN_ARRAY);
+    ua = (PyArrayObject *)PyArray_FROMANY(ua_obj, NPY_FLOAT64, 2, 2, NPY_ARRAY_IN_ARRAY);
+    un = (PyArrayObject *)PyArray_FROMANY(un_obj, NPY_FLOAT64, 2, 2, NPY_ARRAY_IN_ARRAY);
+    if (par == NULL || tok == NULL || p == NULL || ua == NULL || un == NULL) {
+        goto done;
+    }
+    if (q_obj != Py_None) {
+        q = (PyArrayObject *)PyArray_FROMANY(q_obj, NPY_FLOAT32, 3, 3, NPY_ARRAY_IN_ARRAY);
+        if (q == NULL) {
+            goto done;
+        }
+    }
+    const npy_intp n = PyArray_DIM(par, 0), N = PyArray_DIM(tok, 0), V = PyArray_DIM(p, 2);
+    const int32_t *pa = (const int32_t *)PyArray_DATA(par);
+    int depth_of[SD_MAX_TREE], depth = 0;
+    if (n < 1 || n > SD_MAX_TREE) {
+        PyErr_Format(PyExc_ValueError, "a tree has 1 to %d nodes, got %zd", SD_MAX_TREE,
+                     (Py_ssize_t)n);
+        goto done;
+    }
+    for (npy_intp i = 0; i < n; i++) {
+        if (pa[i] < -1 || pa[i] >= i) {
+            PyErr_Format(PyExc_ValueError, "node %zd's parent %d is not an earlier node or -1",
+                         (Py_ssize_t)i, pa[i]);
+            goto done;
+        }
+        depth_of[i] = pa[i] < 0 ? 1 : depth_of[pa[i]] + 1;
+        depth = depth_of[i] > depth ? depth_of[i] : depth;
+    }
+    if (V < 1 || PyArray_DIM(tok, 1) != n || PyArray_DIM(p, 0) != N || PyArray_DIM(p, 1) != n + 1 ||
+        PyArray_DIM(ua, 0) != N || PyArray_DIM(ua, 1) != n || PyArray_DIM(un, 0) != N ||
+        PyArray_DIM(un, 1) != depth + 1 ||
+        (q != NULL &&
+         (PyArray_DIM(q, 0) != N || PyArray_DIM(q, 1) != n || PyArray_DIM(q, 2) != V))) {
+        PyErr_SetString(PyExc_ValueError, "shapes: tokens (N, n), p (N, n+1, V), q (N, n, V), "
+                                          "u_accept (N, n), u_next (N, depth+1)");
+        goto done;
+    }
+    const int32_t *tt = (const int32_t *)PyArray_DATA(tok);
+    for (npy_intp r = 0; r < N; r++) {
+        for (npy_intp i = 0; i < n; i++) {
+            const int32_t t = tt[r * n + i];
+            if (t < 0 || t >= V) {
+                PyErr_Format(PyExc_ValueError, "token %d is out of range [0, %zd)", t,
+                             (Py_ssize_t)V);
+                goto done;
+            }
+            for (npy_intp j = 0; j < i; j++) {
+                if (pa[j] == pa[i] && tt[r * n + j] == t) {
+                    PyErr_Format(PyExc_ValueError,
+                                 "run %zd: siblings %zd and %zd hold the same "
+                                 "token %d",
+                                 (Py_ssize_t)r, (Py_ssize_t)j, (Py_ssize_t)i, t);
+                    goto done;
+                }
+            }
+        }
+    }
+    npy_intp pdims[2] = {N, depth};
+    n_acc = (PyArrayObject *)PyArray_SimpleNew(1, &N, NPY_INT32);
+    paths = (PyArrayObject *)PyArray_SimpleNew(2, pdims, NPY_INT32);
+    next = (PyArrayObject *)PyArray_SimpleNew(1, &N, NPY_INT32);
+    work = PyMem_Malloc(2 * (size_t)V * sizeof(float));
+    if (n_acc == NULL || paths == NULL || next == NULL || work == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
+        goto done;
+    }
+    const float *pp = (const float *)PyArray_DATA(p);
+    const float *qq = q != NULL ? (const float *)PyArray_DATA(q) : NULL;
+    const double *uu = (const double *)PyArray_DATA(ua), *nn = (const double *)PyArray_DATA(un);
+    int32_t *na = (int32_t *)PyArray_DATA(n_acc), *pt = (int32_t *)PyArray_DATA(paths);
+    int32_t *nx = (int32_t *)PyArray_DATA(next);
+    Py_BEGIN_ALLOW_THREADS for (npy_intp r = 0; r < N; r++) {
+        int32_t *path = pt + r * depth;
+        na[r] = sd_verify_tree(path, &nx[r], tt + r * n, pa, (int)n, pp + r * (n + 1) * V,
+                               qq != NULL ? qq + r * n * V : NULL, (int)V, uu + r * n,
+                               nn + r * (depth + 1), work);
+        for (int j = na[r]; j < depth; j++) {
+            path[j] = -1;
+        }
+    }
+    Py_END_ALLOW_THREADS result = Py_BuildValue("(OOO)", n_acc, paths, next);
+done:
+    PyMem_Free(work);
+    Py_XDECREF(par);
+    Py_XDECREF(tok);
+    Py_XDECREF(p);
+    Py_XDECREF(q);
+    Py_XDECREF(ua);
+    Py_XDECREF(un);
+    Py_XDECREF(n_acc);
+    Py_XDECREF(paths);
+    Py_XDECREF(next);
+    return result;
+}
+
 static PyObject *hook_threadpool_selftest(PyObject *mod, PyObject *args) {
     (void)mod;
     int n_threads = 0, n_runs = 0;
@@ -413,6 +528,9 @@ PyMethodDef sd_py_hook_methods[] = {
     {"verify_chains", hook_verify_chains, METH_VARARGS,
      "verify_chains(p, q, drafts, u_accept, u_next) -> (n_accepted, next): the chain rule of "
      "speculative sampling over N runs (a test and research hook)"},
+    {"verify_trees", hook_verify_trees, METH_VARARGS,
+     "verify_trees(parents, tokens, p, q, u_accept, u_next) -> (n_accepted, paths, next): the "
+     "tree rule over N runs of one tree shape (a test and research hook)"},
     {"quantize_q8", hook_quantize_q8, METH_O,
      "quantize_q8(x) -> bytes: one float32 row quantized as the integer kernels' activations"},
     {"dequantize", hook_dequantize, METH_VARARGS,
