@@ -196,7 +196,7 @@ int sd_spec_room(const sd_spec_loop *L) {
     return k < 0 ? 0 : k;
 }
 
-sd_status sd_spec_finish_step(sd_spec_loop *L, int k, int n_acc, int32_t next) {
+sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next) {
     sd_spec_stats *ss = L->ss;
     ss->steps++;
     ss->drafted += k;
@@ -224,7 +224,7 @@ sd_status sd_spec_finish_step(sd_spec_loop *L, int k, int n_acc, int32_t next) {
  * device batch for model drafters, else from L->batch), the processing and the chain rule on
  * the device, and one copy of the result back: the step's one synchronisation. */
 static sd_status spec_verify_cuda(sd_spec_loop *L, int k, int with_q, int *n_acc_out,
-                                  int *k_used_out) {
+                                  int *k_used_out, int32_t *next_out) {
     sd_batch b = {0};
     b.n_tokens = k + 1;
     b.tokens = L->batch;
@@ -238,7 +238,8 @@ static sd_status spec_verify_cuda(sd_spec_loop *L, int k, int with_q, int *n_acc
                                with_q ? L->batch + 1 : NULL, &next, &k_used));
     *n_acc_out = n_acc;
     *k_used_out = k_used;
-    return sd_spec_finish_step(L, k_used, n_acc, next);
+    *next_out = next;
+    return SD_OK;
 }
 #endif
 
@@ -249,10 +250,11 @@ static int rows_next(int have, int k) {
     return have + run < k + 1 ? have + run : k + 1;
 }
 
-sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int *k_used_out) {
+sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int *k_used_out,
+                         int32_t *next_out) {
 #ifdef SD_WITH_CUDA
     if (L->sp != NULL) {
-        return spec_verify_cuda(L, k, with_q, n_acc_out, k_used_out);
+        return spec_verify_cuda(L, k, with_q, n_acc_out, k_used_out, next_out);
     }
 #endif
     const int V = L->m->cfg.vocab_size;
@@ -290,7 +292,8 @@ sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int
         if (n_acc < have - 1 || have == k + 1) {
             *n_acc_out = n_acc;
             *k_used_out = k;
-            return sd_spec_finish_step(L, k, n_acc, next);
+            *next_out = next;
+            return SD_OK;
         }
     }
 }
@@ -323,10 +326,15 @@ sd_status sd_spec_step(sd_spec_loop *L) {
     }
     L->batch[0] = L->hist[L->len - 1];
     const double t1 = sd_now_s();
+    /* verify, accept (emit the kept tokens, roll the cache back), commit (the drafter) */
     int n_acc = 0, k_used = 0;
-    sd_status st = sd_spec_verify(L, dr.n, dr.q != NULL || dr.on_device, &n_acc, &k_used);
+    int32_t next = 0;
+    sd_status st = sd_spec_verify(L, dr.n, dr.q != NULL || dr.on_device, &n_acc, &k_used, &next);
+    if (st == SD_OK) {
+        st = sd_spec_accept(L, k_used, n_acc, next);
+    }
     if (st == SD_OK && !L->e.done) {
-        st = d->ops->commit(d, L->dstate, L, &dr, n_acc, L->hist[L->len - 1]);
+        st = d->ops->commit(d, L->dstate, L, &dr, n_acc, next);
     }
     ss->time_draft_s += t1 - t0;
     ss->time_verify_s += sd_now_s() - t1;
@@ -509,7 +517,7 @@ sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_
             }
         }
         if (st == SD_OK) {
-            st = sd_spec_finish_step(&L, kk, n_acc, next);
+            st = sd_spec_accept(&L, kk, n_acc, next);
         }
         ss->time_draft_s += t1 - t0;
         ss->time_verify_s += sd_now_s() - t1;

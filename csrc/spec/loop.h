@@ -4,10 +4,10 @@
  * A sequence is one request: the target's cache, the text so far, the verify batch and its
  * rows, the emitter and the statistics. sd_spec_step runs one step on it:
  *   propose — the drafter proposes nodes after the text (drafter.h);
- *   verify  — one target forward over [last, nodes] gives every node's distribution at once;
- *   accept  — the chain rule of verify.h keeps a prefix and one more token;
- *   commit  — the kept tokens are emitted, the cache rolls back to them (setting its length),
- *             and the drafter hears what was kept.
+ *   verify  — one target forward over [last, nodes] gives every node's distribution at once,
+ *             and the chain rule of verify.h keeps a prefix and picks one more token;
+ *   accept  — the kept tokens are emitted and the cache rolls back to them (its length set);
+ *   commit  — the drafter hears what was kept and rolls its own state back.
  * The phases are separate functions so that a scheduler can later gather the verify forwards
  * of several sequences into one batch. */
 #ifndef SD_LOOP_H
@@ -65,15 +65,16 @@ int sd_spec_room(const sd_spec_loop *L);
 /* One step of the drafter's loop (propose, verify, accept, commit), timed into L->ss. */
 sd_status sd_spec_step(sd_spec_loop *L);
 
-/* The phases of a step. verify + accept: the target scores L->batch = [last, d1 .. dk] and the
- * chain rule keeps a prefix (with_q: the drafts' distributions are L->q (k, V), else the drafts
- * are deterministic); then the kept tokens are emitted and the cache rolled back
- * (sd_spec_finish_step). *n_acc and *k_used receive what was accepted of how many drafts. */
-sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc, int *k_used);
-/* After a verify: the statistics, the kept drafts (batch[1 .. n_acc]) and the next token
- * appended to hist and emitted (stopping where the emitter says), the target cache rolled back
- * to all but the last token, and the self-check when asked. k: drafts verified. */
-sd_status sd_spec_finish_step(sd_spec_loop *L, int k, int n_acc, int32_t next);
+/* The phases of a step. verify: the target scores L->batch = [last, d1 .. dk] in one forward
+ * and the chain rule keeps a prefix (with_q: the drafts' distributions are L->q (k, V), else
+ * the drafts are deterministic): *n_acc of *k_used drafts (a CUDA drafter may have cut its
+ * draft short on the device), and *next, the token after them. */
+sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc, int *k_used,
+                         int32_t *next);
+/* accept: the statistics, the kept drafts (batch[1 .. n_acc]) and the next token appended to
+ * hist and emitted (stopping where the emitter says), the target cache rolled back to all but
+ * the last token, and the self-check when asked. k: drafts verified. */
+sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next);
 
 /* Services for drafters. */
 
