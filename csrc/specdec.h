@@ -333,6 +333,25 @@ sd_status sd_drafter_draft_model(sd_drafter **out, sd_model *draft, const sd_dra
  * upper bound checked at generation). */
 sd_status sd_drafter_layerskip(sd_drafter **out, int n_layers, const sd_draft_params *dp);
 
+/* Token Recycling (Luo et al. 2024): no draft model and no training. For every token id the
+ * drafter keeps the `top` most probable next tokens the target gave after it in the verify
+ * steps so far (its logits, whatever the sampling), and each step drafts a tree from that
+ * table: the text's last token is the root, a node at depth d (the root at 0) gets the first
+ * widths[d] successors of its token as children, breadth first, up to `nodes` nodes and `depth`
+ * levels. The children are deterministic (verify.h's tree rule). The table lives as long as the
+ * drafter and serves every request on one model, also at once. CPU targets only so far. */
+#define SD_RECYCLE_MAX_DEPTH 8
+#define SD_RECYCLE_MAX_TOP 16
+#define SD_MAX_TREE_NODES 64
+typedef struct {
+    int nodes;                        /* 1 <= nodes <= SD_MAX_TREE_NODES */
+    int depth;                        /* 1 <= depth <= SD_RECYCLE_MAX_DEPTH */
+    int widths[SD_RECYCLE_MAX_DEPTH]; /* children per node at depth d < depth: 1 .. top */
+    int top;                          /* successors kept per token: 1 .. SD_RECYCLE_MAX_TOP */
+} sd_token_recycling;
+
+sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling *params);
+
 /* The most draft tokens the drafter proposes per step (the length of sd_spec_stats' per-position
  * counts it fills), and its name ("prompt_lookup", "draft_model", "layerskip"). */
 int sd_drafter_max_draft(const sd_drafter *drafter);

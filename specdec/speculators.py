@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any, List, Tuple
 
 from . import _core
 
@@ -87,6 +87,37 @@ class LayerSkip(Speculator):
         d = _core.layerskip(_int("layers", self.layers), _int("k", self.k),
                             _number("p_min", self.p_min),
                             _number("verify_slope", self.verify_slope))
+        object.__setattr__(self, "_drafter", d)
+
+
+@dataclass(frozen=True)
+class TokenRecycling(Speculator):
+    """Token Recycling (Luo et al. 2024): drafts a tree of tokens from a table of each token's
+    most probable successors, which the target itself fills: every verify step records, for
+    the root and every node it scored, the ``top`` most probable next tokens of the target's
+    logits. No draft model and no training. The text's last token is the root; a node at depth
+    d (the root at 0) gets the first ``widths[d]`` successors of its token as children, breadth
+    first, up to ``nodes`` nodes, ``len(widths)`` levels deep. The whole tree is verified in
+    one forward (each node sees its ancestors only) and the longest accepted path is kept, so
+    the output is the target's own: identical at temperature 0, identically distributed when
+    sampling.
+
+    The table lives in the speculator: keep one ``TokenRecycling`` per model and reuse it
+    across requests (also from several threads), so that it learns the model's habits. CPU
+    models only so far. The default tree (16 nodes) is a starting point, not tuned per
+    machine: a tree pays where a verify forward of many tokens costs little more than one."""
+
+    nodes: int = 16
+    widths: Tuple[int, ...] = (4, 2, 2, 1, 1, 1)
+    top: int = 8
+    _drafter: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.widths, (str, bytes)) or not hasattr(self.widths, "__iter__"):
+            raise TypeError(f"widths must be a sequence of integers, got {self.widths!r}")
+        widths = tuple(_int("widths", w) for w in self.widths)
+        object.__setattr__(self, "widths", widths)
+        d = _core.token_recycling(_int("nodes", self.nodes), list(widths), _int("top", self.top))
         object.__setattr__(self, "_drafter", d)
 
 

@@ -3,6 +3,8 @@
  * drafter adds its constructor here and one line to sd_py_drafter_methods. */
 #include "python/py_core.h"
 
+#include <string.h>
+
 static void drafter_dealloc(sd_py_Drafter *self) {
     sd_drafter_free(self->drafter);
     Py_XDECREF(self->model);
@@ -92,6 +94,44 @@ static PyObject *py_layerskip(PyObject *mod, PyObject *args, PyObject *kwds) {
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
 }
 
+/* token_recycling(nodes, widths, top) -> Drafter; widths: a sequence of 1 to
+ * SD_RECYCLE_MAX_DEPTH ints, its length the tree's depth */
+static PyObject *py_token_recycling(PyObject *mod, PyObject *args, PyObject *kwds) {
+    (void)mod;
+    static char *kwlist[] = {"nodes", "widths", "top", NULL};
+    sd_token_recycling p;
+    memset(&p, 0, sizeof(p));
+    PyObject *widths = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOi:token_recycling", kwlist, &p.nodes, &widths,
+                                     &p.top)) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(widths, "widths must be a sequence of integers");
+    if (seq == NULL) {
+        return NULL;
+    }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > SD_RECYCLE_MAX_DEPTH) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "widths must hold 1 to %d levels, got %zd",
+                     SD_RECYCLE_MAX_DEPTH, n);
+        return NULL;
+    }
+    p.depth = (int)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const long w = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (w == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        p.widths[i] = w < -1 || w > 1 << 20 ? -1 : (int)w;
+    }
+    Py_DECREF(seq);
+    sd_drafter *d = NULL;
+    const sd_status st = sd_drafter_token_recycling(&d, &p);
+    return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
+}
+
 PyMethodDef sd_py_drafter_methods[] = {
     {"prompt_lookup", (PyCFunction)(void (*)(void))py_prompt_lookup, METH_VARARGS | METH_KEYWORDS,
      "prompt_lookup(k, max_ngram, min_ngram, verify_slope) -> Drafter (sd_prompt_lookup)"},
@@ -99,5 +139,8 @@ PyMethodDef sd_py_drafter_methods[] = {
      "draft_model(model, k, p_min, verify_slope) -> Drafter (sd_draft_params)"},
     {"layerskip", (PyCFunction)(void (*)(void))py_layerskip, METH_VARARGS | METH_KEYWORDS,
      "layerskip(layers, k, p_min, verify_slope) -> Drafter (the target's first layers)"},
+    {"token_recycling", (PyCFunction)(void (*)(void))py_token_recycling,
+     METH_VARARGS | METH_KEYWORDS,
+     "token_recycling(nodes, widths, top) -> Drafter (sd_token_recycling)"},
     {NULL, NULL, 0, NULL},
 };

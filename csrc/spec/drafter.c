@@ -23,6 +23,9 @@ sd_status sd_drafter_alloc(sd_drafter **out, const sd_drafter_ops *ops, int max_
 }
 
 void sd_drafter_free(sd_drafter *d) {
+    if (d != NULL && d->ops->destroy != NULL) {
+        d->ops->destroy(d);
+    }
     free(d);
 }
 

@@ -59,6 +59,8 @@ typedef struct sd_drafter_ops {
     double (*cost)(const sd_drafter *d, const sd_model *target);
     /* The request ends (also after a failure): free what begin kept. */
     void (*end)(const sd_drafter *d, void *state);
+    /* The drafter is freed: release its shared state (NULL: it has none). */
+    void (*destroy)(sd_drafter *d);
 } sd_drafter_ops;
 
 /* A drafter: its operations, the most nodes it proposes per step, and its parameters. */
@@ -68,8 +70,10 @@ struct sd_drafter {
     int wants_q;     /* 1: the loop keeps (max_nodes, V) rows for the drafts' distributions */
     int context;     /* the longest text the drafter can follow (a draft model's context) */
     sd_model *model; /* a drafter's own model (not owned), or NULL */
+    void *shared;    /* state every request of the drafter shares (ops->destroy frees it) */
     union {
         sd_prompt_lookup lookup;
+        sd_token_recycling recycling;
         struct {
             sd_draft_params dp;
             int n_layers; /* early exit: the target's first n_layers layers; 0 = all */

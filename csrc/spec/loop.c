@@ -139,7 +139,7 @@ sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt
     if (draft_rows >= 0) {
         L->logits = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
         L->probs = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
-        L->fwork = malloc((size_t)V * sizeof(float));
+        L->fwork = malloc(2 * (size_t)V * sizeof(float)); /* the tree rule takes 2 V */
         L->iwork = malloc((size_t)V * sizeof(int32_t));
         if (draft_rows) {
             L->q = malloc((size_t)K * (size_t)V * sizeof(float));
@@ -196,14 +196,41 @@ int sd_spec_room(const sd_spec_loop *L) {
     return k < 0 ? 0 : k;
 }
 
+static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int n_acc,
+                                  int32_t next);
+
+int sd_spec_tree_room(const sd_spec_loop *L, int *depth) {
+    int d = L->p->max_new_tokens - L->e.n - 1;
+    *depth = d < 0 ? 0 : d;
+    int n = L->max_nodes < L->kv->capacity - L->len ? L->max_nodes : L->kv->capacity - L->len;
+    /* The nodes take slots len .. len + n - 1, their ranks among the slots a node sees are
+     * len .. len + depth - 1; both must lie in the same run of SD_ATTN_CHUNK slots for the
+     * attention to give a node the bits of a sequence (ops_cpu.h), so no run starts inside. */
+    const int next_run = (L->len / SD_ATTN_CHUNK + 1) * SD_ATTN_CHUNK;
+    n = n < next_run - L->len ? n : next_run - L->len;
+    return n < 0 || *depth == 0 ? 0 : n;
+}
+
 sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next) {
+    return spec_accept_tree(L, k, NULL, n_acc, next);
+}
+
+/* sd_spec_accept for k nodes of a tree of depth[i] (NULL: a chain, node i at depth i + 1): the
+ * per-position counts are per depth. */
+static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int n_acc,
+                                  int32_t next) {
     sd_spec_stats *ss = L->ss;
     ss->steps++;
     ss->drafted += k;
     ss->accepted += n_acc;
     for (int i = 0; i < k; i++) {
-        ss->drafted_at[i]++;
-        ss->accepted_at[i] += i < n_acc;
+        const int d = depth != NULL ? depth[i] - 1 : i;
+        if (d < SD_MAX_DRAFT) {
+            ss->drafted_at[d]++;
+        }
+    }
+    for (int i = 0; i < n_acc && i < SD_MAX_DRAFT; i++) {
+        ss->accepted_at[i]++;
     }
     for (int i = 0; i <= n_acc && !L->e.done; i++) {
         const int32_t tok = i < n_acc ? L->batch[1 + i] : next;
@@ -264,7 +291,7 @@ sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int
     b.n_logits = k + 1; /* in one pass: the head's weights are read once for all rows */
     SD_TRY(sd_forward(L->m, L->kv, &b, L->logits));
     /* uniforms keyed by the output position they decide: none is ever used twice */
-    double ua[SD_MAX_DRAFT], un[SD_MAX_DRAFT + 1];
+    double ua[SD_MAX_TREE], un[SD_MAX_TREE + 1]; /* a chain of a tree drafter may be long */
     const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
     for (int i = 0; i <= k; i++) {
         if (i < k) {
@@ -298,7 +325,111 @@ sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int
     }
 }
 
+/* The verify step of a tree (CPU): one forward over [last, nodes] with the tree's mask (node i
+ * at position len - 1 + depth(i), seeing the prefix, the root, its ancestors and itself; the
+ * attention gives it a sequence's bits, ops_cpu.h), the tree rule of verify.h, and the accepted
+ * path's keys and values moved into consecutive slots (ascending copies: a path node's slot is
+ * never below its place in the path). L->batch[1 .. n_acc] receives the path's tokens. */
+static sd_status spec_verify_tree(sd_spec_loop *L, const sd_draft *dr, const int *depth,
+                                  int *n_acc_out, int32_t *next_out) {
+    if (L->sp != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "the %s drafter proposed a tree: tree verification runs on the CPU "
+                            "only so far",
+                            L->d->ops->name);
+    }
+    const int V = L->m->cfg.vocab_size, n = dr->n, len = L->len;
+    const int cols = len + n;
+    int32_t pos[SD_MAX_TREE + 1];
+    int max_depth = 0;
+    pos[0] = len - 1;
+    for (int i = 0; i < n; i++) {
+        pos[1 + i] = len - 1 + depth[i];
+        max_depth = depth[i] > max_depth ? depth[i] : max_depth;
+    }
+    uint8_t *mask = calloc((size_t)(n + 1) * (size_t)cols, 1);
+    if (mask == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for a tree's mask");
+    }
+    for (int r = 0; r <= n; r++) {
+        uint8_t *row = mask + (size_t)r * (size_t)cols;
+        memset(row, 1, (size_t)len); /* the prefix and the root */
+        for (int a = r - 1; a >= 0; a = dr->parent[a]) {
+            row[len + a] = 1;
+        }
+    }
+    sd_batch b = {0};
+    b.n_tokens = n + 1;
+    b.tokens = L->batch;
+    b.pos = pos;
+    b.mask = mask;
+    b.n_mask_cols = cols;
+    b.n_logits = n + 1;
+    sd_status st = sd_forward(L->m, L->kv, &b, L->logits);
+    free(mask);
+    SD_TRY(st);
+    for (int r = 0; r <= n; r++) {
+        sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s, L->iwork);
+    }
+    /* a node's coin is keyed by (step, node), the emitted token by its output position */
+    double ua[SD_MAX_TREE], un[SD_MAX_TREE + 1];
+    const uint64_t out_pos = (uint64_t)(len - L->n_prompt);
+    for (int i = 0; i < n; i++) {
+        ua[i] = sd_rng_uniform(L->seed, SD_STREAM_TREE, out_pos * SD_MAX_TREE + (uint64_t)i);
+    }
+    for (int a = 0; a <= max_depth; a++) {
+        un[a] = sd_rng_uniform(L->seed, SD_STREAM_EMIT, out_pos + (uint64_t)a);
+    }
+    int32_t path[SD_MAX_TREE];
+    const int n_acc = sd_verify_tree(path, next_out, L->batch + 1, dr->parent, n, L->probs, dr->q,
+                                     V, ua, un, L->fwork);
+    int32_t toks[SD_MAX_TREE];
+    for (int j = 0; j < n_acc; j++) {
+        toks[j] = L->batch[1 + path[j]];
+        if (path[j] != j) {
+            SD_TRY(sd_kv_cache_copy_slot(L->kv, len + j, len + path[j]));
+        }
+    }
+    memcpy(L->batch + 1, toks, (size_t)n_acc * sizeof(int32_t));
+    *n_acc_out = n_acc;
+    return SD_OK;
+}
+
 /* ---- the step ------------------------------------------------------------------------------ */
+
+/* A proposal's shape: parents before children, depths within the room, a chain's length
+ * within the chain room, a tree's nodes within the tree room (a drafter's bug otherwise:
+ * SD_ERR_INTERNAL). depth[i] receives node i's depth (1 for a child of the root); *chain
+ * whether parent[i] = i - 1 throughout. */
+static sd_status check_tree(const sd_drafter *d, const sd_draft *dr, const sd_spec_loop *L,
+                            int *depth, int *chain) {
+    int depth_room = 0;
+    const int tree_room = sd_spec_tree_room(L, &depth_room);
+    *chain = 1;
+    if (dr->n < 0 || dr->n > SD_MAX_TREE || (dr->q != NULL && dr->q != L->q)) {
+        return sd_set_error(SD_ERR_INTERNAL, "the %s drafter proposed %d nodes", d->ops->name,
+                            dr->n);
+    }
+    for (int i = 0; i < dr->n; i++) {
+        const int p = dr->parent[i];
+        if (p < -1 || p >= i) {
+            return sd_set_error(SD_ERR_INTERNAL, "the %s drafter gave node %d the parent %d",
+                                d->ops->name, i, p);
+        }
+        depth[i] = p < 0 ? 1 : depth[p] + 1;
+        *chain &= p == i - 1;
+    }
+    const int room = *chain ? sd_spec_room(L) : tree_room;
+    for (int i = 0; i < dr->n; i++) {
+        if (depth[i] > depth_room || dr->n > room) {
+            return sd_set_error(SD_ERR_INTERNAL,
+                                "the %s drafter proposed %d nodes %d deep (room for %d, %d "
+                                "deep)",
+                                d->ops->name, dr->n, depth[i], room, depth_room);
+        }
+    }
+    return SD_OK;
+}
 
 sd_status sd_spec_step(sd_spec_loop *L) {
     sd_spec_stats *ss = L->ss;
@@ -307,19 +438,9 @@ sd_status sd_spec_step(sd_spec_loop *L) {
     sd_draft dr;
     memset(&dr, 0, sizeof(dr));
     SD_TRY(d->ops->propose(d, L->dstate, L, sd_spec_room(L), &dr));
-    if (dr.n < 0 || dr.n > sd_spec_room(L) || (dr.q != NULL && dr.q != L->q)) {
-        return sd_set_error(SD_ERR_INTERNAL, "the %s drafter proposed %d nodes (room for %d)",
-                            d->ops->name, dr.n, sd_spec_room(L));
-    }
+    int depth[SD_MAX_TREE], chain = 1;
     if (!dr.on_device) {
-        for (int i = 0; i < dr.n; i++) { /* chains only, until tree verification */
-            if (dr.parent[i] != i - 1) {
-                return sd_set_error(SD_ERR_UNSUPPORTED,
-                                    "the %s drafter proposed a tree (node %d's parent is %d); "
-                                    "only chains are verified so far",
-                                    d->ops->name, i, (int)dr.parent[i]);
-            }
-        }
+        SD_TRY(check_tree(d, &dr, L, depth, &chain));
         if (dr.n > 0 && dr.tokens != L->batch + 1) {
             memmove(L->batch + 1, dr.tokens, (size_t)dr.n * sizeof(int32_t));
         }
@@ -327,11 +448,16 @@ sd_status sd_spec_step(sd_spec_loop *L) {
     L->batch[0] = L->hist[L->len - 1];
     const double t1 = sd_now_s();
     /* verify, accept (emit the kept tokens, roll the cache back), commit (the drafter) */
-    int n_acc = 0, k_used = 0;
+    int n_acc = 0, k_used = dr.n;
     int32_t next = 0;
-    sd_status st = sd_spec_verify(L, dr.n, dr.q != NULL || dr.on_device, &n_acc, &k_used, &next);
+    sd_status st;
+    if (chain) {
+        st = sd_spec_verify(L, dr.n, dr.q != NULL || dr.on_device, &n_acc, &k_used, &next);
+    } else {
+        st = spec_verify_tree(L, &dr, depth, &n_acc, &next);
+    }
     if (st == SD_OK) {
-        st = sd_spec_accept(L, k_used, n_acc, next);
+        st = spec_accept_tree(L, k_used, chain ? NULL : depth, n_acc, next);
     }
     if (st == SD_OK && !L->e.done) {
         st = d->ops->commit(d, L->dstate, L, &dr, n_acc, next);

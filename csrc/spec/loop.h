@@ -36,7 +36,7 @@ typedef struct sd_spec_loop {
     int32_t *chain; /* (K) parents of a chain: -1, 0, 1, ... */
     float *logits;  /* (K + 1, V) */
     float *probs;   /* (K + 1, V) */
-    float *fwork;   /* (V) */
+    float *fwork;   /* (2 V) */
     float *q;       /* (K, V) the drafts' distributions (drafters that have them), else NULL */
     float *dlog;    /* (V) a draft forward's logits, with q */
     int32_t *iwork; /* (V) */
@@ -61,6 +61,10 @@ sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt
 sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_reason *reason);
 /* The most drafts the next step may carry: no more than can be emitted, nor past the cache. */
 int sd_spec_room(const sd_spec_loop *L);
+
+/* The most nodes, and (in *depth) the deepest node, a tree may have this step: within the
+ * cache, the tokens left to emit, and the run of attention slots the tree starts in. */
+int sd_spec_tree_room(const sd_spec_loop *L, int *depth);
 
 /* One step of the drafter's loop (propose, verify, accept, commit), timed into L->ss. */
 sd_status sd_spec_step(sd_spec_loop *L);

@@ -58,7 +58,7 @@ int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t
                     int V, const double *u_accept, const double *u_next, float *work);
 
 /* The most nodes a draft tree may have (sd_verify_tree). */
-#define SD_MAX_TREE 64
+#define SD_MAX_TREE SD_MAX_TREE_NODES
 
 /* The tree rule: one walk from the root over a tree of n draft nodes, so that the emitted tokens
  * are distributed exactly as the target's (recursive rejection sampling, Jeon et al. 2024, for

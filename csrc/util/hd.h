@@ -108,7 +108,8 @@ enum {
     SD_STREAM_ACCEPT = 1, /* acceptance tests of draft tokens */
     SD_STREAM_EMIT = 2,   /* the token emitted after the accepted drafts */
     SD_STREAM_DRAFT = 3,  /* a draft model's own sampling */
-    SD_STREAM_SYNTH = 4   /* the synthetic acceptance of benchmarks */
+    SD_STREAM_SYNTH = 4,  /* the synthetic acceptance of benchmarks */
+    SD_STREAM_TREE = 5    /* acceptance tests of the nodes of a draft tree */
 };
 
 /* Uniform in [0, 1) keyed by (seed, stream, index); 53 random bits. */

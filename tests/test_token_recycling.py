@@ -1,0 +1,118 @@
+"""Token Recycling (spec/drafters/token_recycling.c): trees drafted from the target's own
+successor table, verified in one forward. At temperature 0 the output is plain greedy decoding
+token for token; when sampling, the first three tokens are distributed as the target's
+(chi-square over 100,000 seeded runs); the caches after every tree step hold exactly what a
+fresh forward writes (the accepted path compacted into consecutive slots)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specdec
+import tinymodels as tm
+from specdec import _core, testing
+from test_cache_continuation import run_checked
+from test_draft_model import SETTINGS, assert_joint_matches, exact_joint, make_v5
+
+CFG = tm.TinyConfig(arch="llama", vocab=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                    ffn=64, context_length=700)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request, tmp_path_factory):
+    cfg = CFG.replace(arch=request.param)
+    path = str(tmp_path_factory.mktemp("tr") / "m.gguf")
+    testing.write_gguf(path, cfg, tm.make_weights(cfg, 8))
+    return specdec.load(path, threads=2)
+
+
+TREES = [dict(nodes=1, widths=(1,)), dict(nodes=6, widths=(2, 2)),
+         dict(nodes=16, widths=(4, 2, 2, 1, 1, 1)), dict(nodes=64, widths=(8, 4, 2, 1, 1, 1, 1, 1)),
+         dict(nodes=40, widths=(3,) * 8, top=3)]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=[str(t["nodes"]) for t in TREES])
+def test_greedy_equals_plain(model, tree):
+    """Several requests on one speculator (its table learns from each), all equal to plain."""
+    spec = specdec.TokenRecycling(**tree)
+    steps = 0
+    for seed in range(3):
+        prompt = tm.random_tokens(CFG.vocab, 12, seed) * 3
+        plain = specdec.generate(model, prompt, max_new_tokens=50, stop_tokens=[])
+        got = specdec.generate(model, prompt, max_new_tokens=50, stop_tokens=[], speculator=spec)
+        assert got.tokens == plain.tokens, (tree, seed)
+        steps += got.stats.steps
+        assert got.stats.accepted + got.stats.steps == got.stats.new_tokens
+    assert steps < 150  # drafts were accepted
+
+
+def test_trees_are_drafted_and_paths_accepted(model):
+    spec = specdec.TokenRecycling(nodes=16, widths=(4, 2, 2, 1, 1, 1))
+    prompt = tm.random_tokens(CFG.vocab, 10, 5) * 4
+    specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
+    g = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
+    st = g.stats
+    assert st.drafted > st.steps * 4  # trees of several nodes
+    assert st.accepted > 0 and st.mean_accepted_tokens > 1.2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_caches_equal_fresh_forward_after_every_step(model, temperature):
+    """check_cache after every step: the accepted path's keys and values moved into consecutive
+    slots are bit for bit a fresh forward's, also past the first 512 slots (runs of the
+    attention), where a tree must not straddle two runs."""
+    d = _core.token_recycling(16, [4, 2, 2, 1, 1, 1], 8)
+    for prompt_len, n in ((30, 60), (470, 80)):
+        prompt = (tm.random_tokens(CFG.vocab, 15, 2) * 40)[:prompt_len]
+        for _ in range(2):  # the second request drafts from a filled table
+            tokens, reason, stats = model._core.generate(
+                prompt, max_new_tokens=n, temperature=temperature, seed=3, stop_ids=[],
+                drafter=d, check_cache=True)
+            assert len(tokens) == n and reason == "length"
+        assert stats["drafted"] > stats["steps"]
+
+
+@pytest.mark.parametrize("name", ["T1", "T0.7-topk3"])
+def test_sampled_output_is_distributed_as_the_target(tmp_path, name):
+    m, _, w, _, row = make_v5(tmp_path)
+    setting = SETTINGS[name]
+    assert_joint_matches(m, specdec.TokenRecycling(nodes=6, widths=(2, 2), top=3), setting,
+                         exact_joint(row, w, setting))
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(nodes=0), ValueError, r"nodes must be in \[1, 64\], got 0"),
+    (dict(nodes=65), ValueError, r"nodes must be in \[1, 64\], got 65"),
+    (dict(top=0), ValueError, r"top must be in \[1, 16\], got 0"),
+    (dict(widths=()), ValueError, r"widths must hold 1 to 8 levels, got 0"),
+    (dict(widths=(1,) * 9), ValueError, r"widths must hold 1 to 8 levels, got 9"),
+    (dict(widths=(9,)), ValueError, r"widths\[0\] must be in \[1, top = 8\], got 9"),
+    (dict(widths=(2, 0)), ValueError, r"widths\[1\] must be in \[1, top = 8\], got 0"),
+    (dict(widths=(2.0,)), TypeError, "widths"), (dict(widths=3), TypeError, "widths"),
+    (dict(nodes=1.5), TypeError, "nodes"),
+])
+def test_bad_arguments(kw, error, match):
+    with pytest.raises(error, match=match):
+        specdec.TokenRecycling(**kw)
+
+
+def test_one_table_per_model(model, tmp_path):
+    path = str(tmp_path / "o.gguf")
+    testing.write_gguf(path, CFG, tm.make_weights(CFG, 9))
+    other = specdec.load(path)
+    spec = specdec.TokenRecycling()
+    specdec.generate(model, [1, 2, 3], max_new_tokens=4, speculator=spec)
+    with pytest.raises(ValueError, match="use one TokenRecycling per model"):
+        specdec.generate(other, [1, 2, 3], max_new_tokens=4, speculator=spec)
+
+
+def test_smollm2_greedy_equals_plain(smollm2_path):
+    m = specdec.load(smollm2_path)
+    spec = specdec.TokenRecycling()
+    for q in ("List the days of the week.", "Count from one to twenty in words."):
+        msgs = [{"role": "user", "content": q}]
+        plain = specdec.generate(m, msgs, max_new_tokens=64)
+        got = specdec.generate(m, msgs, max_new_tokens=64, speculator=spec)
+        assert got.tokens == plain.tokens, q
+    assert got.stats.accepted > 0
