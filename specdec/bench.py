@@ -119,8 +119,13 @@ def run(args: argparse.Namespace) -> dict:
                                                   verify_slope=args.model_slope)
             # a draft forward reads the draft's weights as a target forward reads the target's
             draft_cost["draft"] = draft.weight_bytes / model.weight_bytes
+        elif name == "recycling":
+            widths = tuple(int(w) for w in args.tree_widths.split(","))
+            methods["recycling"] = specdec.TokenRecycling(nodes=args.tree_nodes, widths=widths)
+            draft_cost["recycling"] = 0.0
         elif name and name != "plain":
-            raise ValueError(f"unknown method {name!r} (known: lookup, layerskip, draft)")
+            raise ValueError(f"unknown method {name!r} (known: lookup, layerskip, draft, "
+                             "recycling)")
     rows = load_questions(args.data, args.limit)
     results = []
     ctx = model.config.context_length
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="Spec-Bench-format JSONL")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--methods", default="lookup",
-                   help="comma-separated: lookup, layerskip, draft")
+                   help="comma-separated: lookup, layerskip, draft, recycling")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
     p.add_argument("--draft-layers", type=int, default=20,
                    help="draft without --draft: the target's first this many layers as a "
@@ -210,6 +215,10 @@ def main(argv=None) -> int:
                         "of")
     p.add_argument("--model-slope", type=float, default=0.2,
                    help="layerskip, draft: adaptive draft length's verify slope (0 = off)")
+    p.add_argument("--tree-nodes", type=int, default=16,
+                   help="recycling: the most nodes of a step's tree")
+    p.add_argument("--tree-widths", default="4,2,2,1,1,1",
+                   help="recycling: children per node at each depth, comma-separated")
     p.add_argument("--k", type=int, default=16, help="lookup: the most drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--verify-slope", type=float, default=0.2,

@@ -202,13 +202,16 @@ def test_bench_harness_runs(tmp_path, capsys):
         {"question_id": 3, "category": "qa", "turns": ["hello again", "and again"]}]))
     out = tmp_path / "r.json"
     assert bench.main(["--data", str(data), "--model", path, "--max-new-tokens", "6",
-                       "--k", "3", "--json", str(out)]) == 0
+                       "--k", "3", "--methods", "lookup,recycling", "--tree-nodes", "6",
+                       "--tree-widths", "2,2", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "| overall | 3 |" in table and "lookup speedup" in table
+    assert "recycling speedup" in table
     res = _json.loads(out.read_text())
     assert len(res["questions"]) == 3
     q = res["questions"][0]["methods"]
     assert q["plain"]["new_tokens"] == q["lookup"]["new_tokens"]  # greedy: same output length
+    assert q["plain"]["new_tokens"] == q["recycling"]["new_tokens"]
     assert set(q["plain"]) >= {"finish", "loop_tokens"} and "plain looped" in table
     assert bench.predicted_speedup(0.0, 4) == 1.0
     assert abs(bench.predicted_speedup(0.5, 2) - 1.75) < 1e-9
