@@ -15,9 +15,8 @@ import specdec
 import tinymodels as tm
 from specdec import testing
 
-from test_draft_model import (SETTINGS, assert_joint_matches, assert_stops_like_plain,
-                              exact_joint)
-from test_verify import process_ref
+from helpers import SETTINGS, assert_joint_matches, assert_stops_like_plain, exact_joint
+from reference import process_ref
 
 CFG = tm.TinyConfig(arch="llama", vocab=40, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn=64,
                     context_length=96)

@@ -4,26 +4,21 @@ start a stop string, stops when the consumer stops, and passes errors on."""
 
 from __future__ import annotations
 
-import os
+import sys
+import threading
+import time
 
 import pytest
 
 import specdec
 import tinymodels as tm
+from helpers import write_text_model
 from specdec import testing
 
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    from test_text import gguf_kv
-    from test_tokenizer import _train_bpe, gguf_meta
-
-    meta = gguf_meta(_train_bpe())
-    cfg = tm.TinyConfig(arch="llama", vocab=len(meta["tokenizer.ggml.tokens"]), dim=32,
-                        n_layers=2, n_heads=4, n_kv_heads=2, ffn=64, context_length=256)
-    path = os.path.join(tmp_path_factory.mktemp("stream"), "m.gguf")
-    testing.write_gguf(path, cfg, tm.make_weights(cfg, 5), extra_kv=gguf_kv(meta))
-    return specdec.load(path)
+    return write_text_model(tmp_path_factory.mktemp("stream") / "m.gguf")
 
 
 PROMPT = "the cat sat on the mat the cat sat on the mat the cat"
@@ -94,16 +89,64 @@ def test_stream_never_yields_text_past_a_stop_string(text_model):
     assert "".join(pieces) == g.text
 
 
-def test_breaking_out_stops_decoding(text_model):
-    seen = 0
-    gen = specdec.stream(text_model, PROMPT, max_new_tokens=200, stop_tokens=[])
-    for _ in gen:
-        seen += 1
-        if seen == 2:
+@pytest.fixture(scope="module")
+def ids_model(tmp_path_factory):
+    """A tiny model without a tokenizer: stream() yields its token ids one by one."""
+    cfg = tm.TinyConfig(arch="llama", vocab=40, dim=16, n_layers=2, n_heads=2, n_kv_heads=1,
+                        ffn=32, context_length=256)
+    path = str(tmp_path_factory.mktemp("ids") / "m.gguf")
+    testing.write_gguf(path, cfg, tm.make_weights(cfg, 2))
+    return specdec.load(path)
+
+
+@pytest.mark.parametrize("spec", list(SPECULATORS))
+def test_breaking_out_stops_decoding(ids_model, spec, monkeypatch):
+    """The consumer breaks out after two tokens of 200: the decoding loop itself ends there
+    (its Generation is "cancelled" after a few tokens), not only the consumer's view of it.
+
+    The loop runs in a worker thread and could finish all 200 tokens before the consumer acts;
+    so the loop's callback is wrapped to wait, from the third token on, until the consumer has
+    broken out, and then until stream() has asked the loop to stop (asking again each
+    millisecond: the repeated tokens go to a queue nobody reads any more). If stream() never
+    asks, the wait gives up after 10 s, once, and the loop runs on to 200 tokens."""
+    mod = sys.modules["specdec.generate"]
+    real_generate, results, broke = mod.generate, [], threading.Event()
+
+    def spy(*args, on_token, **kwargs):
+        n = 0
+
+        def waiting(t):
+            nonlocal n
+            n += 1
+            stop = on_token(t)
+            if n == 3 and not stop:  # once: a loop that is never asked to stop runs on
+                broke.wait(10)
+                deadline = time.monotonic() + 10
+                while not stop and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                    stop = on_token(t)
+            return stop
+
+        results.append(real_generate(*args, on_token=waiting, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(mod, "generate", spy)
+    seen = []
+    gen = specdec.stream(ids_model, [1, 2, 3], max_new_tokens=200, stop_tokens=[],
+                         speculator=SPECULATORS[spec]())
+    for t in gen:
+        seen.append(t)
+        if len(seen) == 2:
+            broke.set()
             break
     gen.close()
+    [g] = results
+    assert g.finish_reason == "cancelled", g.finish_reason
+    # the step that saw the cancel ends there (a speculative step may have emitted drafts
+    # after the third token before the callback of its last one)
+    assert 3 <= len(g.tokens) < 3 + 33 and g.tokens[:2] == seen
     # the model is free again (the worker thread has finished)
-    assert len(specdec.generate(text_model, PROMPT, max_new_tokens=3, stop_tokens=[]).tokens) == 3
+    assert len(specdec.generate(ids_model, [1, 2], max_new_tokens=3, stop_tokens=[]).tokens) == 3
 
 
 def test_stream_token_ids_without_a_tokenizer(tmp_path):

@@ -1,12 +1,14 @@
 """Tests of specdec.tokenizer: GGUF-metadata and Hugging Face tokenizers, encode/decode, the
 end-of-generation set, chat templates and errors.
 
-Everything runs on tiny tokenizers built here (a byte-level BPE trained with `tokenizers` on a
-few sentences and written into a metadata dict exactly as GGUF stores it; a hand-built
-SentencePiece-style vocabulary). The real SmolLM2 tests need the GGUF file (the smollm2_path
-fixture in conftest.py: $SPECDEC_SMOLLM2_GGUF, or specdec's alias resolution) and are skipped
-without it; the comparison with llama.cpp's own tokenization reads
-tests/fixtures/smollm2_llamacpp.json.
+Everything runs on tiny tokenizers (a byte-level BPE trained with `tokenizers` on a few
+sentences and written into a metadata dict exactly as GGUF stores it, from helpers.py; a
+hand-built SentencePiece-style vocabulary). Incremental decoding (what stream() yields) is
+checked against decode() of the whole output. The real SmolLM2 tests need the GGUF file (the
+smollm2_path fixture in conftest.py: $SPECDEC_SMOLLM2_GGUF, or specdec's alias resolution) and
+are skipped without it (they fail instead when SPECDEC_REQUIRE names smollm2); the comparison
+with llama.cpp's own tokenization reads tests/fixtures/smollm2_llamacpp.json, which is committed
+with the tests, so its absence is a failure.
 """
 
 from __future__ import annotations
@@ -14,41 +16,19 @@ from __future__ import annotations
 import json
 import struct
 import time
-from pathlib import Path
 
 import pytest
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
+from helpers import CHATML, CORPUS, USER_TOKEN, gguf_meta, train_bpe
 from specdec.tokenizer import (
     SUPPORTED_GGUF_PRE, Tokenizer, tokenizer_from_gguf_metadata,
 )
 
 # ---------------------------------------------------------------------------------------------
-# A tiny byte-level BPE, stored the way a GGUF file stores it
+# The tiny byte-level BPE of helpers.py, stored the way a GGUF file stores it
 # ---------------------------------------------------------------------------------------------
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<reponame>"]
-USER_TOKEN = "<tool>"  # a user-defined token (GGUF token type 4)
-
-CORPUS = [
-    "Hello world! The quick brown fox jumps over the lazy dog.",
-    "I don't think they'll say it's fine; we've seen it, you're right, I'm sure.",
-    "Numbers: 12345, 3.14159 and 1,000,000 apples in 2024.",
-    "def main():\n    return x ** 2  # comment\n\tindented\n",
-    "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u2014 \u4f60\u597d\uff0c\u4e16\u754c "
-    "\U0001F642 \U0001F916",
-    "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\nhi!<|im_end|>",
-] * 4
-
-CHATML = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 TRICKY = [
     "", "a", "Hello world", "12345", " 42", "x=1,000,000", "3.14159", "  double  spaces",
@@ -60,56 +40,9 @@ TRICKY = [
 ]
 
 
-def _train_bpe() -> tokenizers.Tokenizer:
-    """A byte-level BPE with SmolLM2's pre-tokenizer (individual digits, then GPT-2's regex)."""
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.add_tokens([AddedToken(USER_TOKEN, special=False, normalized=False)])
-    return tok
-
-
 @pytest.fixture(scope="module")
 def hf_bpe() -> tokenizers.Tokenizer:
-    return _train_bpe()
-
-
-def gguf_meta(hf: tokenizers.Tokenizer, pre: str | None = "smollm", **extra) -> dict:
-    """The GGUF metadata of `hf`, as llama.cpp's converter writes it: tokens in id order (added
-    tokens as raw text), token types, merges as "a b" strings."""
-    spec = json.loads(hf.to_str())
-    vocab = dict(spec["model"]["vocab"])
-    for at in spec["added_tokens"]:
-        vocab[at["content"]] = at["id"]
-    tokens = [""] * len(vocab)
-    for t, i in vocab.items():
-        tokens[i] = t
-    special = {at["content"]: at["special"] for at in spec["added_tokens"]}
-    types = [1 if t not in special else (3 if special[t] else 4) for t in tokens]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-    meta = {
-        "general.architecture": "llama",
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.unknown_token_id": 0,
-        "tokenizer.ggml.padding_token_id": 2,
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.ggml.add_space_prefix": False,
-        "tokenizer.chat_template": CHATML,
-    }
-    if pre is not None:
-        meta["tokenizer.ggml.pre"] = pre
-    meta.update(extra)
-    return meta
+    return train_bpe()
 
 
 @pytest.fixture(scope="module")
@@ -615,10 +548,6 @@ def test_hf_dir_spm_style(tmp_path, spm_meta):
 # The real SmolLM2-135M-Instruct GGUF (skipped when it is not available)
 # ---------------------------------------------------------------------------------------------
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"
-
-
 def read_gguf_metadata(path: str) -> dict:
     """GGUF header metadata only (key -> Python value; arrays as lists), read as a stream."""
     scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -710,11 +639,11 @@ def test_smollm2_matches_hf_pipeline(smollm2_meta, smollm2):
         assert smollm2.encode(text) == hf.encode(text).ids, text
 
 
-def test_smollm2_llamacpp_fixture(smollm2):
-    if not FIXTURE.is_file():
-        pytest.skip(f"{FIXTURE.relative_to(Path(__file__).parent.parent)} (llama.cpp's "
-                    "tokenizations) is not there")
-    prompts = json.loads(FIXTURE.read_text(encoding="utf-8"))["prompts"]
+def test_smollm2_llamacpp_fixture(llamacpp_fx, smollm2):
+    """llama.cpp's tokenizations of the fixture's prompts. The fixture is committed with the
+    tests: without it this fails (llamacpp_fx is asked for first, so even where the model is
+    missing and the test would skip)."""
+    prompts = llamacpp_fx["prompts"]
     assert prompts
     for p in prompts:
         assert smollm2.encode(p["text"]) == p["tokens"], p.get("name", p["text"])

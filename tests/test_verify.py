@@ -10,71 +10,16 @@ magnitude above the critical value."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
+from reference import process_ref
 from specdec import _core
-
-Z_999 = 3.090232  # standard normal quantile for alpha = 0.001
-
-
-def chi2_critical(df: int, z: float = Z_999) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile."""
-    h = 2.0 / (9.0 * df)
-    return df * (1.0 - h + z * math.sqrt(h)) ** 3
-
-
-def chi2_stat(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
-    """Pearson's statistic over cells with expected count >= 5 (the rest pooled)."""
-    n = counts.sum()
-    exp = probs * n
-    big = exp >= 5
-    stat = float((((counts[big] - exp[big]) ** 2) / exp[big]).sum())
-    df = int(big.sum()) - 1
-    if (~big).any() and exp[~big].sum() >= 5:
-        stat += float((counts[~big].sum() - exp[~big].sum()) ** 2 / exp[~big].sum())
-        df += 1
-    return stat, df
-
+from stats import chi2_critical, chi2_stat
 
 # ---------------------------------------------------------------------------------------------
 # logits processing
 # ---------------------------------------------------------------------------------------------
-
-
-def process_ref(logits, temperature, top_k, top_p, min_p):
-    """Reference: temperature, top-k, top-p, min-p (in that order), ties to the lower id."""
-    x = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
-        out = np.zeros_like(x)
-        out[int(np.argmax(x))] = 1.0
-        return out
-    p = np.exp((x - x.max()) / temperature)
-    p /= p.sum()
-    order = sorted(range(len(p)), key=lambda i: (-p[i], i))
-    keep = len(p)
-    if 0 < top_k < keep:
-        keep = top_k
-    if top_p < 1:
-        total = sum(p[i] for i in order[:keep])
-        mass, r = 0.0, 0
-        while r < keep:
-            mass += p[order[r]]
-            r += 1
-            if mass >= top_p * total:
-                break
-        keep = r
-    if min_p > 0:
-        r = 1
-        while r < keep and p[order[r]] >= min_p * p[order[0]]:
-            r += 1
-        keep = r
-    out = np.zeros_like(p)
-    kept = order[:keep]
-    out[kept] = p[kept] / p[kept].sum()
-    return out
 
 
 SETTINGS = [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.0, 0, 0.9, 0.0),
