@@ -208,6 +208,32 @@ def write_text_model(path, meta: dict | None = None, seed: int = 5) -> specdec.M
     return specdec.load(str(path))
 
 
+def sentencepiece_meta() -> dict:
+    """A hand-built SentencePiece-style ("llama") vocabulary as GGUF metadata: the 256 byte
+    tokens (byte fallback), pieces with U+2581 for a space, a user-defined token."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    pieces = [("\u2581", -100.0), ("h", -100.0), ("e", -100.0), ("l", -100.0), ("o", -100.0),
+              ("w", -100.0), ("r", -100.0), ("d", -100.0),
+              ("ll", -1.0), ("he", -2.0), ("llo", -3.0), ("hello", -4.0),
+              ("\u2581hello", -5.0), ("or", -6.0), ("ld", -6.5), ("wor", -7.0), ("world", -8.0),
+              ("\u2581world", -9.0), ("<|user|>", 0.0)]
+    for p, s in pieces:
+        tokens.append(p)
+        types.append(4 if p == "<|user|>" else 1)
+        scores.append(s)
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # The draft-model pair: a target, a close draft (perturbed weights), a far one
 # ---------------------------------------------------------------------------------------------

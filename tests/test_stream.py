@@ -12,7 +12,7 @@ import pytest
 
 import specdec
 import tinymodels as tm
-from helpers import write_text_model
+from helpers import gguf_meta, sentencepiece_meta, train_bpe, write_text_model
 from specdec import testing
 
 
@@ -77,6 +77,69 @@ def test_stream_pieces_join_to_the_text(text_model, spec):
     assert g.tokens == want.tokens
     assert "".join(pieces) == g.text == want.text
     assert len(pieces) > 3 and all(isinstance(p, str) and p for p in pieces)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_models(tmp_path_factory):
+    """Random models carrying a byte-level BPE without and with llama.cpp's space clean-up, and
+    a SentencePiece vocabulary with byte fallback that drops the first space."""
+    d = tmp_path_factory.mktemp("kinds")
+    bpe = train_bpe()
+    metas = {"bytelevel": gguf_meta(bpe), "bytelevel-clean": gguf_meta(bpe, pre="gpt-2"),
+             "spm": dict(sentencepiece_meta(), **{"general.architecture": "llama"})}
+    return {k: write_text_model(d / f"{k}.gguf", m, seed=7) for k, m in metas.items()}
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "bytelevel-clean", "spm"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_stream_pieces_join_to_the_text_for_every_vocabulary(tokenizer_models, kind,
+                                                             temperature):
+    """Random weights emit any token after any other: characters split over tokens, lone
+    continuation bytes, byte-fallback tokens, spaces before punctuation (cleaned up for
+    bytelevel-clean). The pieces join to Generation.text exactly, and none of them ends in half
+    a character."""
+    m = tokenizer_models[kind]
+    tok = m.tokenizer
+    for seed in range(4):
+        want = specdec.generate(m, [1, 5, 9], max_new_tokens=120, temperature=temperature,
+                                seed=seed, stop_tokens=[])
+        pieces, g = drain(specdec.stream(m, [1, 5, 9], max_new_tokens=120,
+                                         temperature=temperature, seed=seed, stop_tokens=[]))
+        assert g.tokens == want.tokens and g.text == want.text == tok.decode(g.tokens)
+        assert "".join(pieces) == g.text and all(pieces)
+        assert len(pieces) > 10
+
+
+def test_stream_stops_at_a_stop_string_spanning_tokens(text_model):
+    """A stop string made of the end of one output token and the start of the next: the text
+    stops before it (the C loop matches bytes across tokens) and nothing past it is yielded."""
+    full = specdec.generate(text_model, PROMPT, max_new_tokens=40, stop_tokens=[])
+    tok = text_model.tokenizer
+    pieces = [tok.token_to_piece(t).decode("utf-8", "replace") for t in full.tokens]
+    k = next(k for k in range(3, len(pieces)) if len(pieces[k - 1]) >= 2 and
+             len(pieces[k]) >= 2 and (pieces[k - 1] + pieces[k]).isascii())
+    stop = pieces[k - 1][-2:] + pieces[k][:2]
+    at = full.text.find(stop)
+    assert at >= 0
+    yielded, g = drain(specdec.stream(text_model, PROMPT, max_new_tokens=40, stop_tokens=[],
+                                      stop=[stop]))
+    assert g.finish_reason == "stop_string" and g.text == full.text[:at]
+    assert "".join(yielded) == g.text
+
+
+def test_stream_decodes_each_token_a_bounded_number_of_times(text_model, monkeypatch):
+    """Streaming is linear: over 200 tokens, Tokenizer.decode sees each token about once (the
+    Generation's own text), not once per later token as re-decoding the output at each step
+    would (200 * 201 / 2 = 20,100)."""
+    from specdec.tokenizer import Tokenizer
+
+    seen = []
+    real = Tokenizer.decode
+    monkeypatch.setattr(Tokenizer, "decode",
+                        lambda self, ids, *a, **kw: real(self, seen.extend(ids) or ids, *a, **kw))
+    pieces, g = drain(specdec.stream(text_model, PROMPT, max_new_tokens=200, stop_tokens=[]))
+    assert len(g.tokens) == 200 and "".join(pieces) == g.text
+    assert len(seen) <= 2 * 200, len(seen)
 
 
 def test_stream_never_yields_text_past_a_stop_string(text_model):
