@@ -17,7 +17,7 @@ import tinymodels as tm
 from helpers import (PAIR_CFG as CFG, SETTINGS, assert_joint_matches, assert_stops_like_plain,
                      exact_joint, gguf_kv, gguf_meta, make_v5, train_bpe, twin_generate)
 from specdec import testing
-from stats import chi2_critical, chi2_stat
+from stats import chi2_critical, chi2_stat, runs_for
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, 32])
@@ -75,24 +75,26 @@ def v5(tmp_path_factory):
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_sampled_output_is_distributed_as_the_target(v5, name):
     """The joint distribution of the first three emitted tokens (temperature and filters as
-    named), enumerated exactly from the reference forward, against 100,000 seeded runs with a
-    draft of other weights and k = 2, so that drafts are rejected and the residual
-    norm(max(0, p - q)) is sampled (chi-square, alpha = 0.001; see test_verify)."""
+    named), enumerated exactly from the reference forward, against seeded runs with a draft of
+    other weights and k = 2, so that drafts are rejected and the residual norm(max(0, p - q))
+    is sampled (chi-square at stats.ALPHA, as many runs as catch a total variation of stats.TV
+    with probability stats.POWER: stats.runs_for)."""
     m, dm, w, wd, row = v5
     setting = SETTINGS[name]
     assert_joint_matches(m, specdec.DraftModel(dm, k=2, verify_slope=0), setting, exact_joint(row, w, setting))
 
 
 def test_the_end_to_end_test_catches_a_broken_rule(v5):
-    """Power: the same statistic on a NumPy twin of the loop over the same rows passes with the
-    correct rule and fails with the correction drawn from p (which favours the draft)."""
+    """Power: the same statistic, over as many runs, on a NumPy twin of the loop over the same
+    rows passes with the correct rule and fails with the correction drawn from p (which
+    favours the draft: about 0.2 from the target in total variation, five times stats.TV)."""
     _, _, w, wd, row = v5
     setting = SETTINGS["T1"]
     exact = exact_joint(row, w, setting)
     rng = np.random.default_rng(0)
     for broken, should_pass in ((False, True), (True, False)):
         counts = np.zeros(125)
-        for _ in range(20_000):
+        for _ in range(runs_for(exact)):
             a, b, c = twin_generate(row, w, wd, setting, 2, rng, broken)
             counts[a * 25 + b * 5 + c] += 1
         stat, df = chi2_stat(counts, exact)
