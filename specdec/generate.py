@@ -164,7 +164,9 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
     could be the start of a ``stop`` string until it is known not to be), token ids otherwise.
     The pieces join to ``Generation.text``; the :class:`Generation` is the generator's return
     value (``g = yield from stream(...)``). Breaking out of the loop (or closing the generator)
-    stops decoding after the current step. Arguments as for :func:`generate`.
+    stops decoding after the current step. Each token's bytes are decoded once
+    (:meth:`specdec.tokenizer.Tokenizer.incremental_decoder`), so the text costs time linear in
+    its length. Arguments as for :func:`generate`.
     """
     try:
         tok = model.tokenizer
