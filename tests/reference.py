@@ -14,6 +14,9 @@ RoPE is Hugging Face's rotate-half form; attention is causal over the sequence o
 grouped-query heads (query head h reads kv head h // (H // Hkv)). With kv_f16, the keys (after
 RoPE) and values are rounded to IEEE halves first, saturating at +-65504, as specdec's CPU KV
 cache stores them by default.
+
+process_ref is the reference of the samplers' logits processing: temperature, then top-k,
+top-p and min-p, ties to the lower id.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ test file written here and on the suite's own skip sites."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def run_pytest(args: list, require: str | None, **env) -> tuple[int, str]:
     if require is not None:
         env["SPECDEC_REQUIRE"] = require
     e = child_env(**env)
-    e["PYTHONPATH"] = HERE + ":" + e["PYTHONPATH"]
+    e["PYTHONPATH"] = os.pathsep.join([HERE, e["PYTHONPATH"]])
     if require is None:
         e.pop("SPECDEC_REQUIRE", None)
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "conftest",
