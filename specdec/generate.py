@@ -150,7 +150,9 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
     could be the start of a ``stop`` string until it is known not to be), token ids otherwise.
     The pieces join to ``Generation.text``; the :class:`Generation` is the generator's return
     value (``g = yield from stream(...)``). Breaking out of the loop (or closing the generator)
-    stops decoding after the current step. Arguments as for :func:`generate`.
+    stops decoding after the current step. Each token's bytes are decoded once
+    (:meth:`specdec.tokenizer.Tokenizer.incremental_decoder`), so the text costs time linear in
+    its length. Arguments as for :func:`generate`.
     """
     try:
         tok = model.tokenizer
@@ -181,31 +183,39 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
 
     worker = threading.Thread(target=work, name="specdec.stream", daemon=True)
     worker.start()
-    tokens: List[int] = []
-    sent = ""
-    finished = False
+    # Text is decoded incrementally (each token costs the same however long the output is):
+    # `pending` is final text not yet yielded, `tail` the last `hold` characters yielded, so
+    # that a stop string spanning both is found.
+    dec = tok.incremental_decoder() if tok is not None else None
+    pieces: List[str] = []
+    pending = tail = ""
+    stopped = finished = False
     try:
         while True:
             t = q.get()
             if t is None:
                 finished = True
                 break
-            if tok is None:
+            if dec is None:
                 yield t
                 continue
-            if t in stop_set:
+            if t in stop_set or stopped:
                 continue  # a stop token ends the text without adding to it
-            tokens.append(t)
-            text = tok.decode(tokens)
-            safe = len(text) - hold
+            pending += dec.push(t)
+            if not pending:
+                continue
+            window = tail + pending
+            safe = len(window) - hold
             for s in stop_list:  # never past a stop string, even one the byte match missed
-                i = text.find(s)
-                safe = min(safe, i) if i >= 0 else safe
-            while safe > 0 and text[safe - 1] == "\ufffd":  # an incomplete character
-                safe -= 1
-            if safe > len(sent) and text.startswith(sent):
-                yield text[len(sent):safe]
-                sent = text[:safe]
+                i = window.find(s)
+                if i >= 0:
+                    safe, stopped = min(safe, i), True
+            piece = pending[:max(0, safe - len(tail))]
+            if piece:
+                yield piece
+                pieces.append(piece)
+                pending = pending[len(piece):]
+                tail = (tail + piece)[-hold:] if hold else ""
     finally:
         cancel.set()
         while not finished:  # let the loop see the cancel and finish
@@ -214,7 +224,7 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
     if "error" in done:
         raise done["error"]
     g = done["result"]
-    if tok is not None and g.text is not None and g.text.startswith(sent) and \
-            len(g.text) > len(sent):
+    sent = "".join(pieces)
+    if g.text is not None and g.text.startswith(sent) and len(g.text) > len(sent):
         yield g.text[len(sent):]
     return g

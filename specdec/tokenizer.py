@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import codecs
 import json
 import operator
 import os
@@ -39,7 +40,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("specdec.tokenizer needs the Hugging Face `tokenizers` package: "
                       "pip install tokenizers") from e
 
-__all__ = ["Tokenizer", "tokenizer_from_gguf_metadata", "SUPPORTED_GGUF_MODELS",
+__all__ = ["Tokenizer", "IncrementalDecoder", "tokenizer_from_gguf_metadata", "SUPPORTED_GGUF_MODELS",
            "SUPPORTED_GGUF_PRE"]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -931,6 +932,12 @@ class Tokenizer:
             data = _clean_spaces(data)
         return data.decode("utf-8", errors="replace")
 
+    def incremental_decoder(self) -> "IncrementalDecoder":
+        """A decoder fed one token id at a time, whose output pieces join to
+        ``decode(all ids)``, each id costing time independent of how many came before: see
+        :class:`IncrementalDecoder`."""
+        return IncrementalDecoder(self)
+
     # ---- chat template -----------------------------------------------------------------------
 
     def apply_chat_template(self, messages: List[Dict[str, Any]],
@@ -968,6 +975,97 @@ class Tokenizer:
             return template.render(**variables)
         except jinja2.exceptions.TemplateError as e:
             raise ValueError(f"the chat template failed: {e}") from e
+
+
+# Bytes the clean-up reads (" ?", " !", " .", " ,", " ' ", " 's", " 'm", " 're", " 've"):
+# any other byte is "plain" to it.
+_CLEAN_BYTES = frozenset(b" '?!.,")
+
+
+class IncrementalDecoder:
+    """:meth:`Tokenizer.decode` (default arguments) of a growing list of ids, one id at a time.
+
+    ``push(id)`` returns the text that is now final and ``flush()`` the rest, so that
+    ``"".join(pushes) + flush() == tok.decode(ids)`` exactly. Each call decodes only a short
+    tail, so a stream of n tokens costs O(n), where re-decoding everything at every token would
+    cost O(n**2).
+
+    Byte-level and SentencePiece vocabularies decode by joining token bytes; their bytes go
+    through an incremental UTF-8 decoder, which holds back a character split over tokens
+    (byte-fallback tokens included) until its last byte and otherwise decodes as a one-shot
+    decode does. SentencePiece's dropped first space is taken off the first token's bytes, as
+    ``decode`` does. With llama.cpp's space clean-up on (" ." -> ".", " 's" -> "'s"), whose
+    rules look from a space or quote at most two bytes ahead, bytes wait for a *cut*: a point
+    after two plain bytes (none of ``" '?!.,"``), where cleaning the bytes before and after it
+    apart gives what cleaning them together gives, since no rule spans it.
+
+    For a vocabulary decoded by the ``tokenizers`` library ("generic" pieces: WordPiece and the
+    like) the tail is a window of the last tokens: the text the newest tokens add to the
+    decoding of the window before them, emitted once it does not end in an incomplete
+    character; the pieces join to ``decode(ids)`` for decoders whose output for a token depends
+    on few tokens before it.
+    """
+
+    def __init__(self, tok: Tokenizer) -> None:
+        """tok: the tokenizer whose :meth:`Tokenizer.decode` this reproduces."""
+        self._tok = tok
+        self._generic = tok._piece_style == "generic"
+        self._clean = tok._clean_spaces
+        self._strip_space = tok._add_space_prefix  # of the first token's bytes only
+        self._reset()
+
+    def _reset(self) -> None:
+        self._first = True
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._buf = bytearray()  # clean-up on: the bytes after the last cut
+        self._ids: List[int] = []  # generic: the window of tokens
+        self._read = 0  # generic: tokens of the window already emitted past its context
+
+    def push(self, token_id: int) -> str:
+        """Add one token id; returns the text that no later id can change (may be "")."""
+        i = self._tok._check_id(token_id)
+        if self._generic:
+            return self._push_generic(i)
+        p = self._tok.token_to_piece(i)
+        if self._first:
+            self._first = False
+            if self._strip_space and p[:1] == b" ":
+                p = p[1:]
+        if not self._clean:
+            return self._utf8.decode(p)
+        start = max(len(self._buf) + 1, 2)  # the cuts up to here were looked at before
+        self._buf += p
+        b = self._buf
+        for cut in range(len(b), start - 1, -1):  # the last cut: after two plain bytes
+            if b[cut - 1] not in _CLEAN_BYTES and b[cut - 2] not in _CLEAN_BYTES:
+                out = self._utf8.decode(_clean_spaces(bytes(b[:cut])))
+                del b[:cut]
+                return out
+        return ""
+
+    def flush(self) -> str:
+        """The text still held back; the decoder starts again empty after it."""
+        if self._generic:
+            hf, ids, read = self._tok._hf, self._ids, self._read
+            out = hf.decode(ids, skip_special_tokens=False)[
+                len(hf.decode(ids[:read], skip_special_tokens=False)):]
+        else:
+            out = self._utf8.decode(_clean_spaces(bytes(self._buf)) if self._clean else b"",
+                                    final=True)
+        self._reset()
+        return out
+
+    def _push_generic(self, i: int) -> str:
+        dec = self._tok._hf.decode
+        self._ids.append(i)
+        before = dec(self._ids[:self._read], skip_special_tokens=False)
+        now = dec(self._ids, skip_special_tokens=False)
+        if len(now) <= len(before) or now.endswith("\ufffd"):
+            return ""
+        # keep the last emitted tokens as the context of the next window
+        self._ids = self._ids[self._read:]
+        self._read = len(self._ids)
+        return now[len(before):]
 
 
 def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Optional[Tokenizer]:

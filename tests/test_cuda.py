@@ -24,7 +24,7 @@ from test_cache_continuation import core_drafter
 import tinymodels as tm
 from specdec import _core, testing
 
-from test_draft_model import CFG, PROMPT, assert_joint_matches, exact_joint, make_v5, perturbed
+from helpers import PAIR_CFG as CFG, PROMPT, assert_joint_matches, exact_joint, make_v5, perturbed
 
 
 def _gpu_reason() -> str:
@@ -35,7 +35,7 @@ def _gpu_reason() -> str:
     return ""
 
 
-pytestmark = pytest.mark.skipif(bool(_gpu_reason()), reason=_gpu_reason() or "GPU present")
+pytestmark = pytest.mark.requires("cuda", _gpu_reason())  # skips, or fails: conftest.py
 
 
 def both(name: str, args: list):
@@ -122,7 +122,7 @@ def test_mma_models_decode_like_the_cpu_and_speculate_exactly():
     CPU's but at near-ties, and prompt lookup's greedy output is plain greedy output."""
     import json
 
-    from test_robustness import child_json
+    from helpers import child_json
 
     shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
                  n_heads=4, n_kv_heads=2, vocab_size=301)
@@ -252,7 +252,7 @@ def test_greedy_matches_the_cpu_on_dummy_models(dtype):
 def test_quantized_models_are_their_dequantized_weights(dtype):
     """The GPU multiplies dequantized weights with f32 activations: a quantized dummy model's
     logits equal the float64 reference over its dequantized weights to float rounding."""
-    from test_dummy import QWEN, QWEN_CFG, TOKENS, rebuilt_weights
+    from helpers import QWEN, QWEN_CFG, TOKENS, rebuilt_weights
     import types
 
     import reference
@@ -270,7 +270,7 @@ def test_long_prefill_and_cublas_prefill(tmp_path):
     within 1e-3 of the exact kernels' logits."""
     import json
 
-    from test_robustness import child_json
+    from helpers import child_json
 
     shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
                  n_heads=4, n_kv_heads=2, vocab_size=301)

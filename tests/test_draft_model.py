@@ -12,37 +12,12 @@ import os
 import numpy as np
 import pytest
 
-import reference
 import specdec
 import tinymodels as tm
+from helpers import (PAIR_CFG as CFG, SETTINGS, assert_joint_matches, assert_stops_like_plain,
+                     exact_joint, gguf_kv, gguf_meta, make_v5, train_bpe, twin_generate)
 from specdec import testing
-
-from test_verify import chi2_critical, chi2_stat, process_ref
-
-CFG = tm.TinyConfig(arch="llama", vocab=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn=64,
-                    context_length=96)
-# a draft of another shape: one layer, narrower, multi-head attention, shorter context
-DRAFT_CFG = tm.TinyConfig(arch="llama", vocab=40, dim=16, n_layers=1, n_heads=2, n_kv_heads=2,
-                          ffn=32, context_length=64)
-
-
-def perturbed(w: dict, scale: float, seed: int) -> dict:
-    """The weights plus relative Gaussian noise: a draft that mostly agrees with the target."""
-    rng = np.random.default_rng(seed)
-    return {k: (v + scale * np.std(v) * rng.standard_normal(v.shape)).astype(v.dtype)
-            for k, v in w.items()}
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    d = tmp_path_factory.mktemp("draft")
-    w = tm.make_weights(CFG, 21)
-    paths = {}
-    for name, cfg, weights in [("target", CFG, w), ("close", CFG, perturbed(w, 0.05, 1)),
-                               ("far", DRAFT_CFG, tm.make_weights(DRAFT_CFG, 22))]:
-        paths[name] = os.path.join(d, name + ".gguf")
-        testing.write_gguf(paths[name], cfg, weights)
-    return {k: specdec.load(p) for k, p in paths.items()}
+from stats import chi2_critical, chi2_stat, runs_for
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, 32])
@@ -76,23 +51,6 @@ def test_close_draft_is_accepted_more_than_far(pair):
     assert rates["close"] > 0.5 and rates["close"] > rates["far"] + 0.2, rates
 
 
-def assert_stops_like_plain(target, make_speculator) -> None:
-    """Stop tokens and length limits that fall inside a draft end the run exactly where plain
-    greedy decoding ends it."""
-    prompt = tm.random_tokens(target.config.vocab_size, 12, 5)
-    plain = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[])
-    for i in (2, 10, 17):
-        stop = plain.tokens[i]
-        want = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[stop])
-        got = specdec.generate(target, prompt, max_new_tokens=30, stop_tokens=[stop],
-                               speculator=make_speculator())
-        assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
-    for n in (0, 1, 2, 7):
-        got = specdec.generate(target, prompt, max_new_tokens=n, stop_tokens=[],
-                               speculator=make_speculator())
-        assert got.tokens == plain.tokens[:n]
-
-
 def test_stops_in_the_middle_of_a_draft(pair):
     assert_stops_like_plain(pair["target"], lambda: specdec.DraftModel(pair["close"], k=6, verify_slope=0))
 
@@ -109,113 +67,34 @@ def test_sampled_is_reproducible_and_self_draft_accepts_all(pair):
     assert g.stats.accepted == g.stats.drafted  # p == q: min(1, p/q) = 1
 
 
-SETTINGS = {"T1": (1.0, 0, 1.0, 0.0), "T0.7-topk3": (0.7, 3, 1.0, 0.0),
-            "top_p0.9": (1.0, 0, 0.9, 0.0), "min_p0.1": (1.0, 0, 1.0, 0.1)}
-PROMPT = [1, 2, 3, 4]
-
-
-def make_v5(d, device: str = "cpu"):
-    """A target and a draft of other random weights over a vocabulary of 5, written under d and
-    loaded on `device`, with the reference forward of each: (target, draft, target weights,
-    draft weights, row(weights, prefix, setting) -> processed row)."""
-    cfg = tm.TinyConfig(arch="llama", vocab=5, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                        ffn=32, context_length=32)
-    w, wd = tm.make_weights(cfg, 11), tm.make_weights(cfg, 12)
-    testing.write_gguf(str(d / "t.gguf"), cfg, w)
-    testing.write_gguf(str(d / "d.gguf"), cfg, wd)
-    cache: dict = {}
-
-    def row(weights, seq, setting):
-        key = (id(weights), tuple(seq), setting)
-        if key not in cache:
-            cache[key] = process_ref(reference.forward(weights, cfg, list(seq), kv_f16=True)[-1], *setting)
-        return cache[key]
-
-    return (specdec.load(str(d / "t.gguf"), device=device),
-            specdec.load(str(d / "d.gguf"), device=device), w, wd, row)
-
-
 @pytest.fixture(scope="module")
 def v5(tmp_path_factory):
     return make_v5(tmp_path_factory.mktemp("v5"))
 
 
-def exact_joint(row, w, setting) -> np.ndarray:
-    """P(first three tokens = a, b, c) under plain sampling of the processed target rows."""
-    exact = np.zeros((5, 5, 5))
-    p1 = row(w, PROMPT, setting)
-    for a in range(5):
-        p2 = row(w, PROMPT + [a], setting)
-        for b in range(5):
-            exact[a, b] = p1[a] * p2[b] * row(w, PROMPT + [a, b], setting)
-    return exact.ravel()
-
-
-def twin_generate(row, w, wd, setting, k, rng, broken):
-    """The speculative loop in NumPy over the reference rows: three tokens, drafts of k sampled
-    from the draft's rows, the chain rule with (broken=True) the correction drawn from p instead
-    of norm(max(0, p - q))."""
-    out: list = []
-    while len(out) < 3:
-        kk = min(k, 3 - len(out) - 1)
-        drafts, qs = [], []
-        for i in range(kk):
-            q = row(wd, PROMPT + out + drafts, setting)
-            qs.append(q)
-            drafts.append(int(rng.choice(5, p=q)))
-        base = PROMPT + out
-        for i in range(kk + 1):
-            p = row(w, base + drafts[:i], setting)
-            if i == kk:
-                out.append(int(rng.choice(5, p=p)))
-                break
-            d, q = drafts[i], qs[i]
-            if rng.random() * q[d] < p[d]:
-                out.append(d)
-                continue
-            res = p if broken else np.maximum(0.0, p - q)
-            out.append(int(rng.choice(5, p=res / res.sum())))
-            break
-    return out[:3]
-
-
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_sampled_output_is_distributed_as_the_target(v5, name):
     """The joint distribution of the first three emitted tokens (temperature and filters as
-    named), enumerated exactly from the reference forward, against 100,000 seeded runs with a
-    draft of other weights and k = 2, so that drafts are rejected and the residual
-    norm(max(0, p - q)) is sampled (chi-square, alpha = 0.001; see test_verify)."""
+    named), enumerated exactly from the reference forward, against seeded runs with a draft of
+    other weights and k = 2, so that drafts are rejected and the residual norm(max(0, p - q))
+    is sampled (chi-square at stats.ALPHA, as many runs as catch a total variation of stats.TV
+    with probability stats.POWER: stats.runs_for)."""
     m, dm, w, wd, row = v5
     setting = SETTINGS[name]
     assert_joint_matches(m, specdec.DraftModel(dm, k=2, verify_slope=0), setting, exact_joint(row, w, setting))
 
 
-def assert_joint_matches(m, speculator, setting, exact, N: int = 100_000) -> None:
-    """Chi-square of the first three tokens of N seeded runs against `exact` (125 cells)."""
-    T, top_k, top_p, min_p = setting
-    counts = np.zeros(125)
-    rejected = 0
-    for s in range(N):
-        g = specdec.generate(m, PROMPT, max_new_tokens=3, temperature=T, seed=s,
-                             stop_tokens=[], top_k=top_k, top_p=top_p, min_p=min_p,
-                             speculator=speculator)
-        counts[g.tokens[0] * 25 + g.tokens[1] * 5 + g.tokens[2]] += 1
-        rejected += g.stats.drafted - g.stats.accepted
-    assert rejected > N // 10  # the residual path is exercised
-    stat, df = chi2_stat(counts, exact)
-    assert stat < chi2_critical(df), (stat, df)
-
-
 def test_the_end_to_end_test_catches_a_broken_rule(v5):
-    """Power: the same statistic on a NumPy twin of the loop over the same rows passes with the
-    correct rule and fails with the correction drawn from p (which favours the draft)."""
+    """Power: the same statistic, over as many runs, on a NumPy twin of the loop over the same
+    rows passes with the correct rule and fails with the correction drawn from p (which
+    favours the draft: about 0.2 from the target in total variation, five times stats.TV)."""
     _, _, w, wd, row = v5
     setting = SETTINGS["T1"]
     exact = exact_joint(row, w, setting)
     rng = np.random.default_rng(0)
     for broken, should_pass in ((False, True), (True, False)):
         counts = np.zeros(125)
-        for _ in range(20_000):
+        for _ in range(runs_for(exact)):
             a, b, c = twin_generate(row, w, wd, setting, 2, rng, broken)
             counts[a * 25 + b * 5 + c] += 1
         stat, df = chi2_stat(counts, exact)
@@ -233,10 +112,7 @@ def test_vocabulary_size_mismatch_is_refused(pair, tmp_path):
 
 
 def test_different_tokenizer_is_refused(tmp_path):
-    from test_text import gguf_kv
-    from test_tokenizer import _train_bpe, gguf_meta
-
-    meta = gguf_meta(_train_bpe())
+    meta = gguf_meta(train_bpe())
     V = len(meta["tokenizer.ggml.tokens"])
     cfg = tm.TinyConfig(arch="llama", vocab=V, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
                         ffn=32, context_length=64)

@@ -13,71 +13,11 @@ import types
 import numpy as np
 import pytest
 
-import quantref
 import reference
 import specdec
+from helpers import QWEN, QWEN_CFG, TOKENS, rebuilt_weights
 from specdec import _core
 from specdec.dummy import DTYPES, SHAPES, synthetic_speculation
-
-QWEN = dict(arch="qwen2", vocab_size=61, hidden_size=48, n_layers=2, n_heads=4, n_kv_heads=2,
-            head_dim=12, ffn_size=80, context_length=64, rope_theta=10000.0, rms_eps=1e-6,
-            tied_embeddings=False)
-
-
-def fill(rows, cols, seed, tid, scale, dtype: str = "f32"):
-    """A dummy tensor's values (float64), from the fill kernel: dequantized with quantref's
-    independent description of the block formats, or read as floats."""
-    tid_type = DTYPES[dtype]
-    if tid_type in quantref.FORMATS:
-        _, qk, size = quantref.FORMATS[tid_type]
-        raw = np.zeros(rows * cols // qk * size, np.uint8)
-        _core.kernel("dummy_fill", 0, [raw, tid_type, rows, cols, seed, tid, scale])
-        vals = quantref.dequantize(tid_type, raw.reshape(-1, size))
-        return np.asarray(vals, np.float64).reshape(rows, cols)
-    if dtype in ("f16", "bf16"):
-        raw = np.zeros(rows * cols, np.uint16)
-        _core.kernel("dummy_fill", 0, [raw, tid_type, rows, cols, seed, tid, scale])
-        if dtype == "f16":
-            return raw.view(np.float16).astype(np.float64).reshape(rows, cols)
-        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64).reshape(rows, cols)
-    out = np.zeros(rows * cols, np.float32)
-    _core.kernel("dummy_fill", 0, [out, 0, rows, cols, seed, tid, scale])
-    return out.reshape(rows, cols).astype(np.float64)
-
-
-def rebuilt_weights(shape: dict, seed: int, dtype: str = "f32") -> dict:
-    """The dummy weights in HF names (matrices of `dtype` as the values they stand for), from
-    the fill kernel and dummy.c's tensor order: token_embd, output_norm, output, then per layer
-    attn_norm, q, k, v, o, ffn_norm, gate, up, down, q/k/v biases."""
-    D, F, V = shape["hidden_size"], shape["ffn_size"], shape["vocab_size"]
-    QD = shape["n_heads"] * shape["head_dim"]
-    KVD = shape["n_kv_heads"] * shape["head_dim"]
-    w = {"model.embed_tokens.weight": fill(V, D, seed, 0, D ** -0.5, dtype),
-         "model.norm.weight": np.ones(D),
-         "lm_head.weight": fill(V, D, seed, 2, D ** -0.5, dtype)}
-    tid = 3
-    for i in range(shape["n_layers"]):
-        p = f"model.layers.{i}."
-        parts = [("input_layernorm.weight", None), ("self_attn.q_proj.weight", (QD, D)),
-                 ("self_attn.k_proj.weight", (KVD, D)), ("self_attn.v_proj.weight", (KVD, D)),
-                 ("self_attn.o_proj.weight", (D, QD)), ("post_attention_layernorm.weight", None),
-                 ("mlp.gate_proj.weight", (F, D)), ("mlp.up_proj.weight", (F, D)),
-                 ("mlp.down_proj.weight", (D, F)), ("self_attn.q_proj.bias", QD),
-                 ("self_attn.k_proj.bias", KVD), ("self_attn.v_proj.bias", KVD)]
-        for name, dims in parts:
-            if dims is None:
-                w[p + name] = np.ones(D)
-            elif isinstance(dims, int):
-                w[p + name] = fill(1, dims, seed, tid, 0.02)[0]
-            else:
-                w[p + name] = fill(dims[0], dims[1], seed, tid, dims[1] ** -0.5, dtype)
-            tid += 1
-    return w
-
-
-QWEN_CFG = types.SimpleNamespace(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=12,
-                                 rope_theta=10000.0, rms_eps=1e-6, tied=False)
-TOKENS = [3, 1, 4, 1, 5, 9, 2, 6]
 
 
 def test_dummy_model_is_the_tensors_it_claims():

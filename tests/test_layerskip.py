@@ -15,9 +15,8 @@ import specdec
 import tinymodels as tm
 from specdec import testing
 
-from test_draft_model import (SETTINGS, assert_joint_matches, assert_stops_like_plain,
-                              exact_joint)
-from test_verify import process_ref
+from helpers import SETTINGS, assert_joint_matches, assert_stops_like_plain, exact_joint
+from reference import process_ref
 
 CFG = tm.TinyConfig(arch="llama", vocab=40, dim=32, n_layers=4, n_heads=4, n_kv_heads=2, ffn=64,
                     context_length=96)
@@ -94,8 +93,8 @@ def test_stops_in_the_middle_of_a_draft(models):
 
 @pytest.mark.parametrize("name", ["T1", "top_p0.9"])
 def test_sampled_output_is_distributed_as_the_target(tmp_path, name):
-    """First three tokens of a 3-layer vocabulary-5 target drafting with its first layer, over
-    100,000 seeded runs, against exact enumeration (chi-square, alpha = 0.001)."""
+    """First three tokens of a 3-layer vocabulary-5 target drafting with its first layer,
+    against exact enumeration (chi-square at stats.ALPHA over stats.runs_for seeded runs)."""
     cfg = tm.TinyConfig(arch="llama", vocab=5, dim=16, n_layers=3, n_heads=2, n_kv_heads=1,
                         ffn=32, context_length=32)
     w = tm.make_weights(cfg, 17)

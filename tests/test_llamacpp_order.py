@@ -21,11 +21,26 @@ def recorded(logits: np.ndarray, top: np.ndarray) -> np.ndarray:
     return np.round(np.take_along_axis(logits, ids, axis=1).astype(np.float64), 5)
 
 
-def test_one_batch_equals_llamacpp(llamacpp_model, llamacpp_fx):
+N_GREEDY = 32  # greedy steps checked after each prompt
+
+
+@pytest.fixture(scope="module")
+def continued(llamacpp_model, llamacpp_fx) -> dict:
+    """Per prompt name: the logits of the prompt in one batch followed by llama.cpp's first
+    N_GREEDY - 1 greedy tokens one at a time (rows of the prompt: the batch; the others: one
+    step each). The reference is slow, so the two tests below share this one pass."""
+    out = {}
+    for p in llamacpp_fx["prompts"]:
+        seq = p["tokens"] + p["greedy"][:N_GREEDY - 1]
+        out[p["name"]] = llamacpp_model.llamacpp_logits(seq, n_batch=len(p["tokens"]))
+    return out
+
+
+def test_one_batch_equals_llamacpp(continued, llamacpp_fx):
     """The whole prompt in one batch: all 20 recorded logits of every position, exactly, and so
     the same top-1 token at 100 % of the positions."""
     for p in llamacpp_fx["prompts"]:
-        logits = llamacpp_model.llamacpp_logits(p["tokens"])
+        logits = continued[p["name"]][:len(p["tokens"])]
         top = np.array(p["top_logits"])
         np.testing.assert_array_equal(recorded(logits, top), top[:, :, 1], err_msg=p["name"])
         assert np.all(logits.argmax(axis=1) == top[:, 0, 0]), p["name"]
@@ -41,15 +56,13 @@ def test_one_token_at_a_time_equals_llamacpp(llamacpp_model, llamacpp_fx):
                                       err_msg=p["name"])
 
 
-def test_greedy_continuations_equal_llamacpp(llamacpp_model, llamacpp_fx):
+def test_greedy_continuations_equal_llamacpp(continued, llamacpp_fx):
     """The batched prompt, then llama.cpp's greedy tokens one at a time: at each of the first 32
     steps the argmax is llama.cpp's next token, with its recorded top-1/top-2 gap. By induction
     a free-running greedy decode in this order gives llama.cpp's 32 tokens for every prompt."""
-    n = 32
+    n = N_GREEDY
     for p in llamacpp_fx["prompts"]:
-        seq = p["tokens"] + p["greedy"][:n - 1]
-        n_prompt = len(p["tokens"])
-        logits = llamacpp_model.llamacpp_logits(seq, n_batch=n_prompt)[n_prompt - 1:]
+        logits = continued[p["name"]][len(p["tokens"]) - 1:]
         assert logits.argmax(axis=1).tolist() == p["greedy"][:n], p["name"]
         two = np.sort(logits, axis=1)[:, -2:].astype(np.float64)
         np.testing.assert_allclose(two[:, 1] - two[:, 0], p["greedy_margin"][:n], atol=2e-5,

@@ -5,7 +5,6 @@ equals the plain output) are part of the test."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import pytest

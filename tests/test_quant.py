@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import quantref
+from helpers import require_simd
 from specdec import _core
 
 TYPES = sorted(quantref.FORMATS)
@@ -153,7 +154,7 @@ def child_matmuls(cases: dict, simd: str):
     {key: float32 array (T, nrows)})."""
     import json
 
-    from test_robustness import child_json
+    from helpers import child_json
 
     out = child_json(CHILD_MATMULS, stdin=json.dumps(cases), SPECDEC_SIMD=simd)
     ys = {k: np.frombuffer(bytes.fromhex(h), dtype=np.float32).reshape(len(cases[k][4]),
@@ -165,8 +166,7 @@ def child_matmuls(cases: dict, simd: str):
 def test_avx2_kernels_where_wider_ones_exist():
     """On CPUs with AVX512-VNNI the forward pass uses those kernels; SPECDEC_SIMD=avx2 keeps the
     AVX2 ones, which every other x86-64 CPU runs: they must agree with the portable kernels."""
-    if "avx2" not in _core.simd_name():
-        pytest.skip("this CPU has no AVX2")
+    require_simd("avx2", "avx2", "this CPU has no AVX2")
     rng = np.random.default_rng(3)
     cases = {}
     for type_id in TYPES:
@@ -221,8 +221,7 @@ def test_sixteen_row_tile_gives_the_eight_row_bits(name):
     """With AVX512-VNNI, repacked rows go through the tile sixteen at a time, and a last group
     of eight (rows % 16 == 8) through the eight-row tile. Moving groups of 8 rows around moves
     each row from one tile to the other: its output must keep its bits."""
-    if "avx512vnni" not in _core.simd_name():
-        pytest.skip(f"this CPU has no AVX512-VNNI (kernels: {_core.simd_name()})")
+    require_simd("vnni", "avx512vnni", f"this CPU has no AVX512-VNNI (kernels: {_core.simd_name()})")
     type_id = quantref.BY_NAME[name]
     n = 192
     rng = np.random.default_rng(17 + type_id)
@@ -246,8 +245,8 @@ def test_amx_tiles_give_the_vnni_bits():
     SPECDEC_SIMD=avx512vnni keeps the VNNI tiles. Both must give the same bits for every batch
     size (the AMX tile does the VNNI tile's float work in its order; the integer sums are
     exact), row count (16-row AMX groups, an 8-row group left over) and row length."""
-    if "amx" not in _core.simd_name():
-        pytest.skip(f"this CPU has no AMX-INT8 the OS lets us use (kernels: {_core.simd_name()})")
+    require_simd("amx", "amx",
+                 f"this CPU has no AMX-INT8 the OS lets us use (kernels: {_core.simd_name()})")
     rng = np.random.default_rng(5)
     cases = {}
     for name in ("Q4_0", "Q4_1", "Q8_0"):
@@ -318,7 +317,7 @@ def test_activation_quantization_portable_twin_gives_the_same_bytes():
     """SPECDEC_SIMD=scalar runs the portable quantizer: byte for byte the SIMD one's output."""
     import json
 
-    from test_robustness import child_json
+    from helpers import child_json
 
     rows = _activation_rows()
     out = child_json(QUANT_SCRIPT, stdin=json.dumps([r.tolist() for r in rows]),

@@ -5,8 +5,6 @@ line's demo runs."""
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import random
 import subprocess
 import sys
@@ -17,25 +15,7 @@ import pytest
 
 import specdec
 import tinymodels as tm
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def child_env(**extra) -> dict:
-    """Environment for a child Python that imports the same specdec as this process."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(specdec.__file__)))
-    path = os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    return dict(os.environ, PYTHONPATH=path, **extra)
-
-
-def child_json(code: str, *args: str, stdin: str = None, timeout: int = 300, **env):
-    """Run `code` in a child Python (child_env(**env), in this folder) with arguments and
-    standard input, check that it exited cleanly, and return the JSON it printed."""
-    res = subprocess.run([sys.executable, "-c", code, *args], input=stdin, env=child_env(**env),
-                         capture_output=True, text=True, timeout=timeout, cwd=HERE)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
+from helpers import HERE, child_env, child_json
 
 def try_load(path):
     """Load and, if that works, run a short forward: any outcome but a Python exception of the

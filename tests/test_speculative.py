@@ -1,20 +1,21 @@
 """Speculative decoding with prompt lookup (sd_generate_lookup): at temperature 0 the output is
 the plain greedy output token for token, whatever k, however the run ends; when sampling, the
-first tokens are distributed as the target's (chi-square against exact enumeration); the stats
-add up; bad arguments are refused."""
+first four tokens, drafted three deep, are distributed as the target's (chi-square against exact
+enumeration); the stats add up; bad arguments are refused."""
 
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
 
+import reference
 import specdec
 import tinymodels as tm
-
-from test_verify import chi2_critical, chi2_stat
+from helpers import write_text_model
+from specdec import testing
+from stats import chi2_critical, chi2_stat, runs_for
 
 
 def repetitive_prompt(vocab: int, n: int, seed: int) -> list[int]:
@@ -90,64 +91,70 @@ def test_smollm2_greedy_identical(smollm2_path):
     assert spec.stats.accepted > 0
 
 
-def test_stop_string_with_speculation(tiny):
+def test_stop_string_with_speculation(tmp_path):
     """Stop strings are checked per emitted token inside the loop, drafts included."""
-    from test_text import gguf_kv
-    from test_tokenizer import _train_bpe, gguf_meta
-    from specdec import testing
-
-    meta = gguf_meta(_train_bpe())
-    cfg = tm.TinyConfig(arch="llama", vocab=len(meta["tokenizer.ggml.tokens"]), dim=32,
-                        n_layers=2, n_heads=4, n_kv_heads=2, ffn=64, context_length=256)
-    import tempfile, os
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "m.gguf")
-        testing.write_gguf(path, cfg, tm.make_weights(cfg, 5), extra_kv=gguf_kv(meta))
-        m = specdec.load(path)
-        prompt = "the cat sat on the mat the cat sat on the mat the cat"
-        full = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[])
-        # an ASCII stretch of the output, past its start (random weights emit broken UTF-8 too)
-        stop = next(full.text[i:i + 3] for i in range(8, len(full.text) - 3)
-                    if full.text[i:i + 3].isascii() and full.text[i:i + 3].strip())
-        plain = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], stop=[stop])
-        spec = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], stop=[stop],
-                                speculator=specdec.PromptLookup(k=6))
-        assert spec.tokens == plain.tokens and spec.text == plain.text
-        assert spec.finish_reason == plain.finish_reason == "stop_string"
+    m = write_text_model(tmp_path / "m.gguf")
+    prompt = "the cat sat on the mat the cat sat on the mat the cat"
+    full = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[])
+    # an ASCII stretch of the output, past its start (random weights emit broken UTF-8 too)
+    stop = next(full.text[i:i + 3] for i in range(8, len(full.text) - 3)
+                if full.text[i:i + 3].isascii() and full.text[i:i + 3].strip())
+    plain = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], stop=[stop])
+    spec = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], stop=[stop],
+                            speculator=specdec.PromptLookup(k=6))
+    assert spec.tokens == plain.tokens and spec.text == plain.text
+    assert spec.finish_reason == plain.finish_reason == "stop_string"
 
 
-def test_sampled_output_is_distributed_as_the_target(tiny, ref_logits):
-    """Temperature 1 on a vocabulary of 5: the joint distribution of the first two emitted
-    tokens, enumerated exactly from the reference forward, against 20,000 seeded speculative
-    runs (chi-square, alpha = 0.001)."""
+# Prompt lookup after this prompt drafts 4, 4, 4 (its last token, continued from the earlier 4):
+# a draft the vocabulary-5 model of seed 11 is sure enough of that most runs reach the third
+# draft, and uncertain enough that each depth rejects in some runs (probabilities below).
+LOOKUP_PROMPT = [0, 2, 2, 2, 2, 4, 4]
+LOOKUP_DRAFT = [4, 4, 4]
+
+
+def test_sampled_output_is_distributed_as_the_target(tmp_path):
+    """Temperature 1 on a vocabulary of 5, PromptLookup(k=3) at a fixed draft length, and four
+    new tokens, so the first step verifies three drafts and the chain rule decides at depths 1,
+    2 and 3 (with max_new_tokens=2 a step could carry one draft only). The joint distribution of
+    the four tokens, enumerated exactly from the reference forward, against seeded runs
+    (chi-square at stats.ALPHA; stats.runs_for sizes the runs to catch a total variation of
+    stats.TV with probability stats.POWER)."""
     cfg = tm.TinyConfig(arch="llama", vocab=5, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
                         ffn=32, context_length=32)
-    import tempfile, os
-    from specdec import testing
-    import reference
+    w = tm.make_weights(cfg, 11)
+    testing.write_gguf(str(tmp_path / "v5.gguf"), cfg, w)
+    m = specdec.load(str(tmp_path / "v5.gguf"))
 
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "v5.gguf")
-        w = tm.make_weights(cfg, 11)
-        testing.write_gguf(path, cfg, w)
-        m = specdec.load(path)
-        prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-        p1 = reference.forward(w, cfg, prompt, kv_f16=True)[-1]
-        p1 = np.exp(p1 - p1.max())
-        p1 /= p1.sum()
-        exact = np.zeros((5, 5))
-        for a in range(5):
-            l2 = reference.forward(w, cfg, prompt + [a], kv_f16=True)[-1]
-            p2 = np.exp(l2 - l2.max())
-            exact[a] = p1[a] * p2 / p2.sum()
-        N = 20000
-        counts = np.zeros(25)
-        for s in range(N):
-            g = specdec.generate(m, prompt, max_new_tokens=2, temperature=1.0, seed=s,
-                                 stop_tokens=[], speculator=specdec.PromptLookup(k=3))
-            counts[g.tokens[0] * 5 + g.tokens[1]] += 1
-        stat, df = chi2_stat(counts, exact.ravel())
-        assert stat < chi2_critical(df), (stat, df)
+    def row(seq):
+        x = reference.forward(w, cfg, LOOKUP_PROMPT + list(seq), kv_f16=True)[-1]
+        return reference.process_ref(x, 1.0, 0, 1.0, 0.0)
+
+    exact = np.zeros((5,) * 4)
+    for prefix in itertools.product(range(5), repeat=3):
+        p = row([])[prefix[0]] * row(prefix[:1])[prefix[1]] * row(prefix[:2])[prefix[2]]
+        exact[prefix] = p * row(prefix)
+    exact = exact.ravel()
+    # where the rule decides: depth 2 after the first draft is taken, depth 3 after two
+    reach3 = row([])[4] * row([4])[4]
+    reject3 = reach3 * (1.0 - row([4, 4])[4])
+    assert reach3 > 0.5 and reject3 > 0.05, (reach3, reject3)
+
+    n = runs_for(exact)
+    counts = np.zeros(625)
+    all_taken = decided3 = 0
+    lookup = specdec.PromptLookup(k=3, verify_slope=0)
+    for s in range(n):
+        g = specdec.generate(m, LOOKUP_PROMPT, max_new_tokens=4, temperature=1.0, seed=s,
+                             stop_tokens=[], speculator=lookup)
+        counts[np.ravel_multi_index(g.tokens, (5,) * 4)] += 1
+        if g.stats.steps == 1:  # three drafts taken in one step: they are LOOKUP_DRAFT
+            assert g.tokens[:3] == LOOKUP_DRAFT and g.stats.drafted == 3
+            all_taken += 1
+        decided3 += g.tokens[:2] == LOOKUP_DRAFT[:2]
+    assert all_taken > n // 2 and decided3 > n // 2  # the third draft was decided, and taken
+    stat, df = chi2_stat(counts, exact)
+    assert stat < chi2_critical(df), (stat, df, n)
 
 
 @pytest.mark.parametrize("kw,match", [({"speculator": "lookup"}, "speculator"),
@@ -184,17 +191,11 @@ def test_bad_prompt_lookup(args):
 def test_bench_harness_runs(tmp_path, capsys):
     """python -m specdec.bench on a tiny model with a tokenizer and a three-question file."""
     import json as _json
-    import os
 
-    from test_text import gguf_kv
-    from test_tokenizer import _train_bpe, gguf_meta
-    from specdec import bench, testing
+    from specdec import bench
 
-    meta = gguf_meta(_train_bpe())
-    cfg = tm.TinyConfig(arch="llama", vocab=len(meta["tokenizer.ggml.tokens"]), dim=32,
-                        n_layers=2, n_heads=4, n_kv_heads=2, ffn=64, context_length=256)
-    path = os.path.join(tmp_path, "m.gguf")
-    testing.write_gguf(path, cfg, tm.make_weights(cfg, 5), extra_kv=gguf_kv(meta))
+    path = str(tmp_path / "m.gguf")
+    write_text_model(path)
     data = tmp_path / "q.jsonl"
     data.write_text("\n".join(_json.dumps(q) for q in [
         {"question_id": 1, "category": "summarization", "turns": ["the cat sat on the mat " * 3]},

@@ -4,26 +4,21 @@ start a stop string, stops when the consumer stops, and passes errors on."""
 
 from __future__ import annotations
 
-import os
+import sys
+import threading
+import time
 
 import pytest
 
 import specdec
 import tinymodels as tm
+from helpers import gguf_meta, sentencepiece_meta, train_bpe, write_text_model
 from specdec import testing
 
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    from test_text import gguf_kv
-    from test_tokenizer import _train_bpe, gguf_meta
-
-    meta = gguf_meta(_train_bpe())
-    cfg = tm.TinyConfig(arch="llama", vocab=len(meta["tokenizer.ggml.tokens"]), dim=32,
-                        n_layers=2, n_heads=4, n_kv_heads=2, ffn=64, context_length=256)
-    path = os.path.join(tmp_path_factory.mktemp("stream"), "m.gguf")
-    testing.write_gguf(path, cfg, tm.make_weights(cfg, 5), extra_kv=gguf_kv(meta))
-    return specdec.load(path)
+    return write_text_model(tmp_path_factory.mktemp("stream") / "m.gguf")
 
 
 PROMPT = "the cat sat on the mat the cat sat on the mat the cat"
@@ -84,6 +79,69 @@ def test_stream_pieces_join_to_the_text(text_model, spec):
     assert len(pieces) > 3 and all(isinstance(p, str) and p for p in pieces)
 
 
+@pytest.fixture(scope="module")
+def tokenizer_models(tmp_path_factory):
+    """Random models carrying a byte-level BPE without and with llama.cpp's space clean-up, and
+    a SentencePiece vocabulary with byte fallback that drops the first space."""
+    d = tmp_path_factory.mktemp("kinds")
+    bpe = train_bpe()
+    metas = {"bytelevel": gguf_meta(bpe), "bytelevel-clean": gguf_meta(bpe, pre="gpt-2"),
+             "spm": dict(sentencepiece_meta(), **{"general.architecture": "llama"})}
+    return {k: write_text_model(d / f"{k}.gguf", m, seed=7) for k, m in metas.items()}
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "bytelevel-clean", "spm"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_stream_pieces_join_to_the_text_for_every_vocabulary(tokenizer_models, kind,
+                                                             temperature):
+    """Random weights emit any token after any other: characters split over tokens, lone
+    continuation bytes, byte-fallback tokens, spaces before punctuation (cleaned up for
+    bytelevel-clean). The pieces join to Generation.text exactly, and none of them ends in half
+    a character."""
+    m = tokenizer_models[kind]
+    tok = m.tokenizer
+    for seed in range(4):
+        want = specdec.generate(m, [1, 5, 9], max_new_tokens=120, temperature=temperature,
+                                seed=seed, stop_tokens=[])
+        pieces, g = drain(specdec.stream(m, [1, 5, 9], max_new_tokens=120,
+                                         temperature=temperature, seed=seed, stop_tokens=[]))
+        assert g.tokens == want.tokens and g.text == want.text == tok.decode(g.tokens)
+        assert "".join(pieces) == g.text and all(pieces)
+        assert len(pieces) > 10
+
+
+def test_stream_stops_at_a_stop_string_spanning_tokens(text_model):
+    """A stop string made of the end of one output token and the start of the next: the text
+    stops before it (the C loop matches bytes across tokens) and nothing past it is yielded."""
+    full = specdec.generate(text_model, PROMPT, max_new_tokens=40, stop_tokens=[])
+    tok = text_model.tokenizer
+    pieces = [tok.token_to_piece(t).decode("utf-8", "replace") for t in full.tokens]
+    k = next(k for k in range(3, len(pieces)) if len(pieces[k - 1]) >= 2 and
+             len(pieces[k]) >= 2 and (pieces[k - 1] + pieces[k]).isascii())
+    stop = pieces[k - 1][-2:] + pieces[k][:2]
+    at = full.text.find(stop)
+    assert at >= 0
+    yielded, g = drain(specdec.stream(text_model, PROMPT, max_new_tokens=40, stop_tokens=[],
+                                      stop=[stop]))
+    assert g.finish_reason == "stop_string" and g.text == full.text[:at]
+    assert "".join(yielded) == g.text
+
+
+def test_stream_decodes_each_token_a_bounded_number_of_times(text_model, monkeypatch):
+    """Streaming is linear: over 200 tokens, Tokenizer.decode sees each token about once (the
+    Generation's own text), not once per later token as re-decoding the output at each step
+    would (200 * 201 / 2 = 20,100)."""
+    from specdec.tokenizer import Tokenizer
+
+    seen = []
+    real = Tokenizer.decode
+    monkeypatch.setattr(Tokenizer, "decode",
+                        lambda self, ids, *a, **kw: real(self, seen.extend(ids) or ids, *a, **kw))
+    pieces, g = drain(specdec.stream(text_model, PROMPT, max_new_tokens=200, stop_tokens=[]))
+    assert len(g.tokens) == 200 and "".join(pieces) == g.text
+    assert len(seen) <= 2 * 200, len(seen)
+
+
 def test_stream_never_yields_text_past_a_stop_string(text_model):
     full = specdec.generate(text_model, PROMPT, max_new_tokens=40, stop_tokens=[])
     stop = next(full.text[i:i + 3] for i in range(8, len(full.text) - 3)
@@ -94,16 +152,64 @@ def test_stream_never_yields_text_past_a_stop_string(text_model):
     assert "".join(pieces) == g.text
 
 
-def test_breaking_out_stops_decoding(text_model):
-    seen = 0
-    gen = specdec.stream(text_model, PROMPT, max_new_tokens=200, stop_tokens=[])
-    for _ in gen:
-        seen += 1
-        if seen == 2:
+@pytest.fixture(scope="module")
+def ids_model(tmp_path_factory):
+    """A tiny model without a tokenizer: stream() yields its token ids one by one."""
+    cfg = tm.TinyConfig(arch="llama", vocab=40, dim=16, n_layers=2, n_heads=2, n_kv_heads=1,
+                        ffn=32, context_length=256)
+    path = str(tmp_path_factory.mktemp("ids") / "m.gguf")
+    testing.write_gguf(path, cfg, tm.make_weights(cfg, 2))
+    return specdec.load(path)
+
+
+@pytest.mark.parametrize("spec", list(SPECULATORS))
+def test_breaking_out_stops_decoding(ids_model, spec, monkeypatch):
+    """The consumer breaks out after two tokens of 200: the decoding loop itself ends there
+    (its Generation is "cancelled" after a few tokens), not only the consumer's view of it.
+
+    The loop runs in a worker thread and could finish all 200 tokens before the consumer acts;
+    so the loop's callback is wrapped to wait, from the third token on, until the consumer has
+    broken out, and then until stream() has asked the loop to stop (asking again each
+    millisecond: the repeated tokens go to a queue nobody reads any more). If stream() never
+    asks, the wait gives up after 10 s, once, and the loop runs on to 200 tokens."""
+    mod = sys.modules["specdec.generate"]
+    real_generate, results, broke = mod.generate, [], threading.Event()
+
+    def spy(*args, on_token, **kwargs):
+        n = 0
+
+        def waiting(t):
+            nonlocal n
+            n += 1
+            stop = on_token(t)
+            if n == 3 and not stop:  # once: a loop that is never asked to stop runs on
+                broke.wait(10)
+                deadline = time.monotonic() + 10
+                while not stop and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                    stop = on_token(t)
+            return stop
+
+        results.append(real_generate(*args, on_token=waiting, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(mod, "generate", spy)
+    seen = []
+    gen = specdec.stream(ids_model, [1, 2, 3], max_new_tokens=200, stop_tokens=[],
+                         speculator=SPECULATORS[spec]())
+    for t in gen:
+        seen.append(t)
+        if len(seen) == 2:
+            broke.set()
             break
     gen.close()
+    [g] = results
+    assert g.finish_reason == "cancelled", g.finish_reason
+    # the step that saw the cancel ends there (a speculative step may have emitted drafts
+    # after the third token before the callback of its last one)
+    assert 3 <= len(g.tokens) < 3 + 33 and g.tokens[:2] == seen
     # the model is free again (the worker thread has finished)
-    assert len(specdec.generate(text_model, PROMPT, max_new_tokens=3, stop_tokens=[]).tokens) == 3
+    assert len(specdec.generate(ids_model, [1, 2], max_new_tokens=3, stop_tokens=[]).tokens) == 3
 
 
 def test_stream_token_ids_without_a_tokenizer(tmp_path):

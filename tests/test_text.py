@@ -4,43 +4,15 @@ tokens and stop strings checked inside the C loop, and the errors of a tokenizer
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import specdec
-import tinymodels as tm
-from test_tokenizer import _train_bpe, gguf_meta
-
-
-def gguf_kv(meta: dict) -> list:
-    """A metadata dict as GGUF key/value entries for the test writer."""
-    out = []
-    for k, v in meta.items():
-        if k == "general.architecture":
-            continue
-        if isinstance(v, bool):
-            out.append((k, tm.GGUF_BOOL, v))
-        elif isinstance(v, int):
-            out.append((k, tm.GGUF_U32, v))
-        elif isinstance(v, str):
-            out.append((k, tm.GGUF_STRING, v))
-        elif all(isinstance(x, str) for x in v):
-            out.append((k, tm.GGUF_ARRAY, tm.Arr(tm.GGUF_STRING, list(v))))
-        else:
-            out.append((k, tm.GGUF_ARRAY, tm.Arr(tm.GGUF_I32, list(v))))
-    return out
+from helpers import write_text_model
 
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    meta = gguf_meta(_train_bpe())
-    vocab = len(meta["tokenizer.ggml.tokens"])
-    cfg = tm.TinyConfig(arch="llama", vocab=vocab, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                        ffn=64, context_length=256)
-    path = tmp_path_factory.mktemp("text") / "tiny-with-tokenizer.gguf"
-    from specdec import testing
-    testing.write_gguf(path, cfg, tm.make_weights(cfg, 5), extra_kv=gguf_kv(meta))
-    return specdec.load(path)
+    return write_text_model(tmp_path_factory.mktemp("text") / "tiny-with-tokenizer.gguf")
 
 
 def test_tokenizer_comes_from_the_file(text_model):
@@ -128,7 +100,7 @@ def test_cli_chat_on_a_model_file(text_model):
     import subprocess
     import sys
 
-    from test_robustness import HERE, child_env
+    from helpers import HERE, child_env
 
     res = subprocess.run([sys.executable, "-m", "specdec", "chat", "--model", text_model.path,
                           "--max-new-tokens", "6", "hello there"],

@@ -1,54 +1,36 @@
 """Tests of specdec.tokenizer: GGUF-metadata and Hugging Face tokenizers, encode/decode, the
 end-of-generation set, chat templates and errors.
 
-Everything runs on tiny tokenizers built here (a byte-level BPE trained with `tokenizers` on a
-few sentences and written into a metadata dict exactly as GGUF stores it; a hand-built
-SentencePiece-style vocabulary). The real SmolLM2 tests need the GGUF file (the smollm2_path
-fixture in conftest.py: $SPECDEC_SMOLLM2_GGUF, or specdec's alias resolution) and are skipped
-without it; the comparison with llama.cpp's own tokenization reads
-tests/fixtures/smollm2_llamacpp.json.
+Everything runs on tiny tokenizers (a byte-level BPE trained with `tokenizers` on a few
+sentences and written into a metadata dict exactly as GGUF stores it, from helpers.py; a
+hand-built SentencePiece-style vocabulary). Incremental decoding (what stream() yields) is
+checked against decode() of the whole output. The real SmolLM2 tests need the GGUF file (the
+smollm2_path fixture in conftest.py: $SPECDEC_SMOLLM2_GGUF, or specdec's alias resolution) and
+are skipped without it (they fail instead when SPECDEC_REQUIRE names smollm2); the comparison
+with llama.cpp's own tokenization reads tests/fixtures/smollm2_llamacpp.json, which is committed
+with the tests, so its absence is a failure.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import time
-from pathlib import Path
 
+import numpy as np
 import pytest
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
+from helpers import CHATML, CORPUS, USER_TOKEN, gguf_meta, sentencepiece_meta, train_bpe
 from specdec.tokenizer import (
     SUPPORTED_GGUF_PRE, Tokenizer, tokenizer_from_gguf_metadata,
 )
 
 # ---------------------------------------------------------------------------------------------
-# A tiny byte-level BPE, stored the way a GGUF file stores it
+# The tiny byte-level BPE of helpers.py, stored the way a GGUF file stores it
 # ---------------------------------------------------------------------------------------------
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<reponame>"]
-USER_TOKEN = "<tool>"  # a user-defined token (GGUF token type 4)
-
-CORPUS = [
-    "Hello world! The quick brown fox jumps over the lazy dog.",
-    "I don't think they'll say it's fine; we've seen it, you're right, I'm sure.",
-    "Numbers: 12345, 3.14159 and 1,000,000 apples in 2024.",
-    "def main():\n    return x ** 2  # comment\n\tindented\n",
-    "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u2014 \u4f60\u597d\uff0c\u4e16\u754c "
-    "\U0001F642 \U0001F916",
-    "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\nhi!<|im_end|>",
-] * 4
-
-CHATML = (
-    "{% for message in messages %}"
-    "{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 TRICKY = [
     "", "a", "Hello world", "12345", " 42", "x=1,000,000", "3.14159", "  double  spaces",
@@ -60,56 +42,9 @@ TRICKY = [
 ]
 
 
-def _train_bpe() -> tokenizers.Tokenizer:
-    """A byte-level BPE with SmolLM2's pre-tokenizer (individual digits, then GPT-2's regex)."""
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer)
-    tok.add_tokens([AddedToken(USER_TOKEN, special=False, normalized=False)])
-    return tok
-
-
 @pytest.fixture(scope="module")
 def hf_bpe() -> tokenizers.Tokenizer:
-    return _train_bpe()
-
-
-def gguf_meta(hf: tokenizers.Tokenizer, pre: str | None = "smollm", **extra) -> dict:
-    """The GGUF metadata of `hf`, as llama.cpp's converter writes it: tokens in id order (added
-    tokens as raw text), token types, merges as "a b" strings."""
-    spec = json.loads(hf.to_str())
-    vocab = dict(spec["model"]["vocab"])
-    for at in spec["added_tokens"]:
-        vocab[at["content"]] = at["id"]
-    tokens = [""] * len(vocab)
-    for t, i in vocab.items():
-        tokens[i] = t
-    special = {at["content"]: at["special"] for at in spec["added_tokens"]}
-    types = [1 if t not in special else (3 if special[t] else 4) for t in tokens]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-    meta = {
-        "general.architecture": "llama",
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.unknown_token_id": 0,
-        "tokenizer.ggml.padding_token_id": 2,
-        "tokenizer.ggml.add_bos_token": False,
-        "tokenizer.ggml.add_space_prefix": False,
-        "tokenizer.chat_template": CHATML,
-    }
-    if pre is not None:
-        meta["tokenizer.ggml.pre"] = pre
-    meta.update(extra)
-    return meta
+    return train_bpe()
 
 
 @pytest.fixture(scope="module")
@@ -354,27 +289,7 @@ def test_clean_spaces(digit_meta):
 
 @pytest.fixture(scope="module")
 def spm_meta() -> dict:
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    types = [2, 3, 3] + [6] * 256
-    scores = [0.0] * len(tokens)
-    pieces = [("\u2581", -100.0), ("h", -100.0), ("e", -100.0), ("l", -100.0), ("o", -100.0),
-              ("w", -100.0), ("r", -100.0), ("d", -100.0),
-              ("ll", -1.0), ("he", -2.0), ("llo", -3.0), ("hello", -4.0),
-              ("\u2581hello", -5.0), ("or", -6.0), ("ld", -6.5), ("wor", -7.0), ("world", -8.0),
-              ("\u2581world", -9.0), ("<|user|>", 0.0)]
-    for p, s in pieces:
-        tokens.append(p)
-        types.append(4 if p == "<|user|>" else 1)
-        scores.append(s)
-    return {
-        "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.unknown_token_id": 0,
-    }
+    return sentencepiece_meta()
 
 
 def test_spm(spm_meta):
@@ -407,6 +322,141 @@ def test_spm_without_byte_tokens_uses_unk(spm_meta):
         m[k] = [spm_meta[k][i] for i in keep]
     t = Tokenizer.from_gguf_metadata(m)
     assert t.encode("hello \u4f60\u597d")[-1] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Incremental decoding (what stream() yields): the pieces join to decode() of all the ids
+# ---------------------------------------------------------------------------------------------
+
+
+def pushed(t: Tokenizer, ids: list) -> tuple[list, str]:
+    """The text each push of an incremental decoder returned, and its flush."""
+    dec = t.incremental_decoder()
+    return [dec.push(i) for i in ids], dec.flush()
+
+
+def assert_joins(t: Tokenizer, ids: list) -> list:
+    pieces, rest = pushed(t, ids)
+    assert "".join(pieces) + rest == t.decode(ids), ids
+    return pieces
+
+
+@pytest.fixture(scope="module")
+def decoders_(meta, spm_meta) -> dict:
+    """Byte-level BPE without and with llama.cpp's space clean-up, SentencePiece with byte
+    fallback and a dropped first space."""
+    return {"bytelevel": Tokenizer.from_gguf_metadata(meta),
+            "bytelevel-clean": Tokenizer.from_gguf_metadata(dict(meta, **{
+                "tokenizer.ggml.pre": "gpt-2"})),
+            "spm": Tokenizer.from_gguf_metadata(spm_meta)}
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "bytelevel-clean", "spm"])
+def test_incremental_decoding_of_texts(decoders_, kind):
+    t = decoders_[kind]
+    for text in TRICKY + CORPUS[:6] + ["Hi , there . It 's a ' quote ' ! don 't , they 're"]:
+        assert_joins(t, t.encode(text))
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "bytelevel-clean", "spm"])
+def test_incremental_decoding_of_random_ids(decoders_, kind):
+    """Ids as a random model emits them: any token after any other (control tokens, lone bytes
+    of multi-byte characters, spaces before punctuation and quotes)."""
+    t = decoders_[kind]
+    rng = np.random.default_rng(3)
+    tokens = t.tokens
+    # tokens the clean-up reads (spaces, quotes, punctuation, s/m/re/ve) drawn more often
+    hot = [i for i, x in enumerate(tokens) if x.strip("\u0120\u2581 '?!.,smrev") == ""
+           and x] or [0]
+    for n in range(400):
+        k = int(rng.integers(1, 40))
+        ids = [int(i) for i in rng.integers(0, t.vocab_size, k)]
+        for j in range(k):
+            if rng.random() < 0.5:
+                ids[j] = hot[int(rng.integers(len(hot)))]
+        assert_joins(t, ids)
+
+
+def test_incremental_decoding_cuts_the_clean_up_nowhere_wrong(decoders_):
+    """Every text of up to 5 characters over space, quote, period and r e s x, one token per
+    character, so that every rule of the clean-up (" ." " ' " " 's" " 're") is split at every
+    place it can be split."""
+    t = decoders_["bytelevel-clean"]
+    one = {c: t.tokens.index("\u0120" if c == " " else c) for c in " '.resx"}
+    for n in range(1, 6):
+        for text in itertools.product(" '.resx", repeat=n):
+            assert_joins(t, [one[c] for c in text])
+
+
+def test_incremental_decoding_holds_a_split_character(tok):
+    """A character whose UTF-8 bytes span tokens comes out whole, with the push of its last
+    token; no push returns half a character."""
+    text = "\U0001F916 \u4f60\u597d \u00e9"
+    ids = tok.encode(text)
+    pieces = assert_joins(tok, ids)
+    partial = [i for i in ids if not _is_utf8(tok.token_to_piece(i))]
+    assert partial, "the text must split a character across tokens"
+    assert "\ufffd" not in "".join(pieces)
+    assert "".join(pieces) + pushed(tok, ids)[1] == text
+
+
+def test_incremental_decoding_byte_fallback_and_leading_space(spm_meta):
+    """SentencePiece: the first token's space is dropped, as decode() drops it (not that of
+    later tokens); a character out of the vocabulary comes as four byte tokens."""
+    t = Tokenizer.from_gguf_metadata(spm_meta)
+    ids = t.encode("hello \U0001F642 world")
+    assert [t.tokens[i] for i in ids] == ["\u2581hello", "\u2581", "<0xF0>", "<0x9F>", "<0x99>",
+                                          "<0x82>", "\u2581world"]
+    pieces, rest = pushed(t, ids)
+    assert "".join(pieces) + rest == "hello \U0001F642 world" == t.decode(ids)
+    assert pieces[2:5] == ["", "", ""]  # the first three bytes of the emoji wait for the fourth
+    assert not pieces[0].startswith(" ")
+    # a new decoder after flush() starts a new text: its first space goes again
+    dec = t.incremental_decoder()
+    assert dec.push(ids[0]) + dec.flush() == "hello"
+    assert dec.push(ids[-1]) + dec.flush() == "world"
+
+
+def test_incremental_decoding_with_the_space_clean_up(digit_meta):
+    """llama.cpp's clean-up (" ." -> ".", " 's" -> "'s", " ' " -> "'") reads across token
+    boundaries: decoding token by token and joining would be wrong, the decoder is not."""
+    g = Tokenizer.from_gguf_metadata(dict(digit_meta, **{"tokenizer.ggml.pre": "gpt-2"}))
+    text = "Hi , there . It 's a ' quote ' !"
+    ids = g.encode(text)
+    assert "".join(g.decode([i]) for i in ids) != g.decode(ids)
+    pieces, rest = pushed(g, ids)
+    assert "".join(pieces) + rest == "Hi, there. It's a'quote '!"
+
+
+def test_incremental_decoding_reads_each_byte_once(decoders_, monkeypatch):
+    """Linear work: over 2,000 tokens with the clean-up on (the path that holds bytes back),
+    the bytes cleaned add up to the text's bytes and the held-back tail stays short
+    (re-decoding everything at every token would read about 2,000 * 2,000 / 2 tokens)."""
+    from specdec import tokenizer as tk
+
+    t = decoders_["bytelevel-clean"]
+    cleaned = []
+    real = tk._clean_spaces
+    monkeypatch.setattr(tk, "_clean_spaces", lambda data: cleaned.append(len(data)) or real(data))
+    ids = (t.encode(" ".join(CORPUS)) * 20)[:2000]
+    dec = t.incremental_decoder()
+    longest = 0
+    out = []
+    for i in ids:
+        out.append(dec.push(i))
+        longest = max(longest, len(dec._buf))
+    out.append(dec.flush())
+    cleaned_by_push = sum(cleaned)
+    assert "".join(out) == t.decode(ids)
+    assert cleaned_by_push == sum(len(t.token_to_piece(i)) for i in ids) and longest < 64
+
+
+def test_incremental_decoder_refuses_bad_ids(tok):
+    dec = tok.incremental_decoder()
+    with pytest.raises(ValueError, match="token id 100000 is out of range"):
+        dec.push(100000)
+    with pytest.raises(TypeError, match="a token id must be an int, got str"):
+        dec.push("7")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,10 +665,6 @@ def test_hf_dir_spm_style(tmp_path, spm_meta):
 # The real SmolLM2-135M-Instruct GGUF (skipped when it is not available)
 # ---------------------------------------------------------------------------------------------
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"
-
-
 def read_gguf_metadata(path: str) -> dict:
     """GGUF header metadata only (key -> Python value; arrays as lists), read as a stream."""
     scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -710,11 +756,11 @@ def test_smollm2_matches_hf_pipeline(smollm2_meta, smollm2):
         assert smollm2.encode(text) == hf.encode(text).ids, text
 
 
-def test_smollm2_llamacpp_fixture(smollm2):
-    if not FIXTURE.is_file():
-        pytest.skip(f"{FIXTURE.relative_to(Path(__file__).parent.parent)} (llama.cpp's "
-                    "tokenizations) is not there")
-    prompts = json.loads(FIXTURE.read_text(encoding="utf-8"))["prompts"]
+def test_smollm2_llamacpp_fixture(llamacpp_fx, smollm2):
+    """llama.cpp's tokenizations of the fixture's prompts. The fixture is committed with the
+    tests: without it this fails (llamacpp_fx is asked for first, so even where the model is
+    missing and the test would skip)."""
+    prompts = llamacpp_fx["prompts"]
     assert prompts
     for p in prompts:
         assert smollm2.encode(p["text"]) == p["tokens"], p.get("name", p["text"])

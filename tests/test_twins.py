@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kernels as K
+from helpers import f16_cases, require_simd
 from specdec import _core
 
 
@@ -57,26 +58,11 @@ def test_attention_twin(T, n_attn, H, Hkv, Dh):
 ATTENTION_OPS = {"f32": "attention_cpu", "f16": "attention_cpu_f16"}  # the cache's type
 
 
-def f16_cases() -> np.ndarray:
-    """Floats for the cache's rounding to halves: random ones at every scale, exact midpoints
-    between neighbouring halves (ties, normal and subnormal), the edges of the range, the
-    non-finite values; 1005 of them, so the SIMD kernel has a tail."""
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal(600) * 10.0 ** rng.uniform(-9, 6, 600)
-    h = rng.integers(0, 0x7BFF, 300).astype(np.uint16)  # finite halves below the largest
-    lo, hi = h.view(np.float16).astype(np.float64), (h + 1).view(np.float16).astype(np.float64)
-    ties = (lo + hi) / 2 * rng.choice([-1.0, 1.0], 300)
-    edges = [65504, 65519, 65520, 1e6, -65520, -1e9, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26,
-             2.0 ** -14, -0.0, 0.0, np.inf, -np.inf, np.nan]
-    out = np.concatenate([x, ties, edges, rng.standard_normal(1005 - 600 - 300 - len(edges))])
-    return out.astype(np.float32)
-
-
 F16_ROW_CHILD = """
 import json
 import numpy as np
 import kernels as K
-from test_twins import f16_cases
+from helpers import f16_cases
 from specdec import _core
 x = f16_cases()
 out = K.run("f16_row", K.CPU, [np.zeros(len(x), np.uint16), x, len(x)])[0]
@@ -88,7 +74,7 @@ def test_f16_cache_rounding():
     """The f16 KV cache's rounding (the kernel this CPU picks, and the portable one in a child)
     is numpy's float16 conversion of the value clipped to +-65504: to nearest, ties to even,
     subnormals exact, finite values and infinities beyond the range saturating, NaN kept."""
-    from test_robustness import child_json
+    from helpers import child_json
 
     x = f16_cases()
     want = np.clip(x, -65504, 65504).astype(np.float16)
@@ -197,10 +183,10 @@ def test_attention_of_narrower_kernels(simd):
     one) against the float64 reference, within the twin's tolerance."""
     import json
 
-    from test_robustness import child_json
+    from helpers import child_json
 
-    if simd == "avx2" and "avx2" not in _core.simd_name():
-        pytest.skip("this CPU has no AVX2")
+    if simd == "avx2":
+        require_simd("avx2", "avx2", "this CPU has no AVX2")
     cases = {"a": (1, 1, 4, 2, 16), "b": (37, 61, 5, 1, 48), "c": (9, 200, 4, 4, 64),
              "d": (4, 40, 3, 1, 80), "e": (8, 300, 9, 3, 64), "f": (3, 1100, 9, 3, 64),
              "g": (2, 513, 4, 2, 20)}
@@ -240,10 +226,9 @@ def test_attention_avx512_gives_the_avx2_bits():
     token."""
     import json
 
-    from test_robustness import child_json
+    from helpers import child_json
 
-    if "avx512" not in _core.simd_name():
-        pytest.skip("this CPU has no AVX-512")
+    require_simd("avx512", "avx512", "this CPU has no AVX-512")
     cases = json.dumps(ATTENTION_BIT_CASES)
     wide_name, wide = child_json(CHILD_ATTENTION_BITS, stdin=cases, timeout=120)
     narrow_name, narrow = child_json(CHILD_ATTENTION_BITS, stdin=cases, timeout=120,

@@ -3,78 +3,24 @@ logits processing against a NumPy reference, the chain rule against a NumPy twin
 uniform numbers, and the distribution of the emitted tokens against the target's by a
 chi-square test, which a deliberately broken rule fails.
 
-Significance: each chi-square test rejects at alpha = 0.001 (critical value from the
-Wilson-Hilferty approximation of the chi-square quantile, accurate to well under 1 % at these
-degrees of freedom). With 200,000 runs a broken residual is rejected with a statistic orders of
-magnitude above the critical value."""
+Significance and size (tests/stats.py): each chi-square test rejects at alpha = 0.001 (critical
+value from the Wilson-Hilferty approximation of the chi-square quantile, accurate to well under
+1 % at these degrees of freedom), over as many runs as reject a distribution 0.04 away in total
+variation with probability 0.99 (stats.runs_for). A broken residual is rejected at that size
+with a statistic far above the critical value."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
 
+from reference import process_ref
 from specdec import _core
-
-Z_999 = 3.090232  # standard normal quantile for alpha = 0.001
-
-
-def chi2_critical(df: int, z: float = Z_999) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile."""
-    h = 2.0 / (9.0 * df)
-    return df * (1.0 - h + z * math.sqrt(h)) ** 3
-
-
-def chi2_stat(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
-    """Pearson's statistic over cells with expected count >= 5 (the rest pooled)."""
-    n = counts.sum()
-    exp = probs * n
-    big = exp >= 5
-    stat = float((((counts[big] - exp[big]) ** 2) / exp[big]).sum())
-    df = int(big.sum()) - 1
-    if (~big).any() and exp[~big].sum() >= 5:
-        stat += float((counts[~big].sum() - exp[~big].sum()) ** 2 / exp[~big].sum())
-        df += 1
-    return stat, df
-
+from stats import chi2_critical, chi2_stat, runs_for
 
 # ---------------------------------------------------------------------------------------------
 # logits processing
 # ---------------------------------------------------------------------------------------------
-
-
-def process_ref(logits, temperature, top_k, top_p, min_p):
-    """Reference: temperature, top-k, top-p, min-p (in that order), ties to the lower id."""
-    x = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
-        out = np.zeros_like(x)
-        out[int(np.argmax(x))] = 1.0
-        return out
-    p = np.exp((x - x.max()) / temperature)
-    p /= p.sum()
-    order = sorted(range(len(p)), key=lambda i: (-p[i], i))
-    keep = len(p)
-    if 0 < top_k < keep:
-        keep = top_k
-    if top_p < 1:
-        total = sum(p[i] for i in order[:keep])
-        mass, r = 0.0, 0
-        while r < keep:
-            mass += p[order[r]]
-            r += 1
-            if mass >= top_p * total:
-                break
-        keep = r
-    if min_p > 0:
-        r = 1
-        while r < keep and p[order[r]] >= min_p * p[order[0]]:
-            r += 1
-        keep = r
-    out = np.zeros_like(p)
-    kept = order[:keep]
-    out[kept] = p[kept] / p[kept].sum()
-    return out
 
 
 SETTINGS = [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.0, 0, 0.9, 0.0),
@@ -198,16 +144,16 @@ def test_emitted_tokens_are_distributed_as_the_target(setting):
     """The joint distribution of the first three emitted tokens equals the product of the
     target's rows (rows depend on the position only, so the exact joint is that product)."""
     rng = np.random.default_rng(abs(hash(setting)) % 2**32)
-    K, V, M, N = 3, 5, 3, 100_000
+    K, V, M = 3, 5, 3
     p_rows, q_rows = make_rows(rng, M + K, V, setting)
     p_rows, q_rows = p_rows[: M + K], np.concatenate([q_rows, q_rows[:1]])[: M + K]
 
     def c_rule(p, q, d, ua, un):
         return _core.verify_chains(p, q, d, ua, un)
 
-    toks = simulate_stream(c_rule, p_rows, q_rows, K, M, N, rng)
     exact = np.einsum("a,b,c->abc", *[p_rows[i].astype(np.float64) for i in range(M)])
     exact /= exact.sum()
+    toks = simulate_stream(c_rule, p_rows, q_rows, K, M, runs_for(exact.ravel()), rng)
     counts = np.bincount(toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2],
                          minlength=V ** 3).astype(np.float64)
     stat, df = chi2_stat(counts, exact.ravel())
@@ -219,10 +165,11 @@ def test_the_chi_square_test_catches_a_broken_rule():
     by a wide margin, while the NumPy twin of the correct rule passes."""
     setting = (1.0, 0, 1.0, 0.0)
     rng = np.random.default_rng(5)
-    K, V, M, N = 3, 5, 3, 100_000
+    K, V, M = 3, 5, 3
     p_rows, q_rows = make_rows(rng, M + K, V, setting)
     q_rows = np.concatenate([q_rows, q_rows[:1]])
     exact = np.einsum("a,b,c->abc", *[p_rows[i].astype(np.float64) for i in range(M)]).ravel()
+    N = runs_for(exact / exact.sum())
     for broken, should_pass in ((False, True), (True, False)):
         def rule(p, q, d, ua, un, broken=broken):
             return chain_numpy(p.astype(np.float64), q.astype(np.float64), d, ua, un, broken)
