@@ -20,11 +20,11 @@ import pytest
 
 import kernels as K
 import specdec
-from test_cache_continuation import core_drafter
 import tinymodels as tm
 from specdec import _core, testing
 
-from helpers import PAIR_CFG as CFG, PROMPT, assert_joint_matches, exact_joint, make_v5, perturbed
+from helpers import (PAIR_CFG as CFG, PROMPT, assert_joint_matches, core_drafter, exact_joint,
+                     make_v5, perturbed)
 
 
 def _gpu_reason() -> str:

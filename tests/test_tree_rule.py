@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from specdec import _core
-from test_verify import chi2_critical, chi2_stat
+from stats import chi2_critical, chi2_stat
 from tree_rule import (BROKEN, exact_emitted, first_two, ordered_samples, target_two,
                        verify_tree)
 
