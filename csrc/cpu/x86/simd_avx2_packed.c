@@ -28,7 +28,8 @@
 #define CHUNK 5
 
 /* v as it is here, in a register: keeps GCC from reassociating a chain of integer adds (it
- * would do every multiply of a block first and spill the products for the adds). */
+ * would do every multiply of a block first and spill the products for the adds). Saturating
+ * adds would stop it too, but on Zen 2 vpaddsw competes with maddubs for its pipe. */
 #define KEEP(v) __asm__("" : "+x"(v))
 
 /* Tokens t0 .. t0 + C - 1 against nb 160-byte Q4_0/Q4_1 blocks of 8 rows from P. */
