@@ -293,17 +293,6 @@ typedef struct {
     double time_draft_s, time_verify_s, time_total_s;
 } sd_spec_stats;
 
-/* Speculative decoding with prompt lookup: each step forwards [last, d1 .. dK] through the
- * target in one batch, accepts drafts by the rule of verify.h (exact: at temperature 0 the
- * output is the greedy output token for token; when sampling it is distributed as sampling the
- * processed target distribution), emits the correction or bonus token, and rolls the KV cache
- * back to the accepted prefix. Same arguments and stopping rules as sd_generate; stats may be
- * NULL. */
-sd_status sd_generate_lookup(int32_t *out, int *n_out, sd_finish_reason *reason,
-                             sd_spec_stats *stats, sd_model *model, const int32_t *prompt,
-                             int n_prompt, const sd_generate_params *params,
-                             const sd_prompt_lookup *lookup);
-
 /* How a model drafter (a draft model, or the target's first layers) sizes its drafts. */
 typedef struct {
     int k;       /* 1 <= k <= SD_MAX_DRAFT: the most drafts per step */
@@ -319,27 +308,47 @@ typedef struct {
     float verify_slope;
 } sd_draft_params;
 
-/* Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023): `draft`, a
- * smaller model with the same vocabulary and its own KV cache, proposes k tokens one at a time
- * (greedily at temperature 0, else sampled from its processed distribution q); the target scores
- * [last, d1 .. dk] in one forward and the chain rule of verify.h accepts a prefix with the
- * probabilities min(1, p/q), correcting from norm(max(0, p - q)). Both caches roll back to the
- * accepted prefix; when all k are accepted the draft catches up on dk. Same guarantees, arguments
- * and stopping rules as sd_generate_lookup; the draft length as `dp` says. */
-sd_status sd_generate_draft(int32_t *out, int *n_out, sd_finish_reason *reason,
-                            sd_spec_stats *stats, sd_model *target, sd_model *draft,
-                            const sd_draft_params *dp, const int32_t *prompt, int n_prompt,
-                            const sd_generate_params *params);
+/* A drafter proposes the draft tokens of speculative decoding; the one speculative loop
+ * (sd_generate_speculative) verifies them. A drafter holds only its parameters: one drafter may
+ * serve any number of calls, also at once, each keeping its own state. */
+typedef struct sd_drafter sd_drafter;
+
+/* Prompt lookup (sd_prompt_lookup). SD_ERR_INVALID_ARG names a parameter out of its range. */
+sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *lookup);
+
+/* A draft model (Leviathan et al. 2023; Chen et al. 2023): `draft`, a smaller model with the
+ * same vocabulary and its own KV cache, proposes up to dp->k tokens one at a time (greedily at
+ * temperature 0, else sampled from its processed distribution q); the verify step accepts a
+ * prefix with the probabilities min(1, p/q), correcting from norm(max(0, p - q)). Both caches
+ * roll back to the accepted prefix; when all k are accepted the draft catches up on dk. The
+ * drafter does not own `draft`, which must outlive it and must not run another call while a
+ * generation uses it. At generation: SD_ERR_INVALID_ARG when the draft's vocabulary, device or
+ * context length does not fit the target's. */
+sd_status sd_drafter_draft_model(sd_drafter **out, sd_model *draft, const sd_draft_params *dp);
 
 /* Self-speculation (early exit, as in LayerSkip, Elhoushi et al. 2024, without its training):
  * the draft is the target's own first n_layers layers followed by its final norm and head, so
  * it needs no weights or cache of its own: its keys/values for those layers are exactly the
- * target's, and the verify forward rewrites them. Same guarantees, arguments and stopping rules
- * as sd_generate_draft; 1 <= n_layers < the target's layer count. */
-sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reason,
-                                sd_spec_stats *stats, sd_model *model, int n_layers,
-                                const sd_draft_params *dp, const int32_t *prompt, int n_prompt,
-                                const sd_generate_params *params);
+ * target's, and the verify forward rewrites them. 1 <= n_layers < the target's layer count (the
+ * upper bound checked at generation). */
+sd_status sd_drafter_layerskip(sd_drafter **out, int n_layers, const sd_draft_params *dp);
+
+/* The most draft tokens the drafter proposes per step (the length of sd_spec_stats' per-position
+ * counts it fills), and its name ("prompt_lookup", "draft_model", "layerskip"). */
+int sd_drafter_max_draft(const sd_drafter *drafter);
+const char *sd_drafter_name(const sd_drafter *drafter);
+void sd_drafter_free(sd_drafter *drafter);
+
+/* Speculative decoding: each step the drafter proposes draft tokens, the target scores
+ * [last, d1 .. dK] in one forward, the chain rule of verify.h accepts a prefix (exact: at
+ * temperature 0 the output is the greedy output token for token; when sampling it is distributed
+ * as sampling the processed target distribution), the correction or bonus token is emitted, and
+ * the KV cache rolls back to the accepted prefix. Same arguments and stopping rules as
+ * sd_generate; stats may be NULL. */
+sd_status sd_generate_speculative(int32_t *out, int *n_out, sd_finish_reason *reason,
+                                  sd_spec_stats *stats, sd_model *target,
+                                  const sd_drafter *drafter, const int32_t *prompt, int n_prompt,
+                                  const sd_generate_params *params);
 
 /* ---- benchmarks ---------------------------------------------------------------------------- */
 
@@ -349,7 +358,7 @@ sd_status sd_generate_layerskip(int32_t *out, int *n_out, sd_finish_reason *reas
  * costs nothing), runs the real verify forward over k + 1 tokens, accepts drafts while the
  * uniforms (seed, synthetic stream, position) are below alpha, and emits them and the argmax
  * of the next row. The tokens in `out` are NOT the model's output: no generation entry point
- * reaches this code. Up to max_new_tokens are produced; stats as sd_generate_lookup's. */
+ * reaches this code. Up to max_new_tokens are produced; stats as sd_generate_speculative's. */
 sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_model *model,
                              const int32_t *prompt, int n_prompt, int max_new_tokens, int k,
                              double alpha, uint64_t seed);
@@ -413,7 +422,7 @@ typedef struct {
 } sd_karg;
 
 /* Run kernel `name` (its CUDA launcher when device is SD_DEVICE_CUDA, else its CPU twin;
- * csrc/twins.h lists them with their arguments) on host arrays, which are all copied to the
+ * csrc/check/twins.h lists them with their arguments) on host arrays, which are all copied to the
  * device and back for the GPU. Array sizes are checked against the op's arguments first
  * (SD_ERR_INVALID_ARG); SD_ERR_UNSUPPORTED without a CUDA backend. */
 sd_status sd_kernel_run(const char *name, int device, sd_karg *args, int n_args);

@@ -1,5 +1,5 @@
 /* backend_cuda.cu — the CUDA backend: a model's weights in one device allocation, the KV
- * caches, the forward pass over a batch (the same steps as csrc/forward.c, kernel for
+ * caches, the forward pass over a batch (the same steps as csrc/model/forward.c, kernel for
  * kernel), CUDA Graphs for the short fixed-shape forwards of decoding, and the device side of
  * the decoding loops (picking, drafting, verifying), whose only host synchronisation per step
  * is the copy of the step's result. */

@@ -1,6 +1,6 @@
 /* ops.cu — the forward pass's elementwise and attention kernels on the GPU: embedding gather,
  * RMSNorm, RoPE, SwiGLU, KV-cache writes and masked attention over the cache, plus the
- * dummy-weight fill. Each launcher has its CPU twin in csrc/twins.c (same arguments after the
+ * dummy-weight fill. Each launcher has its CPU twin in csrc/check/twins.c (same arguments after the
  * context); the kernel checks compare the two. Row-major arrays; T tokens. */
 #include <math.h>
 

@@ -3,7 +3,7 @@
  * speculative sampling and the synthetic acceptance of benchmarks. The rules are verify.h's,
  * step for step; the uniforms come from hd.h's RNG keyed as the CPU loop keys them, so the
  * same seed draws the same numbers on either device. Each launcher's CPU twin is in
- * csrc/twins.c. One block of SAMPLE_THREADS threads works on one row. */
+ * csrc/check/twins.c. One block of SAMPLE_THREADS threads works on one row. */
 #include <cub/cub.cuh>
 #include <math.h>
 

@@ -20,8 +20,8 @@ except ImportError as e:  # pragma: no cover - only in a source tree without a b
 from .dummy import dummy_model
 from .generate import Generation, generate, stream
 from .model import Model, ModelConfig, load
-from .speculators import DraftModel, LayerSkip, PromptLookup, SpecStats
+from .speculators import DraftModel, LayerSkip, PromptLookup, SpecStats, Speculator
 
 __all__ = ["DraftModel", "Generation", "KVCache", "LayerSkip", "Model", "ModelConfig",
-           "PromptLookup", "SpecStats", "dummy_model", "generate", "load", "stream"]
+           "PromptLookup", "SpecStats", "Speculator", "dummy_model", "generate", "load", "stream"]
 __version__ = "0.1.0"

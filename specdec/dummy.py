@@ -19,7 +19,7 @@ from typing import Dict, Optional, Sequence, Union
 
 from . import _core
 from .model import Model, check_kv_dtype, check_threads, finish, parse_device
-from .speculators import MAX_DRAFT, SpecStats
+from .speculators import SpecStats, _int, _number
 
 #: Named shapes (hyper-parameters from the models' published configurations).
 SHAPES: Dict[str, Dict[str, object]] = {
@@ -123,13 +123,8 @@ def synthetic_speculation(model: Model, prompt: Sequence[int], *, alpha: float, 
     formula ``(1 - alpha^(k+1)) / (1 - alpha)`` per verify cost. The tokens produced are NOT
     the model's output and are not returned.
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
-    if not isinstance(k, int) or not 1 <= k <= MAX_DRAFT:
-        raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {k!r}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    tokens, stats = model._core.bench_synthetic(list(prompt), max_new_tokens, k, float(alpha),
-                                                seed)
+    # ranges are the C core's to check (sd_bench_synthetic names the parameter)
+    tokens, stats = model._core.bench_synthetic(list(prompt), _int("max_new_tokens", max_new_tokens),
+                                                _int("k", k), _number("alpha", alpha), seed)
     s = SpecStats.from_core(stats, len(tokens))
     return SyntheticRun(tokens=len(tokens), stats=s, time_s=stats["time_total_s"])

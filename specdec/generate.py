@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Union
 
 from .model import Model, TokenIds
-from .speculators import DraftModel, LayerSkip, PromptLookup, SpecStats
+from .speculators import SpecStats, Speculator, _int, _number
 
 Messages = List[Dict[str, Any]]
 Prompt = Union[str, Messages, TokenIds]
-Speculator = Union[PromptLookup, DraftModel, LayerSkip]
 
 
 @dataclass
@@ -76,8 +75,9 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         top_k, top_p, min_p: sampling filters applied after the temperature (0, 1 and 0 are
             off): keep the k most probable tokens, then the smallest set with mass >= top_p,
             then drop tokens below min_p times the most probable.
-        speculator: None for plain decoding, or a :class:`specdec.PromptLookup`,
-            :class:`specdec.DraftModel` or :class:`specdec.LayerSkip`: speculative decoding whose output is the target's own
+        speculator: None for plain decoding, or a :class:`specdec.Speculator` such as
+            :class:`specdec.PromptLookup`, :class:`specdec.DraftModel` or
+            :class:`specdec.LayerSkip`: speculative decoding whose output is the target's own
             (identical at temperature 0, identically distributed when sampling); ``stats`` then
             reports drafts and acceptance.
         on_token: called with each new token id as it is emitted (from the thread that called
@@ -85,26 +85,21 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
             after that token with ``finish_reason`` "cancelled"; an exception it raises ends
             generation and propagates. See :func:`stream` for an iterator of text.
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if not temperature >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    # types are checked here, ranges by the C core (its messages name the parameter)
+    max_new_tokens = _int("max_new_tokens", max_new_tokens)
+    temperature = _number("temperature", temperature)
+    top_k = _int("top_k", top_k)
+    top_p = _number("top_p", top_p)
+    min_p = _number("min_p", min_p)
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little")
-    if not 0 <= seed < 2**64:
+    if not 0 <= _int("seed", seed) < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-    if not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k must be a non-negative integer (0 = off), got {top_k!r}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if not 0.0 <= min_p < 1.0:
-        raise ValueError(f"min_p must be in [0, 1), got {min_p!r}")
-    if speculator is not None and not isinstance(speculator, (PromptLookup, DraftModel,
-                                                              LayerSkip)):
-        raise TypeError(f"speculator must be a specdec.PromptLookup, DraftModel or LayerSkip, "
-                        f"or None, got {type(speculator).__name__}")
-    if isinstance(speculator, DraftModel):
-        speculator.check_compatible(model)
+    if speculator is not None and not isinstance(speculator, Speculator):
+        raise TypeError(f"speculator must be a specdec.Speculator (PromptLookup, DraftModel, "
+                        f"LayerSkip, ...) or None, got {type(speculator).__name__}")
+    if speculator is not None:
+        speculator.check_target(model)
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
     if isinstance(stop, str):
@@ -118,27 +113,18 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         if text_in or stop:
             raise
         tok = None  # an unsupported tokenizer does not stop decoding from token ids
-    if (stop or text_in) and tok is None:
-        model.require_tokenizer()
+    if text_in and tok is None:
+        model.require_tokenizer()  # stop strings without a tokenizer: the C core says so
     if stop_tokens is None:
         stop_tokens = sorted(tok.eog_ids) if tok is not None else model.eos_ids()
     ids = encode_prompt(model, prompt)
     t0 = time.perf_counter()
-    lookup = draft = layerskip = None
-    if isinstance(speculator, PromptLookup):
-        lookup = (speculator.k, speculator.max_ngram, speculator.min_ngram,
-                  float(speculator.verify_slope))
-    elif isinstance(speculator, DraftModel):
-        draft = (speculator.model._core, speculator.k, speculator.p_min,
-                 speculator.verify_slope)
-    elif isinstance(speculator, LayerSkip):
-        layerskip = (speculator.layers, speculator.k, float(speculator.p_min),
-                     float(speculator.verify_slope))
     tokens, reason, core_stats = model._core.generate(
-        ids, max_new_tokens, float(temperature), seed,
-        None if stop_tokens is None else list(stop_tokens),
-        None if not stop else [s.encode("utf-8") for s in stop],
-        top_k, float(top_p), float(min_p), lookup, draft, layerskip, on_token)
+        ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+        stop_ids=None if stop_tokens is None else list(stop_tokens),
+        stop_strings=None if not stop else [s.encode("utf-8") for s in stop],
+        top_k=top_k, top_p=top_p, min_p=min_p,
+        drafter=None if speculator is None else speculator.drafter(), on_token=on_token)
     elapsed = time.perf_counter() - t0
     text = None
     if tok is not None:

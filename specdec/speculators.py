@@ -3,16 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, Any, List
+
+from . import _core
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import Model
 
-MAX_DRAFT = 32  # SD_MAX_DRAFT in csrc/specdec.h
+#: the most draft tokens one speculative step may carry (SD_MAX_DRAFT in csrc/specdec.h)
+MAX_DRAFT: int = _core.max_draft()
+
+
+class Speculator:
+    """Base of every speculator: a description of where draft tokens come from. Its C drafter
+    (``specdec._core.Drafter``), made when the speculator is created, holds the parameters and
+    checks their ranges; :func:`specdec.generate` runs it in the one speculative loop in C.
+
+    A new speculator subclasses this, makes its drafter with the matching ``specdec._core``
+    constructor in ``__init__`` (or ``__post_init__``), and may override :meth:`check_target`.
+    """
+
+    _drafter: Any
+
+    def drafter(self) -> Any:
+        """The C drafter, a ``specdec._core.Drafter``."""
+        return self._drafter
+
+    def check_target(self, target: "Model") -> None:
+        """Raise ValueError when the speculator cannot serve ``target`` (nothing by default)."""
 
 
 @dataclass(frozen=True)
-class PromptLookup:
+class PromptLookup(Speculator):
     """n-gram prompt lookup: match the last n tokens of prompt + output (n from ``max_ngram``
     down to ``min_ngram``) at an earlier occurrence and propose the ``k`` tokens that followed.
     Of several occurrences, the one whose preceding tokens agree longest with the end of the
@@ -34,19 +56,17 @@ class PromptLookup:
     #: 16 or 32 tokens back, where the text repeats itself and a long draft is tried first).
     #: 0 = always draft up to k.
     verify_slope: float = 0.2
+    _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or not 1 <= self.k <= MAX_DRAFT:
-            raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {self.k!r}")
-        _check_slope(self.verify_slope)
-        if not (isinstance(self.min_ngram, int) and isinstance(self.max_ngram, int)
-                and 1 <= self.min_ngram <= self.max_ngram):
-            raise ValueError("n-gram sizes must satisfy 1 <= min_ngram <= max_ngram, got "
-                             f"min_ngram={self.min_ngram!r}, max_ngram={self.max_ngram!r}")
+        d = _core.prompt_lookup(_int("k", self.k), _int("max_ngram", self.max_ngram),
+                                _int("min_ngram", self.min_ngram),
+                                _number("verify_slope", self.verify_slope))
+        object.__setattr__(self, "_drafter", d)
 
 
 @dataclass(frozen=True)
-class LayerSkip:
+class LayerSkip(Speculator):
     """Self-speculation: the target's own first ``layers`` layers, then its final norm and
     head, draft ``k`` tokens (early exit, as in LayerSkip, Elhoushi et al. 2024, here without
     the early-exit training). It shares the target's weights and KV cache, so it costs no
@@ -61,17 +81,16 @@ class LayerSkip:
     p_min: float = 0.0
     #: adaptive draft length (see :class:`DraftModel`); 0 = off
     verify_slope: float = 0.2
+    _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.layers, int) or isinstance(self.layers, bool) or self.layers < 1:
-            raise ValueError(f"layers must be a positive integer, got {self.layers!r}")
-        if not isinstance(self.k, int) or not 1 <= self.k <= MAX_DRAFT:
-            raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {self.k!r}")
-        _check_p_min(self.p_min)
-        _check_slope(self.verify_slope)
+        d = _core.layerskip(_int("layers", self.layers), _int("k", self.k),
+                            _number("p_min", self.p_min),
+                            _number("verify_slope", self.verify_slope))
+        object.__setattr__(self, "_drafter", d)
 
 
-class DraftModel:
+class DraftModel(Speculator):
     """A separate small draft model (speculative sampling: Leviathan et al. 2023, Chen et al.
     2023). Each step it proposes ``k`` tokens one at a time (greedy at temperature 0, else
     sampled from its own distribution after the same temperature and filters as the target);
@@ -105,10 +124,8 @@ class DraftModel:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a specdec.Model (from specdec.load), got "
                             f"{type(model).__name__}")
-        if not isinstance(k, int) or not 1 <= k <= MAX_DRAFT:
-            raise ValueError(f"k must be an integer in [1, {MAX_DRAFT}], got {k!r}")
-        _check_p_min(p_min)
-        _check_slope(verify_slope)
+        self._drafter = _core.draft_model(model._core, _int("k", k), _number("p_min", p_min),
+                                          _number("verify_slope", verify_slope))
         self.model = model
         self.k = k
         self.p_min = float(p_min)
@@ -118,15 +135,11 @@ class DraftModel:
         return (f"DraftModel({self.model.path!r}, k={self.k}, p_min={self.p_min}, "
                 f"verify_slope={self.verify_slope})")
 
-    def check_compatible(self, target: "Model") -> None:
-        """Raise ValueError unless the draft and ``target`` share one vocabulary."""
-        if target is self.model:
-            return
-        vt, vd = target.config.vocab_size, self.model.config.vocab_size
-        if vt != vd:
-            raise ValueError(f"the draft model {self.model.path} has a vocabulary of {vd} "
-                             f"tokens, the target {target.path} {vt}: speculative decoding "
-                             "needs one shared tokenizer")
+    def check_target(self, target: "Model") -> None:
+        """Raise ValueError unless the draft and ``target`` share one tokenizer (the C core
+        checks the vocabulary size, device and context length)."""
+        if target is self.model or target.config.vocab_size != self.model.config.vocab_size:
+            return  # sizes that differ: the C core's message
         tt, td = _tokenizer_or_none(target), _tokenizer_or_none(self.model)
         if tt is not None and td is not None and tt.tokens != td.tokens:
             i = next((i for i, (a, b) in enumerate(zip(tt.tokens, td.tokens)) if a != b),
@@ -138,14 +151,18 @@ class DraftModel:
                              f"{a!r} in the target")
 
 
-def _check_slope(slope: float) -> None:
-    if isinstance(slope, bool) or not isinstance(slope, (int, float)) or not slope >= 0:
-        raise ValueError(f"verify_slope must be a number >= 0, got {slope!r}")
+def _int(name: str, v: Any) -> int:
+    """v as an int for the C core, which checks its range; TypeError naming `name` otherwise."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an integer, got {v!r}")
+    return v
 
 
-def _check_p_min(p_min: float) -> None:
-    if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
-        raise ValueError(f"p_min must be a number in [0, 1], got {p_min!r}")
+def _number(name: str, v: Any) -> float:
+    """v as a float for the C core, which checks its range; TypeError naming `name` otherwise."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name} must be a number, got {v!r}")
+    return float(v)
 
 
 def _tokenizer_or_none(model: "Model"):

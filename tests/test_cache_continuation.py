@@ -27,11 +27,23 @@ def models(pair):
     return pair
 
 
-def run_checked(target, prompt, n, temperature, top_k, top_p, *, lookup=None, draft=None,
-                layerskip=None, stop_ids=(), seed=5):
-    """Model.generate with the cache self-check on; returns (tokens, reason, stats)."""
-    return target._core.generate(prompt, n, temperature, seed, list(stop_ids), None, top_k,
-                                 top_p, 0.0, lookup, draft, layerskip, None, check_cache=True)
+def core_drafter(lookup=None, draft=None, layerskip=None):
+    """The C drafter of a (k, ...) tuple in the order of its _core constructor, or None."""
+    from specdec import _core
+
+    if lookup is not None:
+        return _core.prompt_lookup(*lookup)
+    if draft is not None:
+        return _core.draft_model(*draft)
+    return None if layerskip is None else _core.layerskip(*layerskip)
+
+
+def run_checked(target, prompt, n, temperature, top_k, top_p, *, stop_ids=(), seed=5, **drafter):
+    """Model.generate with the cache self-check on (a test hook, not in the public API);
+    returns (tokens, reason, stats)."""
+    return target._core.generate(prompt, max_new_tokens=n, temperature=temperature, seed=seed,
+                                 stop_ids=list(stop_ids), top_k=top_k, top_p=top_p,
+                                 drafter=core_drafter(**drafter), check_cache=True)
 
 
 def drafters(models, k):

@@ -20,6 +20,7 @@ import pytest
 
 import kernels as K
 import specdec
+from test_cache_continuation import core_drafter
 import tinymodels as tm
 from specdec import _core, testing
 
@@ -351,8 +352,8 @@ def test_cache_check_after_every_step(gpu_pair, sampling):
     for kw in kws:
         for n in (1, 5, 23):
             tokens, reason, stats = target._core.generate(
-                prompt, n, temperature, 5, [], None, top_k, top_p, 0.0, kw.get("lookup"),
-                kw.get("draft"), kw.get("layerskip"), None, check_cache=True)
+                prompt, max_new_tokens=n, temperature=temperature, seed=5, stop_ids=[],
+                top_k=top_k, top_p=top_p, drafter=core_drafter(**kw), check_cache=True)
             assert len(tokens) == n and reason == "length", kw
 
 

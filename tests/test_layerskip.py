@@ -116,11 +116,14 @@ def test_exit_layer_must_be_below_the_layer_count(models, layers):
                          speculator=specdec.LayerSkip(layers))
 
 
-@pytest.mark.parametrize("args,match", [((0,), "layers"), ((-1,), "layers"), ((2.0,), "layers"),
-                                        ((True,), "layers"), ((2, 0), "k must"),
-                                        ((2, 33), "k must")])
-def test_bad_layerskip_arguments(args, match):
-    with pytest.raises(ValueError, match=match):
+@pytest.mark.parametrize("args,error,match", [((0,), ValueError, "layers"),
+                                              ((-1,), ValueError, "layers"),
+                                              ((2.0,), TypeError, "layers"),
+                                              ((True,), TypeError, "layers"),
+                                              ((2, 0), ValueError, "k must"),
+                                              ((2, 33), ValueError, "k must")])
+def test_bad_layerskip_arguments(args, error, match):
+    with pytest.raises(error, match=match):
         specdec.LayerSkip(*args)
 
 

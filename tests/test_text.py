@@ -99,9 +99,9 @@ def test_default_stop_tokens_are_end_of_generation(text_model, monkeypatch):
         def __getattr__(self, name):
             return getattr(text_model._core, name)
 
-        def generate(self, *args):
-            seen["stop_ids"] = args[4]
-            return core_generate(*args)
+        def generate(self, *args, **kwargs):
+            seen["stop_ids"] = kwargs["stop_ids"]
+            return core_generate(*args, **kwargs)
 
     monkeypatch.setattr(text_model, "_core", Spy())
     specdec.generate(text_model, "hi", max_new_tokens=2)

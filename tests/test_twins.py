@@ -1,4 +1,4 @@
-"""The CPU twins of the CUDA kernels (csrc/twins.c) against NumPy references, on the inputs
+"""The CPU twins of the CUDA kernels (csrc/check/twins.c) against NumPy references, on the inputs
 test_cuda.py gives the CUDA kernels. These run everywhere; the CUDA comparison needs a GPU.
 
 Tolerances: float32 results of float64 references, relative 1e-5 (RMSNorm, RoPE, SwiGLU,

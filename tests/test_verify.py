@@ -1,4 +1,4 @@
-"""The rule of speculative sampling, tested as the pure C functions it is (csrc/verify.c):
+"""The rule of speculative sampling, tested as the pure C functions it is (csrc/spec/verify.c):
 logits processing against a NumPy reference, the chain rule against a NumPy twin run on the same
 uniform numbers, and the distribution of the emitted tokens against the target's by a
 chi-square test, which a deliberately broken rule fails.

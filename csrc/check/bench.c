@@ -8,6 +8,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "cpu/ops_cpu.h"
+#include "cpu/dispatch.h"
 #include "cpu/quant.h"
 #include "util/status.h"
 #include "util/threadpool.h"

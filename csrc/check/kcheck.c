@@ -7,6 +7,7 @@
 
 #include "util/hd.h"
 #include "cpu/ops_cpu.h"
+#include "cpu/dispatch.h"
 #include "cpu/quant.h"
 #include "specdec.h"
 #include "util/status.h"

@@ -158,11 +158,7 @@ void sd_twin_verify(int32_t *result, const float *p, const float *q, const int32
 }
 
 void sd_twin_synthetic_accept(int32_t *n_acc, int K, double alpha, uint64_t seed, uint64_t pos0) {
-    int n = 0;
-    while (n < K && sd_rng_uniform(seed, SD_STREAM_SYNTH, pos0 + (uint64_t)n) < alpha) {
-        n++;
-    }
-    *n_acc = n;
+    *n_acc = sd_verify_synthetic(K, alpha, seed, pos0);
 }
 
 void sd_twin_dummy_fill(void *dst, int type, int64_t rows, int64_t cols, uint64_t seed,

@@ -1,6 +1,6 @@
 /* ops_cpu.c — CPU operators: RMSNorm, RoPE, batched matmul over typed weight rows, SwiGLU and
  * masked attention over the slot-addressed KV cache. The SIMD lives in the row kernels
- * (quant.c / simd_avx2.c); here is the loop structure and the threading. */
+ * (quant.c, x86/ twins chosen by dispatch.c); here is the loop structure and the threading. */
 #include "cpu/ops_cpu.h"
 
 #include <math.h>

@@ -6,7 +6,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "model/model.h"
 #include "cpu/quant.h"
 #include "util/threadpool.h"
 
@@ -47,7 +46,7 @@ void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const floa
                      float eps, unsigned char *xq);
 
 /* out (T, F) = silu(gate) * up, elementwise; out may alias gate. sd_swiglu is this CPU's kernel
- * (quant.c picks it), sd_swiglu_ref the portable one. */
+ * (cpu/dispatch.c picks it), sd_swiglu_ref the portable one. */
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);
 void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
 

@@ -12,7 +12,7 @@
 
 /* The f32 value llama.cpp keeps of a scale it stores as f16. */
 static float round_f16(float x) {
-    return sd_f16_to_f32(sd_f32_to_f16(x));
+    return sd_hd_f16_to_f32(sd_hd_f32_to_f16(x));
 }
 
 void sd_quantize_q8_ref(int8_t *q, float *d, float *s, float *e, const float *x, int64_t nb) {

@@ -6,7 +6,7 @@
 #define SD_QUANT_BLOCKS_H
 
 #include "format/blocks.h"
-#include "cpu/quant.h"
+#include "cpu/acts.h"
 
 /* The portable quantization of activation blocks (an sd_quantize_q8_fn; sd_quantize_q8 of
  * quant.h picks this or its AVX2 twin, which gives the same bytes). */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/quant.h"
+#include "format/types.h"
 #include "util/status.h"
 
 #define GGUF_MAX_ARRAY_DEPTH 8
@@ -257,7 +257,7 @@ static sd_status read_header(sd_gguf *g) {
         SD_TRY(rd_u32(&c, &type));
         uint64_t offset = 0;
         SD_TRY(rd_u64(&c, &offset));
-        const sd_type_traits *tr = sd_type_get((int)type);
+        const sd_type_info *tr = sd_type_info_get((int)type);
         if (tr == NULL) {
             return sd_set_error(SD_ERR_UNSUPPORTED, "tensor '%s' has unknown type id %u", t->name,
                                 type);

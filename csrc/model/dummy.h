@@ -1,6 +1,6 @@
 /* dummy.h — random weights of any shape, for benchmarks without a file (the idea of vLLM's
  * load_format="dummy"). Byte i of tensor `tensor` is a pure function of (seed, tensor, i), so
- * the CPU fill (dummy.c) and the CUDA kernel (cuda/dummy.cu) build the same model on either
+ * the CPU fill (dummy.c) and the CUDA kernel (cuda/ops.cu) build the same model on either
  * device. Float types hold uniform values in [-scale, scale]; quantized blocks hold random
  * quants with their scale fields set so values span about the same range. */
 #ifndef SD_DUMMY_H

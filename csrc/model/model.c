@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "cpu/ops_cpu.h"
+#include "cpu/dispatch.h"
 #include "cpu/quant.h"
 #include "util/status.h"
 #ifdef SD_WITH_CUDA

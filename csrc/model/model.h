@@ -8,22 +8,10 @@
 
 #include "model/dummy_model.h"
 #include "format/gguf.h"
-#include "cpu/quant.h"
+#include "cpu/quant.h" /* sd_mat */
 #include "format/safetensors.h"
 #include "specdec.h"
 #include "util/threadpool.h"
-
-/* A 2-D weight: `rows` rows of `cols` elements of `type`, rows contiguous. 1-D vectors are
- * rows == 1. */
-typedef struct {
-    const void *data;
-    int type; /* sd_type */
-    int64_t rows;
-    int64_t cols;
-    size_t row_bytes;
-    const void *packed; /* repacked 8-row interleaved copy (quant.h), or NULL */
-    int tensor_id;      /* dummy models: the id its random values are drawn with; else -1 */
-} sd_mat;
 
 typedef struct {
     const float *attn_norm; /* (D) */

@@ -1,4 +1,5 @@
-/* lookup.c — the n-gram prompt-lookup drafter (see lookup.h). */
+/* lookup.c — the n-gram matcher of prompt lookup (see lookup.h), a pure function of the text;
+ * the drafter around it is spec/drafters/prompt_lookup.c. */
 #include "spec/lookup.h"
 
 #include <string.h>

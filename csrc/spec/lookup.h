@@ -1,4 +1,4 @@
-/* lookup.h — the n-gram prompt-lookup drafter: a pure function of the text so far. */
+/* lookup.h — the n-gram matcher of prompt lookup: a pure function of the text so far. */
 #ifndef SD_LOOKUP_H
 #define SD_LOOKUP_H
 

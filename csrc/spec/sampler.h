@@ -1,6 +1,6 @@
-/* sampler.h — from logits to a token: greedy argmax, temperature sampling, and the counter-based
- * random numbers behind every draw (a draw is a pure function of seed and counters, so runs
- * reproduce whatever the thread count or device). */
+/* sampler.h — greedy argmax, and the counter-based random numbers behind every draw: a draw is
+ * a pure function of seed and counters, so runs reproduce whatever the thread count or device.
+ * Drawing from a processed distribution is verify.h's sd_sample_probs. */
 #ifndef SD_SAMPLER_H
 #define SD_SAMPLER_H
 
@@ -11,9 +11,5 @@ double sd_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
 
 /* Index of the largest logit; the lowest index wins ties. */
 int sd_argmax(const float *logits, int n);
-
-/* Sample from softmax(logits / temperature) with the uniform number u in [0, 1) by inverting
- * the cumulative distribution (temperature > 0). */
-int sd_sample_temperature(const float *logits, int n, float temperature, double u);
 
 #endif /* SD_SAMPLER_H */

@@ -4,8 +4,10 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "spec/sampler.h"
+#include "util/hd.h"
 #include "util/status.h"
 
 sd_sampling sd_sampling_default(void) {
@@ -192,4 +194,87 @@ int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t
     }
     *next = sd_sample_probs(p + (size_t)K * (size_t)V, V, u_next[K]);
     return K;
+}
+
+/* Rejecting child token t at a node: the current p (sum P) and, for sampled children, q (sum
+ * Q) lose t as the rule says. P and Q stay 1 until the node's first rejection, so a node's first
+ * test and residual are the chain rule's to the bit (sd_accept, sd_sample_residual). */
+static void tree_reject(float *cp, double *P, float *cq, double *Q, int t, int V) {
+    if (cq == NULL) { /* deterministic: p(t) <- 0 */
+        cp[t] = 0.0f;
+    } else { /* sampled: p <- max(0, p/P - q/Q), unless that has no mass */
+        double mass = 0.0;
+        for (int i = 0; i < V; i++) {
+            mass += cp[i] / *P > cq[i] / *Q ? cp[i] / *P - cq[i] / *Q : 0.0;
+        }
+        if (mass > 0.0) {
+            for (int i = 0; i < V; i++) {
+                float r;
+                if (*P == 1.0 && *Q == 1.0) {
+                    r = cp[i] - cq[i];
+                } else {
+                    r = (float)(cp[i] / *P - cq[i] / *Q);
+                }
+                cp[i] = r > 0.0f ? r : 0.0f;
+            }
+        }
+        cq[t] = 0.0f;
+        double qs = 0.0;
+        for (int i = 0; i < V; i++) {
+            qs += cq[i];
+        }
+        *Q = qs;
+    }
+    double ps = 0.0;
+    for (int i = 0; i < V; i++) {
+        ps += cp[i];
+    }
+    *P = ps;
+}
+
+int sd_verify_tree(int32_t *path, int32_t *next, const int32_t *tokens, const int32_t *parent,
+                   int n, const float *p, const float *q, int V, const double *u_accept,
+                   const double *u_next, float *work) {
+    float *cp = work, *cq = q != NULL ? work + V : NULL;
+    int node = -1, n_acc = 0;
+    memcpy(cp, p, (size_t)V * sizeof(float));
+    double P = 1.0;
+    for (;;) {
+        int acc = -1, first = 1;
+        double Q = 1.0;
+        for (int c = node + 1; c < n && acc < 0; c++) {
+            if (parent[c] != node) {
+                continue;
+            }
+            const int t = tokens[c];
+            if (cq != NULL && first) {
+                memcpy(cq, q + (size_t)c * (size_t)V, (size_t)V * sizeof(float));
+            }
+            first = 0;
+            /* u < p'(t) / q'(t) with p' = cp / P and q' = cq / Q (q' one-hot at t without q) */
+            const double qt = cq != NULL ? (double)cq[t] * P : P;
+            const double pt = cq != NULL ? (double)cp[t] * Q : (double)cp[t];
+            if (P == 1.0 && Q == 1.0 ? sd_accept(cp, cq, t, u_accept[c]) : u_accept[c] * qt < pt) {
+                acc = c;
+            } else {
+                tree_reject(cp, &P, cq, &Q, t, V);
+            }
+        }
+        if (acc < 0) {
+            *next = sd_sample_probs(cp, V, u_next[n_acc]);
+            return n_acc;
+        }
+        path[n_acc++] = acc;
+        node = acc;
+        memcpy(cp, p + (size_t)(1 + acc) * (size_t)V, (size_t)V * sizeof(float));
+        P = 1.0;
+    }
+}
+
+int sd_verify_synthetic(int K, double alpha, uint64_t seed, uint64_t pos0) {
+    int n = 0;
+    while (n < K && sd_rng_uniform(seed, SD_STREAM_SYNTH, pos0 + (uint64_t)n) < alpha) {
+        n++;
+    }
+    return n;
 }

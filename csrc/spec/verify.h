@@ -57,4 +57,35 @@ int sd_sample_residual(const float *p, const float *q, int d, int V, double u, f
 int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t *draft, int K,
                     int V, const double *u_accept, const double *u_next, float *work);
 
+/* The most nodes a draft tree may have (sd_verify_tree). */
+#define SD_MAX_TREE 64
+
+/* The tree rule: one walk from the root over a tree of n draft nodes, so that the emitted tokens
+ * are distributed exactly as the target's (recursive rejection sampling, Jeon et al. 2024, for
+ * sampled children; Luo et al. 2024 and SpecInfer for deterministic ones). Node i holds token
+ * tokens[i] and has parent parent[i] < i (-1: the root, the text's last token); siblings are
+ * tried in index order and must hold distinct tokens.
+ *   p: (n + 1, V) processed target distributions: row 0 at the root, row 1 + i after node i.
+ *   q: (n, V) or NULL. With q, a node's children were drawn without replacement from one draft
+ *      distribution, given as the row of each of them (its first child's row is read); without
+ *      q, children are deterministic (top candidates, lookup, recycling).
+ * At a node with current distribution p (and draft distribution q), for each child c in turn:
+ *   sampled:       accept with min(1, p(c) / q(c)); on rejection p <- norm(max(0, p - q)) (left
+ *                  as it is when that has no mass) and q <- q without c, renormalised;
+ *   deterministic: accept with probability p(c); on rejection p(c) <- 0, renormalised.
+ * An accepted child becomes the node, with its own row of p; when no child is accepted (or the
+ * node has none) the next token is drawn from the current p.
+ * u_accept: (n) the coin of node i (used at most once); u_next: (depth + 1) u_next[a] draws the
+ * token emitted after a accepted nodes. path: (depth) receives the accepted nodes, root to leaf;
+ * returns their count and sets *next. work: 2 V floats. For a chain (parent[i] = i - 1) this is
+ * sd_verify_chain, bit for bit. */
+int sd_verify_tree(int32_t *path, int32_t *next, const int32_t *tokens, const int32_t *parent,
+                   int n, const float *p, const float *q, int V, const double *u_accept,
+                   const double *u_next, float *work);
+
+/* The synthetic acceptance of benchmarks (sd_bench_synthetic): the drafts a drafter accepted
+ * with probability alpha each would keep, the uniforms keyed by (seed, SD_STREAM_SYNTH, output
+ * position pos0 + i); at most K. */
+int sd_verify_synthetic(int K, double alpha, uint64_t seed, uint64_t pos0);
+
 #endif /* SD_VERIFY_H */

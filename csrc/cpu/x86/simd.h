@@ -1,6 +1,6 @@
 /* simd.h — x86-64 AVX2/FMA/F16C versions of the row kernels, compiled with a per-function
- * target attribute so the rest of the core builds for any x86-64 (or other) CPU. quant.c picks
- * them at run time when the CPU has all three extensions. */
+ * target attribute so the rest of the core builds for any x86-64 (or other) CPU.
+ * cpu/dispatch.c picks them at run time when the CPU has all three extensions. */
 #ifndef SD_SIMD_H
 #define SD_SIMD_H
 

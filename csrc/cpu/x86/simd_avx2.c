@@ -238,22 +238,54 @@ SD_AVX2 SD_INLINE void tile_dots8(const int F16, const int NQ, const float *cons
     }
 }
 
+/* softmax_row of a row with shut slots among its first n_attn (a tree's mask: a draft sees
+ * its ancestors, not its cousins): the open slots' sum taken as if they were consecutive, in
+ * lanes by their rank among the open slots, so that a token's bits do not depend on where its
+ * context lies in the cache. A row without shut slots gives the same bits either way (its ranks
+ * are its slots); each exponential is exp256's lane arithmetic. */
+SD_AVX2 static void softmax_open(float *sc, int n_attn, float mx, float *st) {
+    float lanes[8] = {0};
+    int r = 0;
+    for (int s = 0; s < n_attn; s++) {
+        if (sc[s] == -INFINITY) {
+            sc[s] = 0.0f;
+            continue;
+        }
+        sc[s] = _mm256_cvtss_f32(exp256(_mm256_set1_ps(sc[s] - mx)));
+        lanes[r++ % 8] += sc[s];
+    }
+    st[0] = mx;
+    st[1] = hsum256(_mm256_loadu_ps(lanes));
+    const float inv = 1.0f / st[1];
+    for (int s = 0; s < n_attn; s++) {
+        sc[s] *= inv;
+    }
+}
+
 /* Softmax in place over one query's scores sc[0 .. n_attn) (-inf for shut slots, at least one
  * open): the weights p_s, 0 for shut slots; st = the largest score and the sum of exponentials
  * the weights are divided by. */
 SD_AVX2 static void softmax_row(float *sc, int n_attn, float *st) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 vmax = ninf;
+    __m256 vmax = ninf, vshut = _mm256_setzero_ps();
     int s = 0;
     for (; s + 8 <= n_attn; s += 8) {
-        vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sc + s));
+        const __m256 x = _mm256_loadu_ps(sc + s);
+        vmax = _mm256_max_ps(vmax, x);
+        vshut = _mm256_or_ps(vshut, _mm256_cmp_ps(x, ninf, _CMP_EQ_OQ));
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     float mx = _mm_cvtss_f32(m4);
+    int shut = _mm256_movemask_ps(vshut) != 0;
     for (; s < n_attn; s++) {
         mx = sc[s] > mx ? sc[s] : mx;
+        shut |= sc[s] == -INFINITY;
+    }
+    if (shut) {
+        softmax_open(sc, n_attn, mx, st);
+        return;
     }
     /* exp(-inf - mx) = 0 for the shut slots; the sum in lanes by slot mod 8 */
     const __m256 vmx = _mm256_set1_ps(mx);
@@ -455,14 +487,24 @@ SD_AVX512 static inline __m512 exp512(__m512 x) {
  * in slot order (low half, then high), and the last block of 8 and the tail take softmax_row's
  * own instructions. */
 SD_AVX512 static void softmax_row512(float *sc, int n_attn, float *st) {
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 vmax = ninf;
+    __mmask16 vshut = 0;
     int s = 0;
     for (; s + 16 <= n_attn; s += 16) {
-        vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sc + s));
+        const __m512 x = _mm512_loadu_ps(sc + s);
+        vmax = _mm512_max_ps(vmax, x);
+        vshut |= _mm512_cmp_ps_mask(x, ninf, _CMP_EQ_OQ);
     }
     float mx = _mm512_reduce_max_ps(vmax);
+    int shut = vshut != 0;
     for (; s < n_attn; s++) {
         mx = sc[s] > mx ? sc[s] : mx;
+        shut |= sc[s] == -INFINITY;
+    }
+    if (shut) {
+        softmax_open(sc, n_attn, mx, st);
+        return;
     }
     const __m512 vmx = _mm512_set1_ps(mx);
     const __m256 vmx8 = _mm256_set1_ps(mx);

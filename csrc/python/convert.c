@@ -1,0 +1,155 @@
+/* convert.c — conversions at the Python boundary: statuses to exceptions, token sequences to
+ * int32 arrays, lists of bytes to C views, and the busy flag of a model. */
+#include "python/py_core.h"
+
+#include <stdint.h>
+#include <string.h>
+
+PyObject *sd_py_raise(sd_status st) {
+    if (PyErr_Occurred()) {
+        return NULL; /* never overwrite an exception already set */
+    }
+    PyObject *type;
+    switch (st) {
+    case SD_ERR_INVALID_ARG:
+    case SD_ERR_FORMAT:
+    case SD_ERR_UNSUPPORTED: type = PyExc_ValueError; break;
+    case SD_ERR_IO: type = PyExc_OSError; break;
+    case SD_ERR_NOMEM: type = PyExc_MemoryError; break;
+    default: type = PyExc_RuntimeError; break;
+    }
+    const char *msg = sd_last_error();
+    PyErr_SetString(type, msg[0] != '\0' ? msg : sd_status_name(st));
+    return NULL;
+}
+
+/* A Python list of n token ids. */
+PyObject *sd_py_token_list(const int32_t *out, int n) {
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromLong(out[i]);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
+
+int sd_py_model_enter(sd_py_Model *self) {
+    if (self->model == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "model is not loaded");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this model is already running a call in another thread; use one "
+                        "model per thread");
+        return -1;
+    }
+    self->busy = 1;
+    return 0;
+}
+
+void sd_py_model_leave(sd_py_Model *self) {
+    self->busy = 0;
+}
+
+/* A 1-D int32 copy of a token sequence. Only integers are token ids (floats and bools are a
+ * TypeError, not silently truncated); ids outside int32 are reported as out of range. */
+int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
+    PyArrayObject *raw = NULL, *a = NULL;
+    int32_t *dst = NULL;
+    raw = (PyArrayObject *)PyArray_FromAny(obj, NULL, 1, 1, NPY_ARRAY_DEFAULT, NULL);
+    if (raw == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s must be a 1-D sequence of integer token ids", what);
+        }
+        goto fail;
+    }
+    if (PyArray_SIZE(raw) > 0) {
+        int ok = PyArray_ISINTEGER(raw);
+        if (PyArray_TYPE(raw) == NPY_OBJECT) { /* e.g. Python ints beyond 64 bits */
+            PyObject **items = (PyObject **)PyArray_DATA(raw);
+            ok = 1;
+            for (npy_intp i = 0; i < PyArray_SIZE(raw) && ok; i++) {
+                ok = PyLong_Check(items[i]) && !PyBool_Check(items[i]);
+            }
+        }
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s must be integer token ids, got %s values", what,
+                         PyArray_DESCR(raw)->typeobj->tp_name);
+            goto fail;
+        }
+    }
+    a = (PyArrayObject *)PyArray_FROMANY((PyObject *)raw, NPY_INT64, 1, 1,
+                                         NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s: a token id is out of range (beyond 64 bits)", what);
+        }
+        goto fail;
+    }
+    *n = PyArray_DIM(a, 0);
+    const int64_t *src = (const int64_t *)PyArray_DATA(a);
+    dst = PyMem_Malloc((size_t)(*n > 0 ? *n : 1) * sizeof(int32_t));
+    if (dst == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        if (src[i] < INT32_MIN || src[i] > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "%s: token id %lld at index %zd is out of range", what,
+                         (long long)src[i], i);
+            goto fail;
+        }
+        dst[i] = (int32_t)src[i];
+    }
+    Py_DECREF(raw);
+    Py_DECREF(a);
+    return dst;
+fail:
+    PyMem_Free(dst);
+    Py_XDECREF(raw);
+    Py_XDECREF(a);
+    return NULL;
+}
+
+void sd_py_bytes_list_free(sd_py_bytes_list *b) {
+    Py_XDECREF(b->seq);
+    PyMem_Free(b->ptrs);
+    PyMem_Free(b->lens);
+    memset(b, 0, sizeof(*b));
+}
+
+int sd_py_bytes_list_from(sd_py_bytes_list *b, PyObject *obj, const char *what) {
+    memset(b, 0, sizeof(*b));
+    b->seq = PySequence_Fast(obj, what);
+    if (b->seq == NULL) {
+        return -1;
+    }
+    b->n = PySequence_Fast_GET_SIZE(b->seq);
+    b->ptrs = PyMem_Malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(char *));
+    b->lens = PyMem_Malloc((size_t)(b->n > 0 ? b->n : 1) * sizeof(size_t));
+    if (b->ptrs == NULL || b->lens == NULL) {
+        sd_py_bytes_list_free(b);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(b->seq, i);
+        char *ptr = NULL;
+        Py_ssize_t len = 0;
+        if (PyBytes_AsStringAndSize(item, &ptr, &len) < 0) {
+            sd_py_bytes_list_free(b);
+            PyErr_Format(PyExc_TypeError, "%s must be a sequence of bytes", what);
+            return -1;
+        }
+        b->ptrs[i] = ptr;
+        b->lens[i] = (size_t)len;
+    }
+    return 0;
+}

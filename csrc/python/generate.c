@@ -1,0 +1,173 @@
+/* generate.c — Model.generate: plain or speculative decoding in C with the GIL released, the
+ * on_token callback taking the GIL back for each token, and the statistics as a dict. */
+#include "python/py_core.h"
+
+#include <string.h>
+
+PyObject *sd_py_stats_dict(const sd_spec_stats *st, int k) {
+    PyObject *drafted = PyList_New(k), *accepted = PyList_New(k);
+    for (int i = 0; drafted != NULL && accepted != NULL && i < k; i++) {
+        PyList_SET_ITEM(drafted, i, PyLong_FromLong(st->drafted_at[i]));
+        PyList_SET_ITEM(accepted, i, PyLong_FromLong(st->accepted_at[i]));
+    }
+    if (drafted == NULL || accepted == NULL) {
+        Py_XDECREF(drafted);
+        Py_XDECREF(accepted);
+        return NULL;
+    }
+    return Py_BuildValue("{s:i,s:i,s:i,s:N,s:N,s:d,s:d,s:d}", "steps", st->steps, "drafted",
+                         st->drafted, "accepted", st->accepted, "drafted_at", drafted,
+                         "accepted_at", accepted, "time_draft_s", st->time_draft_s, "time_verify_s",
+                         st->time_verify_s, "time_total_s", st->time_total_s);
+}
+
+/* on_token from C: calls the Python callable with the GIL; a true result cancels, an exception
+ * cancels and is kept to be raised once the loop has returned. */
+typedef struct {
+    PyObject *fn;
+    PyObject *type, *value, *tb; /* a pending exception */
+} token_callback;
+
+static int call_on_token(void *user, int32_t token) {
+    token_callback *cb = user;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int stop = 1;
+    PyObject *r = PyObject_CallFunction(cb->fn, "i", (int)token);
+    if (r != NULL) {
+        stop = PyObject_IsTrue(r);
+        Py_DECREF(r);
+    }
+    if (stop < 0 || r == NULL) {
+        PyErr_Fetch(&cb->type, &cb->value, &cb->tb);
+        stop = 1;
+    }
+    PyGILState_Release(g);
+    return stop;
+}
+
+/* generate(prompt, *, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None,
+ *          stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, drafter=None, on_token=None,
+ *          check_cache=False)
+ *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string" | "cancelled",
+ *       stats dict or None)
+ * drafter: a Drafter (drafters.c) for speculative decoding, None for plain decoding; on_token:
+ * callable(token) -> bool or None; check_cache: a test hook (sd_generate_params.check_cache).
+ * Every range is checked by the core, which names the parameter. */
+PyObject *sd_py_model_generate(sd_py_Model *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"prompt",       "max_new_tokens", "temperature", "seed",  "stop_ids",
+                             "stop_strings", "top_k",          "top_p",       "min_p", "drafter",
+                             "on_token",     "check_cache",    NULL};
+    PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
+    PyObject *drafter_obj = Py_None, *on_token_obj = Py_None;
+    sd_generate_params p = sd_generate_default_params();
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$ifKOOiffOOp:generate", kwlist, &prompt_obj,
+                                     &p.max_new_tokens, &p.temperature, &seed, &stop_obj,
+                                     &strings_obj, &p.top_k, &p.top_p, &p.min_p, &drafter_obj,
+                                     &on_token_obj, &p.check_cache)) {
+        return NULL;
+    }
+    if (drafter_obj != Py_None && !PyObject_TypeCheck(drafter_obj, &sd_py_DrafterType)) {
+        PyErr_Format(PyExc_TypeError, "drafter must be a specdec._core.Drafter or None, got %s",
+                     Py_TYPE(drafter_obj)->tp_name);
+        return NULL;
+    }
+    if (on_token_obj != Py_None && !PyCallable_Check(on_token_obj)) {
+        PyErr_SetString(PyExc_TypeError, "on_token must be callable or None");
+        return NULL;
+    }
+    sd_py_Drafter *drafter = drafter_obj != Py_None ? (sd_py_Drafter *)drafter_obj : NULL;
+    sd_py_Model *draft = drafter != NULL ? drafter->model : NULL;
+    int32_t *prompt = NULL, *stops = NULL, *out = NULL;
+    Py_ssize_t n_prompt = 0, n_stops = 0;
+    PyObject *result = NULL, *list = NULL, *stats = NULL;
+    sd_py_bytes_list strings;
+    memset(&strings, 0, sizeof(strings));
+    if ((prompt = sd_py_tokens_from(prompt_obj, "prompt", &n_prompt)) == NULL) {
+        goto done;
+    }
+    if (stop_obj != Py_None &&
+        (stops = sd_py_tokens_from(stop_obj, "stop_ids", &n_stops)) == NULL) {
+        goto done;
+    }
+    if (strings_obj != Py_None &&
+        sd_py_bytes_list_from(&strings, strings_obj, "stop_strings") < 0) {
+        goto done;
+    }
+    if (n_prompt > INT32_MAX || n_stops > INT32_MAX || strings.n > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "sequence too long");
+        goto done;
+    }
+    out = PyMem_Malloc((size_t)(p.max_new_tokens > 0 ? p.max_new_tokens : 1) * sizeof(int32_t));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (sd_py_model_enter(self) < 0) {
+        goto done;
+    }
+    /* the draft may be the target itself (calls are sequential, each with its own cache) */
+    const int enter_draft = draft != NULL && draft != self;
+    if (enter_draft && sd_py_model_enter(draft) < 0) {
+        sd_py_model_leave(self);
+        goto done;
+    }
+    Py_XINCREF(drafter); /* held while the GIL is released */
+    p.seed = (uint64_t)seed;
+    p.stop_ids = stops;
+    p.n_stop_ids = (int)n_stops;
+    p.stop_strings = strings.ptrs;
+    p.stop_lens = strings.lens;
+    p.n_stop_strings = (int)strings.n;
+    token_callback cb = {on_token_obj, NULL, NULL, NULL};
+    if (on_token_obj != Py_None) {
+        p.on_token = call_on_token;
+        p.on_token_user = &cb;
+    }
+    int n_out = 0;
+    sd_finish_reason reason = SD_FINISH_LENGTH;
+    sd_spec_stats ss;
+    memset(&ss, 0, sizeof(ss));
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS if (drafter != NULL) {
+        st = sd_generate_speculative(out, &n_out, &reason, &ss, self->model, drafter->drafter,
+                                     prompt, (int)n_prompt, &p);
+    }
+    else {
+        st = sd_generate(out, &n_out, &reason, self->model, prompt, (int)n_prompt, &p);
+    }
+    Py_END_ALLOW_THREADS sd_py_model_leave(self);
+    if (enter_draft) {
+        sd_py_model_leave(draft);
+    }
+    if (cb.type != NULL) { /* the callback raised: that exception is the result */
+        PyErr_Restore(cb.type, cb.value, cb.tb);
+        Py_XDECREF(drafter);
+        goto done;
+    }
+    if (st != SD_OK) {
+        sd_py_raise(st);
+        Py_XDECREF(drafter);
+        goto done;
+    }
+    list = sd_py_token_list(out, n_out);
+    if (drafter != NULL) {
+        stats = sd_py_stats_dict(&ss, sd_drafter_max_draft(drafter->drafter));
+    } else {
+        stats = Py_None;
+        Py_INCREF(stats);
+    }
+    Py_XDECREF(drafter);
+    if (list != NULL && stats != NULL) {
+        const char *names[] = {"length", "stop_token", "stop_string", "cancelled"};
+        result = Py_BuildValue("(OsO)", list, names[reason], stats);
+    }
+done:
+    Py_XDECREF(list);
+    Py_XDECREF(stats);
+    PyMem_Free(prompt);
+    PyMem_Free(stops);
+    PyMem_Free(out);
+    sd_py_bytes_list_free(&strings);
+    return result;
+}

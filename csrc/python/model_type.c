@@ -1,0 +1,510 @@
+/* model_type.c — the Model type: a loaded model's configuration, threads and KV cache type, the
+ * forward pass over a cache, llama.cpp-order logits, GGUF metadata and the benchmark hooks.
+ * Decoding (generate) is in generate.c. */
+#include "python/py_core.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "check/llamacpp_order.h"
+
+/* A new Model object owning m (freed on failure). */
+PyObject *sd_py_model_wrap(sd_model *m) {
+    sd_py_Model *self = PyObject_New(sd_py_Model, &sd_py_ModelType);
+    if (self == NULL) {
+        sd_model_free(m);
+        return NULL;
+    }
+    self->model = m;
+    self->busy = 0;
+    return (PyObject *)self;
+}
+
+static void model_dealloc(sd_py_Model *self) {
+    sd_model_free(self->model);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *model_config(sd_py_Model *self, void *closure) {
+    (void)closure;
+    const sd_config *c = sd_model_config(self->model);
+    return Py_BuildValue(
+        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:d,s:d,s:O,s:O,s:O,s:s}", "arch", c->arch_name,
+        "vocab_size", c->vocab_size, "hidden_size", c->hidden_size, "n_layers", c->n_layers,
+        "n_heads", c->n_heads, "n_kv_heads", c->n_kv_heads, "head_dim", c->head_dim, "ffn_size",
+        c->ffn_size, "context_length", c->context_length, "rope_theta", (double)c->rope_theta,
+        "rms_eps", (double)c->rms_eps, "tied_embeddings", c->tied_embeddings ? Py_True : Py_False,
+        "rope_neox", c->rope_neox ? Py_True : Py_False, "qkv_bias",
+        c->has_qkv_bias ? Py_True : Py_False, "weight_type", sd_type_name(c->weight_type));
+}
+
+static PyObject *model_get_threads(sd_py_Model *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(sd_model_threads(self->model));
+}
+
+static int model_set_threads(sd_py_Model *self, PyObject *value, void *closure) {
+    (void)closure;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete threads");
+        return -1;
+    }
+    long n = PyLong_AsLong(value);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (n < 1 || n > 1024) {
+        PyErr_Format(PyExc_ValueError, "threads must be in [1, 1024], got %ld", n);
+        return -1;
+    }
+    if (sd_py_model_enter(self) < 0) {
+        return -1;
+    }
+    sd_status st = sd_model_set_threads(self->model, (int)n);
+    sd_py_model_leave(self);
+    if (st != SD_OK) {
+        sd_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *model_weight_bytes(sd_py_Model *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(sd_model_weight_bytes(self->model));
+}
+
+static PyObject *model_device(sd_py_Model *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(sd_model_device(self->model) == SD_DEVICE_CUDA ? "cuda" : "cpu");
+}
+
+/* bench_forward(T, context, iters) -> seconds per forward (sd_bench_forward). */
+static PyObject *model_bench_forward(sd_py_Model *self, PyObject *args) {
+    int T = 0, context = 0, iters = 0;
+    if (!PyArg_ParseTuple(args, "iii:bench_forward", &T, &context, &iters)) {
+        return NULL;
+    }
+    if (sd_py_model_enter(self) < 0) {
+        return NULL;
+    }
+    double sec = 0.0;
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_bench_forward(&sec, self->model, T, context, iters);
+    Py_END_ALLOW_THREADS sd_py_model_leave(self);
+    if (st != SD_OK) {
+        return sd_py_raise(st);
+    }
+    return PyFloat_FromDouble(sec);
+}
+
+/* bench_synthetic(prompt, max_new_tokens, k, alpha, seed) -> (list[int], stats dict): the
+ * benchmark-only loop of sd_bench_synthetic (its tokens are not the model's output). */
+static PyObject *model_bench_synthetic(sd_py_Model *self, PyObject *args) {
+    PyObject *prompt_obj = NULL;
+    int max_new = 0, k = 0;
+    double alpha = 0.0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTuple(args, "OiidK:bench_synthetic", &prompt_obj, &max_new, &k, &alpha,
+                          &seed)) {
+        return NULL;
+    }
+    Py_ssize_t n_prompt = 0;
+    int32_t *prompt = sd_py_tokens_from(prompt_obj, "prompt", &n_prompt);
+    if (prompt == NULL) {
+        return NULL;
+    }
+    int32_t *out = PyMem_Malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof(int32_t));
+    PyObject *result = NULL, *list = NULL, *stats = NULL;
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (n_prompt > INT32_MAX || sd_py_model_enter(self) < 0) {
+        goto done;
+    }
+    sd_spec_stats ss;
+    int n_out = 0;
+    sd_status st;
+    Py_BEGIN_ALLOW_THREADS st = sd_bench_synthetic(
+        out, &n_out, &ss, self->model, prompt, (int)n_prompt, max_new, k, alpha, (uint64_t)seed);
+    Py_END_ALLOW_THREADS sd_py_model_leave(self);
+    if (st != SD_OK) {
+        sd_py_raise(st);
+        goto done;
+    }
+    list = sd_py_token_list(out, n_out);
+    stats = sd_py_stats_dict(&ss, k);
+    if (list != NULL && stats != NULL) {
+        result = PyTuple_Pack(2, list, stats);
+    }
+done:
+    Py_XDECREF(list);
+    Py_XDECREF(stats);
+    PyMem_Free(prompt);
+    PyMem_Free(out);
+    return result;
+}
+
+/* forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> (n_logits, V) */
+static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"cache", "tokens", "positions", "slots", "mask", "n_logits", NULL};
+    PyObject *cache_obj = NULL, *tok_obj = NULL, *pos_obj = Py_None, *slot_obj = Py_None;
+    PyObject *mask_obj = Py_None;
+    int n_logits = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|OOOi:forward", kwlist, &sd_py_CacheType,
+                                     &cache_obj, &tok_obj, &pos_obj, &slot_obj, &mask_obj,
+                                     &n_logits)) {
+        return NULL;
+    }
+    sd_py_Cache *cache = (sd_py_Cache *)cache_obj;
+    if (cache->owner != (PyObject *)self) {
+        PyErr_SetString(PyExc_ValueError, "cache was created by a different model");
+        return NULL;
+    }
+    int32_t *tokens = NULL, *pos = NULL, *slots = NULL;
+    PyArrayObject *mask = NULL, *out = NULL;
+    Py_ssize_t T = 0, n = 0;
+    const sd_config *c = sd_model_config(self->model);
+    tokens = sd_py_tokens_from(tok_obj, "tokens", &T);
+    if (tokens == NULL) {
+        goto fail;
+    }
+    if (T < 1) {
+        PyErr_SetString(PyExc_ValueError, "tokens must hold at least one token");
+        goto fail;
+    }
+    if (pos_obj != Py_None) {
+        if ((pos = sd_py_tokens_from(pos_obj, "positions", &n)) == NULL) {
+            goto fail;
+        }
+        if (n != T) {
+            PyErr_Format(PyExc_ValueError, "positions has %zd entries, tokens has %zd", n, T);
+            goto fail;
+        }
+    }
+    if (slot_obj != Py_None) {
+        if ((slots = sd_py_tokens_from(slot_obj, "slots", &n)) == NULL) {
+            goto fail;
+        }
+        if (n != T) {
+            PyErr_Format(PyExc_ValueError, "slots has %zd entries, tokens has %zd", n, T);
+            goto fail;
+        }
+    }
+    if (mask_obj != Py_None) {
+        mask = (PyArrayObject *)PyArray_FROMANY(mask_obj, NPY_UINT8, 2, 2, NPY_ARRAY_IN_ARRAY);
+        if (mask == NULL) {
+            goto fail;
+        }
+        if (PyArray_DIM(mask, 0) != T || PyArray_DIM(mask, 1) > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "mask must have shape (%zd, n_slots), got (%zd, %zd)", T,
+                         (Py_ssize_t)PyArray_DIM(mask, 0), (Py_ssize_t)PyArray_DIM(mask, 1));
+            goto fail;
+        }
+    }
+    if (n_logits < 0) {
+        n_logits = (int)T;
+    }
+    if (n_logits > T) {
+        PyErr_Format(PyExc_ValueError, "n_logits %d exceeds the %zd tokens", n_logits, T);
+        goto fail;
+    }
+    npy_intp dims[2] = {n_logits, c->vocab_size};
+    out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out == NULL || sd_py_model_enter(self) < 0) {
+        goto fail;
+    }
+    sd_batch b = {0};
+    b.n_tokens = (int)T;
+    b.tokens = tokens;
+    b.pos = pos;
+    b.slots = slots;
+    b.mask = mask != NULL ? (const uint8_t *)PyArray_DATA(mask) : NULL;
+    b.n_mask_cols = mask != NULL ? (int)PyArray_DIM(mask, 1) : 0;
+    b.n_logits = n_logits;
+    sd_status st;
+    float *dst = (float *)PyArray_DATA(out);
+    Py_BEGIN_ALLOW_THREADS st = sd_forward(self->model, cache->kv, &b, dst);
+    Py_END_ALLOW_THREADS sd_py_model_leave(self);
+    if (st != SD_OK) {
+        sd_py_raise(st);
+        goto fail;
+    }
+    PyMem_Free(tokens);
+    PyMem_Free(pos);
+    PyMem_Free(slots);
+    Py_XDECREF(mask);
+    return (PyObject *)out;
+fail:
+    PyMem_Free(tokens);
+    PyMem_Free(pos);
+    PyMem_Free(slots);
+    Py_XDECREF(mask);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+/* llamacpp_logits(tokens, n_batch) -> (T, V): the forward in llama.cpp's float order */
+static PyObject *model_llamacpp_logits(sd_py_Model *self, PyObject *args) {
+    PyObject *tok_obj = NULL;
+    int n_batch = 0;
+    if (!PyArg_ParseTuple(args, "Oi:llamacpp_logits", &tok_obj, &n_batch)) {
+        return NULL;
+    }
+    Py_ssize_t T = 0;
+    int32_t *tokens = sd_py_tokens_from(tok_obj, "tokens", &T);
+    if (tokens == NULL) {
+        return NULL;
+    }
+    PyArrayObject *out = NULL;
+    if (T < 1 || T > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "tokens must hold at least one token");
+        goto fail;
+    }
+    npy_intp dims[2] = {T, sd_model_config(self->model)->vocab_size};
+    out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out == NULL || sd_py_model_enter(self) < 0) {
+        goto fail;
+    }
+    sd_status st;
+    float *dst = (float *)PyArray_DATA(out);
+    Py_BEGIN_ALLOW_THREADS st =
+        sd_forward_llamacpp_order(self->model, tokens, (int)T, n_batch, dst);
+    Py_END_ALLOW_THREADS sd_py_model_leave(self);
+    if (st != SD_OK) {
+        sd_py_raise(st);
+        goto fail;
+    }
+    PyMem_Free(tokens);
+    return (PyObject *)out;
+fail:
+    PyMem_Free(tokens);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyObject *model_new_cache(sd_py_Model *self, PyObject *args) {
+    int n_slots = 0;
+    if (!PyArg_ParseTuple(args, "i:new_cache", &n_slots)) {
+        return NULL;
+    }
+    sd_kv_cache *kv = NULL;
+    sd_status st = sd_kv_cache_create(&kv, self->model, n_slots);
+    if (st != SD_OK) {
+        return sd_py_raise(st);
+    }
+    sd_py_Cache *c = PyObject_New(sd_py_Cache, &sd_py_CacheType);
+    if (c == NULL) {
+        sd_kv_cache_free(kv);
+        return NULL;
+    }
+    c->kv = kv;
+    Py_INCREF(self);
+    c->owner = (PyObject *)self;
+    return (PyObject *)c;
+}
+
+static PyObject *model_set_token_pieces(sd_py_Model *self, PyObject *arg) {
+    sd_py_bytes_list b;
+    if (sd_py_bytes_list_from(&b, arg, "token pieces") < 0) {
+        return NULL;
+    }
+    if (b.n > INT32_MAX || sd_py_model_enter(self) < 0) {
+        sd_py_bytes_list_free(&b);
+        return NULL;
+    }
+    sd_status st = sd_model_set_token_pieces(self->model, b.ptrs, b.lens, (int)b.n);
+    sd_py_model_leave(self);
+    sd_py_bytes_list_free(&b);
+    if (st != SD_OK) {
+        return sd_py_raise(st);
+    }
+    Py_RETURN_NONE;
+}
+
+/* One GGUF value at *p (validated by the loader), advancing *p past it. Strings that are not
+ * valid UTF-8 come back as bytes rather than being altered. */
+static PyObject *gguf_value(int type, const unsigned char **p, int depth) {
+    const unsigned char *v = *p;
+    uint64_t n = 0;
+    switch (type) {
+    case SD_GGUF_U8: *p += 1; return PyLong_FromLong(v[0]);
+    case SD_GGUF_I8: *p += 1; return PyLong_FromLong((int8_t)v[0]);
+    case SD_GGUF_BOOL: *p += 1; return PyBool_FromLong(v[0] != 0);
+    case SD_GGUF_U16: {
+        uint16_t x;
+        memcpy(&x, v, 2);
+        *p += 2;
+        return PyLong_FromLong(x);
+    }
+    case SD_GGUF_I16: {
+        int16_t x;
+        memcpy(&x, v, 2);
+        *p += 2;
+        return PyLong_FromLong(x);
+    }
+    case SD_GGUF_U32: {
+        uint32_t x;
+        memcpy(&x, v, 4);
+        *p += 4;
+        return PyLong_FromUnsignedLong(x);
+    }
+    case SD_GGUF_I32: {
+        int32_t x;
+        memcpy(&x, v, 4);
+        *p += 4;
+        return PyLong_FromLong(x);
+    }
+    case SD_GGUF_F32: {
+        float x;
+        memcpy(&x, v, 4);
+        *p += 4;
+        return PyFloat_FromDouble(x);
+    }
+    case SD_GGUF_U64: {
+        uint64_t x;
+        memcpy(&x, v, 8);
+        *p += 8;
+        return PyLong_FromUnsignedLongLong(x);
+    }
+    case SD_GGUF_I64: {
+        int64_t x;
+        memcpy(&x, v, 8);
+        *p += 8;
+        return PyLong_FromLongLong(x);
+    }
+    case SD_GGUF_F64: {
+        double x;
+        memcpy(&x, v, 8);
+        *p += 8;
+        return PyFloat_FromDouble(x);
+    }
+    case SD_GGUF_STRING: {
+        memcpy(&n, v, 8);
+        *p += 8 + n;
+        PyObject *str = PyUnicode_DecodeUTF8((const char *)v + 8, (Py_ssize_t)n, NULL);
+        if (str == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            str = PyBytes_FromStringAndSize((const char *)v + 8, (Py_ssize_t)n);
+        }
+        return str;
+    }
+    case SD_GGUF_ARRAY: {
+        uint32_t et;
+        memcpy(&et, v, 4);
+        memcpy(&n, v + 4, 8);
+        *p += 12;
+        if (depth > 8) {
+            PyErr_SetString(PyExc_ValueError, "GGUF arrays nested too deeply");
+            return NULL;
+        }
+        PyObject *list = PyList_New((Py_ssize_t)n);
+        for (uint64_t i = 0; list != NULL && i < n; i++) {
+            PyObject *item = gguf_value((int)et, p, depth + 1);
+            if (item == NULL) {
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+        }
+        return list;
+    }
+    default: PyErr_Format(PyExc_ValueError, "unknown GGUF value type %d", type); return NULL;
+    }
+}
+
+static PyObject *model_gguf_metadata(sd_py_Model *self, PyObject *unused) {
+    (void)unused;
+    int n = sd_model_metadata_count(self->model);
+    PyObject *dict = PyDict_New();
+    for (int i = 0; dict != NULL && i < n; i++) {
+        const char *key = NULL;
+        int type = 0;
+        const unsigned char *raw = NULL;
+        sd_status st = sd_model_metadata_entry(self->model, i, &key, &type, &raw);
+        if (st != SD_OK) {
+            Py_CLEAR(dict);
+            return sd_py_raise(st);
+        }
+        PyObject *value = gguf_value(type, &raw, 0);
+        if (value == NULL || PyDict_SetItemString(dict, key, value) < 0) {
+            Py_XDECREF(value);
+            Py_CLEAR(dict);
+            break;
+        }
+        Py_DECREF(value);
+    }
+    return dict;
+}
+
+static PyMethodDef model_methods[] = {
+    {"gguf_metadata", (PyCFunction)model_gguf_metadata, METH_NOARGS,
+     "gguf_metadata() -> dict of the GGUF key/value metadata ({} for HF directories)"},
+    {"forward", (PyCFunction)(void (*)(void))model_forward, METH_VARARGS | METH_KEYWORDS,
+     "forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> ndarray"},
+    {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
+    {"llamacpp_logits", (PyCFunction)model_llamacpp_logits, METH_VARARGS,
+     "llamacpp_logits(tokens, n_batch) -> ndarray: logits in llama.cpp's float order"},
+    {"generate", (PyCFunction)(void (*)(void))sd_py_model_generate, METH_VARARGS | METH_KEYWORDS,
+     "generate(prompt, *, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None, "
+     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, drafter=None, on_token=None, "
+     "check_cache=False) -> (tokens, finish_reason, stats)"},
+    {"bench_forward", (PyCFunction)model_bench_forward, METH_VARARGS,
+     "bench_forward(T, context, iters) -> seconds per forward over T tokens"},
+    {"bench_synthetic", (PyCFunction)model_bench_synthetic, METH_VARARGS,
+     "bench_synthetic(prompt, max_new_tokens, k, alpha, seed) -> (tokens, stats): benchmarks "
+     "only (sd_bench_synthetic)"},
+    {"set_token_pieces", (PyCFunction)model_set_token_pieces, METH_O,
+     "set_token_pieces(list of bytes): the bytes of every token id, for stop strings"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *model_get_kv_dtype(sd_py_Model *self, void *closure) {
+    (void)closure;
+    return PyUnicode_FromString(sd_model_kv_f16(self->model) ? "f16" : "f32");
+}
+
+static int model_set_kv_dtype(sd_py_Model *self, PyObject *value, void *closure) {
+    (void)closure;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete kv_dtype");
+        return -1;
+    }
+    const char *s = PyUnicode_Check(value) ? PyUnicode_AsUTF8(value) : NULL;
+    if (s == NULL || (strcmp(s, "f16") != 0 && strcmp(s, "f32") != 0)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "kv_dtype must be 'f16' or 'f32', got %R", value);
+        return -1;
+    }
+    if (sd_py_model_enter(self) < 0) {
+        return -1;
+    }
+    sd_status st = sd_model_set_kv_f16(self->model, strcmp(s, "f16") == 0);
+    sd_py_model_leave(self);
+    if (st != SD_OK) {
+        sd_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
+static PyGetSetDef model_getset[] = {
+    {"config", (getter)model_config, NULL, "hyper-parameters as a dict", NULL},
+    {"threads", (getter)model_get_threads, (setter)model_set_threads, "worker threads", NULL},
+    {"kv_dtype", (getter)model_get_kv_dtype, (setter)model_set_kv_dtype,
+     "element type of the KV caches created from now on: 'f16' or 'f32'", NULL},
+    {"weight_bytes", (getter)model_weight_bytes, NULL, "bytes of weights one forward reads", NULL},
+    {"device", (getter)model_device, NULL, "'cpu' or 'cuda'", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject sd_py_ModelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "specdec._core.Model",
+    .tp_basicsize = sizeof(sd_py_Model),
+    .tp_dealloc = (destructor)model_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A loaded model (C core). Create with specdec._core.load().",
+    .tp_methods = model_methods,
+    .tp_getset = model_getset,
+};

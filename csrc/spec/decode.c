@@ -1,0 +1,109 @@
+/* decode.c — the pieces every decoding loop shares: the checks of a call's parameters, and the
+ * emitter, which appends each token and decides whether generation ends after it. */
+#include "spec/decode.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util/status.h"
+
+sd_generate_params sd_generate_default_params(void) {
+    sd_generate_params p;
+    memset(&p, 0, sizeof(p));
+    p.max_new_tokens = 16;
+    p.top_p = 1.0f;
+    return p;
+}
+
+double sd_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt,
+                          const sd_generate_params *p, sd_sampling *s) {
+    if (p->n_stop_strings > 0 && m->piece_off == NULL) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "stop strings need the text of every token, and the model has no "
+                            "tokenizer (no sd_model_set_token_pieces)");
+    }
+    if (n_prompt < 1 || prompt == NULL) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "the prompt must hold at least one token");
+    }
+    if (p->max_new_tokens < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "max_new_tokens must be >= 0, got %d",
+                            p->max_new_tokens);
+    }
+    s->temperature = p->temperature;
+    s->top_k = p->top_k;
+    s->top_p = p->top_p;
+    s->min_p = p->min_p;
+    SD_TRY(sd_sampling_check(s));
+    if ((int64_t)n_prompt + p->max_new_tokens > m->cfg.context_length) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "prompt (%d tokens) + max_new_tokens (%d) exceeds the context length "
+                            "%d",
+                            n_prompt, p->max_new_tokens, m->cfg.context_length);
+    }
+    return SD_OK;
+}
+
+sd_status sd_emit(sd_emitter *e, int32_t tok) {
+    const sd_generate_params *p = e->p;
+    e->out[e->n++] = tok;
+    if (p->on_token != NULL && p->on_token(p->on_token_user, tok) != 0) {
+        e->reason = SD_FINISH_CANCELLED;
+        e->done = 1;
+        return SD_OK;
+    }
+    for (int i = 0; i < p->n_stop_ids; i++) {
+        if (p->stop_ids[i] == tok) {
+            e->reason = SD_FINISH_STOP_TOKEN;
+            e->done = 1;
+            return SD_OK;
+        }
+    }
+    if (p->n_stop_strings > 0) {
+        const size_t a = e->m->piece_off[tok], n = e->m->piece_off[tok + 1] - a;
+        if (e->len + n > e->cap) {
+            size_t cap = (e->len + n) * 2 + 64;
+            char *b = realloc(e->text, cap);
+            if (b == NULL) {
+                return sd_set_error(SD_ERR_NOMEM, "out of memory watching for stop strings");
+            }
+            e->text = b;
+            e->cap = cap;
+        }
+        memcpy(e->text + e->len, e->m->pieces + a, n);
+        const size_t old = e->len;
+        e->len += n;
+        /* a new occurrence ends inside the new piece: start looking longest - 1 bytes back */
+        const size_t from = old >= e->longest ? old - e->longest + 1 : 0;
+        for (int i = 0; i < p->n_stop_strings; i++) {
+            if (p->stop_lens[i] > 0 && memmem(e->text + from, e->len - from, p->stop_strings[i],
+                                              p->stop_lens[i]) != NULL) {
+                e->reason = SD_FINISH_STOP_STRING;
+                e->done = 1;
+                return SD_OK;
+            }
+        }
+    }
+    if (e->n >= p->max_new_tokens) {
+        e->reason = SD_FINISH_LENGTH;
+        e->done = 1;
+    }
+    return SD_OK;
+}
+
+void sd_emitter_init(sd_emitter *e, const sd_model *m, const sd_generate_params *p, int32_t *out) {
+    memset(e, 0, sizeof(*e));
+    e->m = m;
+    e->p = p;
+    e->out = out;
+    e->reason = SD_FINISH_LENGTH;
+    for (int i = 0; i < p->n_stop_strings; i++) {
+        e->longest = p->stop_lens[i] > e->longest ? p->stop_lens[i] : e->longest;
+    }
+}

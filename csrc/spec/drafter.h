@@ -1,0 +1,99 @@
+/* drafter.h — the drafter interface: where draft tokens come from. The speculative loop (loop.c)
+ * drives every drafter through this table of functions and never learns a drafter's name.
+ *
+ * One step of the loop, for a drafter d over a sequence L (loop.h):
+ *   n = d->ops->propose(d, state, L, room, &draft)   draft up to `room` nodes after L's text
+ *   verify                                           the target scores [last, nodes] at once
+ *   accept                                           the rule of verify.h keeps a path
+ *   d->ops->commit(d, state, L, &draft, n_acc, next) the drafter learns what was kept
+ * begin/end bracket a request and own its per-request state, so one drafter (its parameters)
+ * serves any number of requests at once.
+ *
+ * Adding a drafter: one file in spec/drafters/ defining its sd_drafter_ops and a constructor
+ * declared in specdec.h, one Python class in specdec/speculators.py, and one registration line
+ * in csrc/python/drafters.c (csrc/README.md). */
+#ifndef SD_DRAFTER_H
+#define SD_DRAFTER_H
+
+#include <stdint.h>
+
+#include "specdec.h"
+
+struct sd_spec_loop;
+
+/* The nodes a drafter proposes for one step, in the form a tree takes: node i has token
+ * tokens[i] and parent parent[i], -1 for a child of the root (the last token of the text, not
+ * in the draft); parents come before their children. A chain has parent[i] = i - 1. */
+typedef struct {
+    int n;                 /* nodes proposed, 0 <= n <= room */
+    const int32_t *tokens; /* (n) */
+    const int32_t *parent; /* (n) */
+    /* (n, V) the processed distribution node i was drawn from, or NULL for deterministic nodes
+     * (lookup, top candidates), which are verified as one-hot distributions */
+    const float *q;
+    /* 1: a CUDA loop's nodes (and q) were written on the device by the drafter (sd_cuda_spec);
+     * tokens then is not read */
+    int on_device;
+} sd_draft;
+
+typedef struct sd_drafter_ops {
+    const char *name; /* "prompt_lookup", ... */
+    /* Before anything is computed: whether the drafter can serve this target and request
+     * (vocabulary, device, context length, layer counts), with a message naming the problem. */
+    sd_status (*check)(const sd_drafter *d, const sd_model *target, int n_prompt,
+                       int max_new_tokens);
+    /* A request starts: *state receives what the drafter keeps for it (NULL if nothing), after
+     * the loop has prefilled all of the prompt but its last token. */
+    sd_status (*begin)(const sd_drafter *d, void **state, struct sd_spec_loop *L);
+    /* Propose up to `room` nodes after the text L->hist[0 .. L->len). A drafter may propose
+     * fewer, or none (the step then emits one token). */
+    sd_status (*propose)(const sd_drafter *d, void *state, struct sd_spec_loop *L, int room,
+                         sd_draft *out);
+    /* After verification: the first n_acc nodes of the path were accepted (for a chain, nodes
+     * 0 .. n_acc - 1) and `next` was emitted after them; L->len counts them all and the target
+     * cache holds all of the text but its last token. Not called once generation has ended. */
+    sd_status (*commit)(const sd_drafter *d, void *state, struct sd_spec_loop *L,
+                        const sd_draft *draft, int n_acc, int32_t next);
+    /* One draft token's cost relative to a target forward (the adaptive draft length counts
+     * it), for the target `target`. */
+    double (*cost)(const sd_drafter *d, const sd_model *target);
+    /* The request ends (also after a failure): free what begin kept. */
+    void (*end)(const sd_drafter *d, void *state);
+} sd_drafter_ops;
+
+/* A drafter: its operations, the most nodes it proposes per step, and its parameters. */
+struct sd_drafter {
+    const sd_drafter_ops *ops;
+    int max_nodes;   /* 1 <= max_nodes <= SD_MAX_DRAFT: sizes the loop's buffers */
+    int wants_q;     /* 1: the loop keeps (max_nodes, V) rows for the drafts' distributions */
+    int context;     /* the longest text the drafter can follow (a draft model's context) */
+    sd_model *model; /* a drafter's own model (not owned), or NULL */
+    union {
+        sd_prompt_lookup lookup;
+        struct {
+            sd_draft_params dp;
+            int n_layers; /* early exit: the target's first n_layers layers; 0 = all */
+        } m;
+    } u;
+};
+
+/* SD_ERR_INVALID_ARG unless 1 <= k <= SD_MAX_DRAFT (the most drafts a step may carry). */
+sd_status sd_check_max_draft(int k);
+/* The constructors' common checks of sd_draft_params (k, p_min, verify_slope), and of a
+ * verify_slope alone. */
+sd_status sd_drafter_check_draft_params(const sd_draft_params *dp);
+sd_status sd_drafter_check_slope(float verify_slope);
+/* A zeroed drafter with these operations and sizes (SD_ERR_NOMEM). */
+sd_status sd_drafter_alloc(sd_drafter **out, const sd_drafter_ops *ops, int max_nodes, int wants_q);
+
+/* The adaptive draft length (sd_prompt_lookup.verify_slope): the k <= kmax that maximises
+ * expected tokens per verify cost, (1 - a^(k+1)) / ((1 - a)(1 + slope k)), for an acceptance
+ * rate a measured as `accepted` of `trials` (Beta(1, 1)-smoothed, so it starts at 0.5); when no
+ * length pays, 1 on every fourth step (`step`), to keep measuring, else 0. */
+int sd_adaptive_k(double accepted, double trials, float slope, int kmax, int step);
+/* A model drafter's draft length: up to `room`, sized by dp's adaptive rule when it is on (the
+ * acceptance measured over all drafted tokens so far, draft_cost one draft token's cost). */
+int sd_model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double draft_cost,
+                     int room);
+
+#endif /* SD_DRAFTER_H */

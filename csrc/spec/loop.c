@@ -1,0 +1,526 @@
+/* loop.c — the speculative loop: one step on one sequence (propose, verify, accept, commit;
+ * loop.h), driven for any drafter (drafter.h) by sd_generate_speculative, on the CPU and on a
+ * CUDA target; the services drafters share; and the synthetic-acceptance benchmark. */
+#include "spec/loop.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/ops_cpu.h"
+#include "model/forward.h"
+#include "spec/sampler.h"
+#include "util/hd.h"
+#include "util/status.h"
+
+/* ---- the sequence -------------------------------------------------------------------------- */
+
+/* The first n_first tokens go in one batch as the loop's prefill did (a long prefill may take
+ * other kernels on a GPU); the rest in batches of at most SD_MAX_DRAFT + 1, which, the kernels'
+ * results not depending on the batch size, is bit for bit what any sequence of correct steps
+ * leaves. */
+sd_status sd_spec_check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *toks, int n,
+                              int n_first, const char *who, int step) {
+    if (kv->length != n) {
+        return sd_set_error(SD_ERR_INTERNAL,
+                            "cache check after step %d: the %s cache holds %d slots, expected %d",
+                            step, who, kv->length, n);
+    }
+    if (n == 0) {
+        return SD_OK;
+    }
+    sd_kv_cache *fresh = NULL;
+    SD_TRY(sd_kv_cache_create(&fresh, m, n));
+    sd_status st = SD_OK;
+    if (fresh->f16 != kv->f16) {
+        st = sd_set_error(SD_ERR_INVALID_ARG,
+                          "cache check after step %d: the model's KV cache type changed during "
+                          "the call",
+                          step);
+    }
+    for (int done = 0; st == SD_OK && done < n;) {
+        sd_batch b = {0};
+        const int chunk = n - done < SD_MAX_DRAFT + 1 ? n - done : SD_MAX_DRAFT + 1;
+        b.n_tokens = done == 0 && n_first > 0 ? (n_first < n ? n_first : n) : chunk;
+        b.tokens = toks + done;
+        st = sd_forward(m, fresh, &b, NULL);
+        done += b.n_tokens;
+    }
+    const void *ka = kv->k, *va = kv->v, *kf = fresh->k, *vf = fresh->v;
+    /* a host cache's heads are kv->stride slots apart, its keys in tiles; a downloaded one's
+     * capacity slots apart, its keys in rows */
+    size_t sa = (size_t)kv->stride, sf = (size_t)fresh->stride;
+    int tiled = 1;
+    float *dl = NULL;
+#ifdef SD_WITH_CUDA
+    if (st == SD_OK && kv->cuda != NULL) { /* both caches to the host */
+        const size_t floats = (size_t)kv->n_layers * (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
+        dl = malloc(2 * floats * ((size_t)kv->capacity + (size_t)fresh->capacity) * sizeof(float));
+        if (dl == NULL) {
+            st = sd_set_error(SD_ERR_NOMEM, "out of memory in the cache check");
+        } else {
+            float *k1 = dl, *v1 = k1 + floats * (size_t)kv->capacity;
+            float *k2 = v1 + floats * (size_t)kv->capacity,
+                  *v2 = k2 + floats * (size_t)fresh->capacity;
+            st = sd_cuda_cache_download(kv->cuda, k1, v1);
+            if (st == SD_OK) {
+                st = sd_cuda_cache_download(fresh->cuda, k2, v2);
+            }
+            ka = k1;
+            va = v1;
+            kf = k2;
+            vf = v2;
+            sa = (size_t)kv->capacity;
+            sf = (size_t)fresh->capacity;
+            tiled = 0;
+        }
+    }
+#endif
+    /* the same model: both caches hold the same element type (f32 when downloaded) */
+    const size_t elt = sd_kv_elt(kv), Dh = (size_t)kv->head_dim, row = Dh * elt;
+    for (int l = 0; st == SD_OK && l < kv->n_layers * kv->n_kv_heads; l++) {
+        /* where head l begins in each */
+        const char *ha = (const char *)ka + (size_t)l * sa * row;
+        const char *hf = (const char *)kf + (size_t)l * sf * row;
+        for (int i = 0; i < n; i++) {
+            const size_t a = ((size_t)l * sa + (size_t)i) * row;
+            const size_t f = ((size_t)l * sf + (size_t)i) * row;
+            int same = memcmp((const char *)va + a, (const char *)vf + f, row) == 0 &&
+                       kv->pos[i] == fresh->pos[i];
+            for (size_t d = 0; same && d < Dh; d++) {
+                const size_t at = tiled ? sd_key_at(i, (int)d, (int)Dh) : (size_t)i * Dh + d;
+                same = memcmp(ha + at * elt, hf + at * elt, elt) == 0;
+            }
+            if (!same) {
+                st = sd_set_error(SD_ERR_INTERNAL,
+                                  "cache check after step %d: the %s cache's slot %d (token %d) "
+                                  "differs from a fresh forward in layer %d",
+                                  step, who, i, (int)toks[i], l / kv->n_kv_heads);
+                break;
+            }
+        }
+    }
+    free(dl);
+    sd_kv_cache_free(fresh);
+    return st;
+}
+
+sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt, int n_prompt,
+                             const sd_generate_params *p, const sd_sampling *s, int K, int ctx,
+                             int draft_rows, int32_t *out, sd_spec_stats *ss, double t_start) {
+    const int V = m->cfg.vocab_size;
+    memset(L, 0, sizeof(*L));
+    L->m = m;
+    L->s = *s;
+    L->seed = p->seed;
+    L->n_prompt = n_prompt;
+    L->len = n_prompt;
+    L->ss = ss;
+    L->t_start = t_start;
+    L->check_cache = p->check_cache;
+    L->p = p;
+    L->max_nodes = K;
+    sd_emitter_init(&L->e, m, p, out);
+    L->hist = malloc((size_t)(n_prompt + p->max_new_tokens) * sizeof(int32_t));
+    L->batch = malloc((size_t)(K + 1) * sizeof(int32_t));
+    L->chain = malloc((size_t)K * sizeof(int32_t));
+    if (L->hist == NULL || L->batch == NULL || L->chain == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < K; i++) {
+        L->chain[i] = i - 1;
+    }
+#ifdef SD_WITH_CUDA
+    if (m->cuda != NULL) { /* rows and distributions live on the device */
+        SD_TRY(sd_cuda_spec_create(&L->sp, m->cuda, K));
+        draft_rows = -1;
+    }
+#endif
+    if (draft_rows >= 0) {
+        L->logits = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
+        L->probs = malloc((size_t)(K + 1) * (size_t)V * sizeof(float));
+        L->fwork = malloc((size_t)V * sizeof(float));
+        L->iwork = malloc((size_t)V * sizeof(int32_t));
+        if (draft_rows) {
+            L->q = malloc((size_t)K * (size_t)V * sizeof(float));
+            L->dlog = malloc((size_t)V * sizeof(float));
+        }
+        if (L->logits == NULL || L->probs == NULL || L->fwork == NULL || L->iwork == NULL ||
+            (draft_rows && (L->q == NULL || L->dlog == NULL))) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory");
+        }
+    }
+    const int total = n_prompt + p->max_new_tokens;
+    SD_TRY(sd_kv_cache_create(&L->kv, m, total + K < ctx ? total + K : ctx));
+    memcpy(L->hist, prompt, (size_t)n_prompt * sizeof(int32_t));
+    if (n_prompt > 1) {
+        sd_batch b = {0};
+        b.n_tokens = n_prompt - 1;
+        b.tokens = prompt;
+        SD_TRY(sd_forward(m, L->kv, &b, NULL));
+    }
+    return SD_OK;
+}
+
+sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_reason *reason) {
+    *n_out = L->e.n;
+    if (reason != NULL) {
+        *reason = L->e.reason;
+    }
+    L->ss->time_total_s = sd_now_s() - L->t_start;
+#ifdef SD_WITH_CUDA
+    sd_cuda_spec_free(L->sp);
+#endif
+    if (L->d != NULL) {
+        L->d->ops->end(L->d, L->dstate);
+    }
+    sd_kv_cache_free(L->kv);
+    free(L->hist);
+    free(L->batch);
+    free(L->chain);
+    free(L->logits);
+    free(L->probs);
+    free(L->fwork);
+    free(L->iwork);
+    free(L->q);
+    free(L->dlog);
+    free(L->e.text);
+    return st;
+}
+
+int sd_spec_room(const sd_spec_loop *L) {
+    const int K = L->max_nodes;
+    int k = L->p->max_new_tokens - L->e.n - 1;
+    k = k < K ? k : K;
+    k = k < L->kv->capacity - L->len ? k : L->kv->capacity - L->len;
+    return k < 0 ? 0 : k;
+}
+
+sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next) {
+    sd_spec_stats *ss = L->ss;
+    ss->steps++;
+    ss->drafted += k;
+    ss->accepted += n_acc;
+    for (int i = 0; i < k; i++) {
+        ss->drafted_at[i]++;
+        ss->accepted_at[i] += i < n_acc;
+    }
+    for (int i = 0; i <= n_acc && !L->e.done; i++) {
+        const int32_t tok = i < n_acc ? L->batch[1 + i] : next;
+        L->hist[L->len++] = tok;
+        SD_TRY(sd_emit(&L->e, tok));
+    }
+    /* roll back: keep last + the accepted drafts that were emitted */
+    SD_TRY(sd_kv_cache_set_length(L->kv, L->len - 1));
+    return L->check_cache ? sd_spec_check_cache(L->m, L->kv, L->hist, L->len - 1, L->n_prompt - 1,
+                                                "target", ss->steps)
+                          : SD_OK;
+}
+
+/* ---- verify and accept ---------------------------------------------------------------------- */
+
+#ifdef SD_WITH_CUDA
+/* The verify step of a CUDA target: the forward over [last, d1 .. dk] (drafts from the
+ * device batch for model drafters, else from L->batch), the processing and the chain rule on
+ * the device, and one copy of the result back: the step's one synchronisation. */
+static sd_status spec_verify_cuda(sd_spec_loop *L, int k, int with_q, int *n_acc_out,
+                                  int *k_used_out, int32_t *next_out) {
+    sd_batch b = {0};
+    b.n_tokens = k + 1;
+    b.tokens = L->batch;
+    b.n_logits = k + 1;
+    SD_TRY(sd_forward_ex(L->m, L->kv, &b, NULL, with_q ? sd_cuda_spec_batch(L->sp) : NULL));
+    const sd_cuda_sampling cs = sd_cuda_sampling_of(&L->s);
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
+    int n_acc = 0, k_used = k;
+    int32_t next = 0;
+    SD_TRY(sd_cuda_spec_verify(L->sp, L->m->cuda, k, with_q, &cs, L->seed, pos, &n_acc,
+                               with_q ? L->batch + 1 : NULL, &next, &k_used));
+    *n_acc_out = n_acc;
+    *k_used_out = k_used;
+    *next_out = next;
+    return SD_OK;
+}
+#endif
+
+/* Where the next run of a verify batch's rows to process ends, after `have` of its k + 1: runs
+ * of 2, 2, 4, 8, ... rows, so the chain rule runs a few times at most. */
+static int rows_next(int have, int k) {
+    const int run = have < 2 ? 2 : have;
+    return have + run < k + 1 ? have + run : k + 1;
+}
+
+sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int *k_used_out,
+                         int32_t *next_out) {
+#ifdef SD_WITH_CUDA
+    if (L->sp != NULL) {
+        return spec_verify_cuda(L, k, with_q, n_acc_out, k_used_out, next_out);
+    }
+#endif
+    const int V = L->m->cfg.vocab_size;
+    sd_batch b = {0};
+    b.n_tokens = k + 1;
+    b.tokens = L->batch;
+    b.n_logits = k + 1; /* in one pass: the head's weights are read once for all rows */
+    SD_TRY(sd_forward(L->m, L->kv, &b, L->logits));
+    /* uniforms keyed by the output position they decide: none is ever used twice */
+    double ua[SD_MAX_DRAFT], un[SD_MAX_DRAFT + 1];
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
+    for (int i = 0; i <= k; i++) {
+        if (i < k) {
+            ua[i] = sd_rng_uniform(L->seed, SD_STREAM_ACCEPT, pos + (uint64_t)i);
+        }
+        un[i] = sd_rng_uniform(L->seed, SD_STREAM_EMIT, pos + (uint64_t)i);
+    }
+    /* The rows processed a run at a time, each run only once every draft before it is
+     * accepted: the rows after a rejected draft are never processed (when sampling, a softmax
+     * of the vocabulary each). The chain rule decides draft by draft, so it goes on from the
+     * first undecided draft over the rows there are; when it rejects one, its decision is the
+     * rule's over all k, and the step goes on only when all were accepted. */
+    int have = 0, n_acc = 0; /* rows processed; drafts accepted */
+    for (;;) {
+        const int want = rows_next(have, k);
+        for (int r = have; r < want; r++) {
+            sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s,
+                              L->iwork);
+        }
+        have = want;
+        int32_t next = 0;
+        n_acc += sd_verify_chain(&next, L->probs + (size_t)n_acc * V,
+                                 with_q ? L->q + (size_t)n_acc * V : NULL, L->batch + 1 + n_acc,
+                                 have - 1 - n_acc, V, ua + n_acc, un + n_acc, L->fwork);
+        if (n_acc < have - 1 || have == k + 1) {
+            *n_acc_out = n_acc;
+            *k_used_out = k;
+            *next_out = next;
+            return SD_OK;
+        }
+    }
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+sd_status sd_spec_step(sd_spec_loop *L) {
+    sd_spec_stats *ss = L->ss;
+    const sd_drafter *d = L->d;
+    const double t0 = sd_now_s();
+    sd_draft dr;
+    memset(&dr, 0, sizeof(dr));
+    SD_TRY(d->ops->propose(d, L->dstate, L, sd_spec_room(L), &dr));
+    if (dr.n < 0 || dr.n > sd_spec_room(L) || (dr.q != NULL && dr.q != L->q)) {
+        return sd_set_error(SD_ERR_INTERNAL, "the %s drafter proposed %d nodes (room for %d)",
+                            d->ops->name, dr.n, sd_spec_room(L));
+    }
+    if (!dr.on_device) {
+        for (int i = 0; i < dr.n; i++) { /* chains only, until tree verification */
+            if (dr.parent[i] != i - 1) {
+                return sd_set_error(SD_ERR_UNSUPPORTED,
+                                    "the %s drafter proposed a tree (node %d's parent is %d); "
+                                    "only chains are verified so far",
+                                    d->ops->name, i, (int)dr.parent[i]);
+            }
+        }
+        if (dr.n > 0 && dr.tokens != L->batch + 1) {
+            memmove(L->batch + 1, dr.tokens, (size_t)dr.n * sizeof(int32_t));
+        }
+    }
+    L->batch[0] = L->hist[L->len - 1];
+    const double t1 = sd_now_s();
+    /* verify, accept (emit the kept tokens, roll the cache back), commit (the drafter) */
+    int n_acc = 0, k_used = 0;
+    int32_t next = 0;
+    sd_status st = sd_spec_verify(L, dr.n, dr.q != NULL || dr.on_device, &n_acc, &k_used, &next);
+    if (st == SD_OK) {
+        st = sd_spec_accept(L, k_used, n_acc, next);
+    }
+    if (st == SD_OK && !L->e.done) {
+        st = d->ops->commit(d, L->dstate, L, &dr, n_acc, next);
+    }
+    ss->time_draft_s += t1 - t0;
+    ss->time_verify_s += sd_now_s() - t1;
+    return st;
+}
+
+sd_status sd_generate_speculative(int32_t *out, int *n_out, sd_finish_reason *reason,
+                                  sd_spec_stats *stats, sd_model *m, const sd_drafter *d,
+                                  const int32_t *prompt, int n_prompt,
+                                  const sd_generate_params *p) {
+    const double t_start = sd_now_s();
+    sd_spec_stats local;
+    sd_spec_stats *ss = stats != NULL ? stats : &local;
+    *n_out = 0;
+    if (reason != NULL) {
+        *reason = SD_FINISH_LENGTH;
+    }
+    memset(ss, 0, sizeof(*ss));
+    if (d == NULL) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "speculative decoding needs a drafter");
+    }
+    sd_sampling s;
+    SD_TRY(sd_decode_check(m, prompt, n_prompt, p, &s));
+    SD_TRY(d->ops->check(d, m, n_prompt, p->max_new_tokens));
+    if (p->max_new_tokens == 0) {
+        return SD_OK;
+    }
+    const int ctx = m->cfg.context_length < d->context ? m->cfg.context_length : d->context;
+    sd_spec_loop L;
+    sd_status st = sd_spec_loop_begin(&L, m, prompt, n_prompt, p, &s, d->max_nodes, ctx, d->wants_q,
+                                      out, ss, t_start);
+    if (st == SD_OK) {
+        L.d = d;
+        L.draft_cost = d->ops->cost(d, m);
+        st = d->ops->begin(d, &L.dstate, &L);
+    }
+    while (st == SD_OK && !L.e.done) {
+        st = sd_spec_step(&L);
+    }
+    return sd_spec_loop_end(&L, st, n_out, reason);
+}
+
+/* ---- drafting with a model (a draft model, or the target's first layers) ------------------- */
+
+/* The largest probability of softmax(logits): how sure a greedy draft is of its token. */
+static double top_prob(const float *logits, int V) {
+    const float mx = logits[sd_argmax(logits, V)];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) {
+        sum += exp((double)(logits[i] - mx));
+    }
+    return 1.0 / sum;
+}
+
+#ifdef SD_WITH_CUDA
+/* draft_autoregressive on the device: each draft forward reads the token the previous pick
+ * wrote (no copy to the host); a p_min cut marks the draft's end on the device, and the verify
+ * step uses only the drafts before it. The draft model's stream and the target's are joined
+ * around the drafting, which shares the step's device buffers with the verify. */
+static sd_status draft_cuda(sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers, int k,
+                            float p_min) {
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt);
+    const int have = sd_kv_cache_length(dkv);
+    L->batch[0] = L->hist[L->len - 1];
+    SD_TRY(sd_cuda_model_join(dm->cuda, L->m->cuda));
+    SD_TRY(sd_cuda_spec_begin(L->sp, dm->cuda, L->batch[0], k));
+    const sd_cuda_sampling cs = sd_cuda_sampling_of(&L->s);
+    for (int i = 0; i < k; i++) {
+        sd_batch b = {0};
+        b.n_tokens = i == 0 ? L->len - have : 1;
+        b.tokens = i == 0 ? L->hist + have : NULL;
+        b.n_logits = 1;
+        b.n_layers = n_layers;
+        SD_TRY(sd_forward_ex(dm, dkv, &b, NULL, i == 0 ? NULL : sd_cuda_spec_next_input(L->sp)));
+        SD_TRY(sd_cuda_spec_draft_pick(L->sp, dm->cuda, i, &cs, L->seed, pos, p_min));
+    }
+    return sd_cuda_model_join(L->m->cuda, dm->cuda);
+}
+#endif
+
+sd_status sd_spec_draft_autoregressive(sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
+                                       int n_layers, int *k, float p_min) {
+#ifdef SD_WITH_CUDA
+    if (L->sp != NULL) {
+        return draft_cuda(L, dm, dkv, n_layers, *k, p_min);
+    }
+#endif
+    const int V = dm->cfg.vocab_size;
+    const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
+    const int have = sd_kv_cache_length(dkv);
+    L->batch[0] = L->hist[L->len - 1];
+    for (int i = 0; i < *k; i++) {
+        sd_batch b = {0};
+        b.n_tokens = i == 0 ? L->len - have : 1;
+        b.tokens = i == 0 ? L->hist + have : &L->batch[i];
+        b.n_logits = 1;
+        b.n_layers = n_layers;
+        SD_TRY(sd_forward(dm, dkv, &b, L->dlog));
+        float *qi = L->q + (size_t)i * V;
+        sd_process_logits(qi, L->dlog, V, &L->s, L->iwork);
+        const double u = sd_rng_uniform(L->seed, SD_STREAM_DRAFT, pos + (uint64_t)i);
+        const int32_t d = L->s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
+        L->batch[1 + i] = d;
+        if (p_min > 0.0f &&
+            (L->s.temperature == 0.0f ? top_prob(L->dlog, V) : (double)qi[d]) < (double)p_min) {
+            *k = i + 1;
+            break;
+        }
+    }
+    return SD_OK;
+}
+
+sd_status sd_spec_model_propose(sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers,
+                                const sd_draft_params *dp, int room, sd_draft *out) {
+    int k = sd_model_draft_k(dp, L->ss, L->draft_cost, room);
+    SD_TRY(sd_spec_draft_autoregressive(L, dm, dkv, n_layers, &k, dp->p_min));
+    out->n = k;
+    out->tokens = L->batch + 1;
+    out->parent = L->chain;
+    out->q = L->sp == NULL ? L->q : NULL;
+    out->on_device = L->sp != NULL;
+    return SD_OK;
+}
+
+/* ---- benchmarks: synthetic acceptance ------------------------------------------------------ */
+
+sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_model *m,
+                             const int32_t *prompt, int n_prompt, int max_new_tokens, int k,
+                             double alpha, uint64_t seed) {
+    const double t_start = sd_now_s();
+    sd_spec_stats local;
+    sd_spec_stats *ss = stats != NULL ? stats : &local;
+    sd_generate_params p = sd_generate_default_params();
+    p.max_new_tokens = max_new_tokens;
+    p.seed = seed;
+    sd_sampling s;
+    *n_out = 0;
+    memset(ss, 0, sizeof(*ss));
+    SD_TRY(sd_decode_check(m, prompt, n_prompt, &p, &s));
+    SD_TRY(sd_check_max_draft(k));
+    if (!(alpha >= 0.0 && alpha <= 1.0)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "alpha must be in [0, 1], got %g", alpha);
+    }
+    if (max_new_tokens == 0) {
+        return SD_OK;
+    }
+    const int V = m->cfg.vocab_size;
+    sd_spec_loop L;
+    sd_status st = sd_spec_loop_begin(&L, m, prompt, n_prompt, &p, &s, k, m->cfg.context_length, 0,
+                                      out, ss, t_start);
+    while (st == SD_OK && !L.e.done) {
+        const double t0 = sd_now_s();
+        /* free drafting: copies of the last token, valid ids whose values do not matter */
+        const int kk = sd_spec_room(&L);
+        L.batch[0] = L.hist[L.len - 1];
+        for (int i = 0; i < kk; i++) {
+            L.batch[1 + i] = L.batch[0];
+        }
+        const double t1 = sd_now_s();
+        const uint64_t pos = (uint64_t)(L.len - L.n_prompt);
+        int n_acc = 0;
+        int32_t next = 0;
+        sd_batch b = {0};
+        b.n_tokens = kk + 1;
+        b.tokens = L.batch;
+        b.n_logits = kk + 1;
+#ifdef SD_WITH_CUDA
+        if (L.sp != NULL) {
+            st = sd_forward_ex(m, L.kv, &b, NULL, NULL);
+            if (st == SD_OK) {
+                st = sd_cuda_spec_synthetic(L.sp, m->cuda, kk, alpha, seed, pos, &n_acc, &next);
+            }
+        } else
+#endif
+        {
+            st = sd_forward(m, L.kv, &b, L.logits);
+            if (st == SD_OK) {
+                n_acc = sd_verify_synthetic(kk, alpha, seed, pos);
+                next = sd_argmax(L.logits + (size_t)n_acc * (size_t)V, V);
+            }
+        }
+        if (st == SD_OK) {
+            st = sd_spec_accept(&L, kk, n_acc, next);
+        }
+        ss->time_draft_s += t1 - t0;
+        ss->time_verify_s += sd_now_s() - t1;
+    }
+    return sd_spec_loop_end(&L, st, n_out, NULL);
+}

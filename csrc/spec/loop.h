@@ -1,0 +1,102 @@
+/* loop.h — the speculative loop as a step on one sequence, what a drafter sees of it, and the
+ * services drafters share (drafting with a model, the cache self-check).
+ *
+ * A sequence is one request: the target's cache, the text so far, the verify batch and its
+ * rows, the emitter and the statistics. sd_spec_step runs one step on it:
+ *   propose — the drafter proposes nodes after the text (drafter.h);
+ *   verify  — one target forward over [last, nodes] gives every node's distribution at once,
+ *             and the chain rule of verify.h keeps a prefix and picks one more token;
+ *   accept  — the kept tokens are emitted and the cache rolls back to them (its length set);
+ *   commit  — the drafter hears what was kept and rolls its own state back.
+ * The phases are separate functions so that a scheduler can later gather the verify forwards
+ * of several sequences into one batch. */
+#ifndef SD_LOOP_H
+#define SD_LOOP_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "spec/decode.h"
+#include "spec/drafter.h"
+#include "spec/verify.h"
+#include "specdec.h"
+
+struct sd_cuda_spec;
+
+typedef struct sd_spec_loop {
+    sd_model *m;
+    sd_kv_cache *kv; /* holds hist[0 .. len - 2]: all but the last token */
+    sd_sampling s;
+    uint64_t seed;
+    int n_prompt;
+    int max_nodes;  /* the drafter's most nodes per step (K) */
+    int32_t *hist;  /* (n_prompt + max_new_tokens) prompt + output */
+    int len;        /* tokens in hist */
+    int32_t *batch; /* (K + 1) the verify batch: last, d1 .. dK */
+    int32_t *chain; /* (K) parents of a chain: -1, 0, 1, ... */
+    float *logits;  /* (K + 1, V) */
+    float *probs;   /* (K + 1, V) */
+    float *fwork;   /* (V) */
+    float *q;       /* (K, V) the drafts' distributions (drafters that have them), else NULL */
+    float *dlog;    /* (V) a draft forward's logits, with q */
+    int32_t *iwork; /* (V) */
+    sd_emitter e;
+    const sd_generate_params *p;
+    sd_spec_stats *ss;
+    double t_start;
+    int check_cache;         /* sd_generate_params.check_cache */
+    struct sd_cuda_spec *sp; /* a CUDA target's device state of the call, else NULL */
+    const sd_drafter *d;
+    void *dstate;      /* the drafter's state of this request */
+    double draft_cost; /* d's cost of one draft token relative to a target forward */
+} sd_spec_loop;
+
+/* Allocates a sequence for drafts of up to K tokens (with rows for their distributions when
+ * draft_rows) over a target cache of prompt + output + K slots, at most ctx, and prefills all of
+ * the prompt but its last token. On failure the sequence still needs sd_spec_loop_end. */
+sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt, int n_prompt,
+                             const sd_generate_params *p, const sd_sampling *s, int K, int ctx,
+                             int draft_rows, int32_t *out, sd_spec_stats *ss, double t_start);
+/* Reports what was emitted, frees the sequence and passes on its status. */
+sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_reason *reason);
+/* The most drafts the next step may carry: no more than can be emitted, nor past the cache. */
+int sd_spec_room(const sd_spec_loop *L);
+
+/* One step of the drafter's loop (propose, verify, accept, commit), timed into L->ss. */
+sd_status sd_spec_step(sd_spec_loop *L);
+
+/* The phases of a step. verify: the target scores L->batch = [last, d1 .. dk] in one forward
+ * and the chain rule keeps a prefix (with_q: the drafts' distributions are L->q (k, V), else
+ * the drafts are deterministic): *n_acc of *k_used drafts (a CUDA drafter may have cut its
+ * draft short on the device), and *next, the token after them. */
+sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc, int *k_used,
+                         int32_t *next);
+/* accept: the statistics, the kept drafts (batch[1 .. n_acc]) and the next token appended to
+ * hist and emitted (stopping where the emitter says), the target cache rolled back to all but
+ * the last token, and the self-check when asked. k: drafts verified. */
+sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next);
+
+/* Services for drafters. */
+
+/* Drafts up to *k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all)
+ * over the cache dkv, which holds a prefix of hist (at most all but the last token): the first
+ * forward feeds the rest of hist in one batch (the tokens the draft has not seen), the others
+ * one draft each. L->batch = [last, d1 .. dk], L->q[i] the processed row d(i+1) was taken from
+ * (greedy at temperature 0, else sampled). With p_min > 0 drafting stops after a token the
+ * draft gave less than p_min (its processed probability when sampling, its softmax probability
+ * when greedy); *k is set to the count. With *k == 0 nothing is fed. On a CUDA target the drafts
+ * and rows are written on the device. */
+sd_status sd_spec_draft_autoregressive(sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
+                                       int n_layers, int *k, float p_min);
+/* A model drafter's proposal (draft_model.c, layerskip.c): the draft length of
+ * sd_model_draft_k, drafted by sd_spec_draft_autoregressive with dm over dkv, as a chain in
+ * out (rows of L->q, or on the device for a CUDA target). */
+sd_status sd_spec_model_propose(sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv, int n_layers,
+                                const sd_draft_params *dp, int room, sd_draft *out);
+/* The check_cache self-check: kv must hold toks[0 .. n) in slots [0, n) exactly as a fresh
+ * forward over them writes it (the first n_first tokens in one batch, the rest in batches of
+ * at most SD_MAX_DRAFT + 1); `who` and `step` name a failure (SD_ERR_INTERNAL). */
+sd_status sd_spec_check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t *toks, int n,
+                              int n_first, const char *who, int step);
+
+#endif /* SD_LOOP_H */
