@@ -325,3 +325,41 @@ def test_activation_quantization_portable_twin_gives_the_same_bytes():
     assert out["simd"] == "scalar"
     for r, hexed in zip(rows, out["q"]):
         assert _core.quantize_q8(r) == bytes.fromhex(hexed)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_repacked_tiles_every_chunk_of_a_batch(name):
+    """The AVX2 tiles over repacked rows take a batch of up to 16 tokens per pass over the
+    weights, in chunks of at most 5 tokens (9 tokens: 5 and 4; 16: four of 4), and add the
+    eight groups of a nibble block in 16-bit lanes before widening. Every batch size from 1 to
+    18 and rows of one block (n = 32), of an odd count of blocks (n = 96), and of 8192 (one
+    group of tokens interleaved at a time): each token's row has the bits it gets alone, and
+    stays within float rounding of the portable kernel; weights and activations at the ends of
+    their ranges (every nibble 15 or 0, Q8_0 bytes -128 and 127, activations +-127) probe the
+    16-bit sums."""
+    type_id = quantref.BY_NAME[name]
+    rng = np.random.default_rng(41 + type_id)
+    for nrows, n in ((8, 32), (24, 96), (16, 8192)):
+        blocks = quantref.random_blocks(type_id, nrows * n // 32, rng)
+        raw = blocks.view(np.uint8).reshape(nrows * n // 32, -1).copy()
+        if name == "Q8_0":
+            raw[0, 2:] = 0x80  # -128 everywhere in the first block of row 0
+            raw[1, 2:] = 0x7F
+        else:
+            raw[0, -16:] = 0xFF  # all nibbles 15
+            raw[1, -16:] = 0x00
+        data = raw.tobytes()
+        x = rng.standard_normal((18, n)).astype(np.float32)
+        x[:, :32] = np.where(np.arange(32) % 2 == 0, 1.0, -1.0)  # quantizes to +-127
+        x[3, :32] = 1.0
+        x[:, 7 % n] *= 30.0
+        for T in range(1, 19):
+            batch = _core.matmul_rows(type_id, data, nrows, n, x[:T], 0)
+            port = _core.matmul_rows(type_id, data, nrows, n, x[:T], 1)
+            np.testing.assert_allclose(batch, port, rtol=1e-5,
+                                       atol=1e-5 * float(np.abs(port).max()),
+                                       err_msg=f"{name} n {n} T {T}")
+            for t in (0, T // 2, T - 1):
+                alone = _core.matmul_rows(type_id, data, nrows, n, x[t:t + 1], 0)
+                np.testing.assert_array_equal(batch[t], alone[0],
+                                              err_msg=f"{name} n {n} T {T} t {t}")
