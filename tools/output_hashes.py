@@ -8,6 +8,9 @@ It uses only the public API (``specdec.generate``), so it runs unchanged on both
 
     python tools/output_hashes.py --write /tmp/before.json
     python tools/output_hashes.py --check /tmp/before.json
+
+It hashes the specdec that `import specdec` finds (it prints which): an installed package, or
+with PYTHONPATH set to a source tree, that tree's in-place build.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def main() -> int:
     g.add_argument("--check", help="compare with the hashes in this JSON file")
     ap.add_argument("--no-smollm2", action="store_true", help="tiny models only")
     args = ap.parse_args()
+    print(f"hashing the outputs of {specdec.__file__}")
 
     out: dict = {}
     with tempfile.TemporaryDirectory() as d:
