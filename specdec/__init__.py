@@ -24,5 +24,6 @@ from .speculators import (DraftModel, LayerSkip, PromptLookup, SpecStats, Specul
                           TokenRecycling)
 
 __all__ = ["DraftModel", "Generation", "KVCache", "LayerSkip", "Model", "ModelConfig",
-           "PromptLookup", "SpecStats", "Speculator", "TokenRecycling", "dummy_model", "generate", "load", "stream"]
+           "PromptLookup", "SpecStats", "Speculator", "TokenRecycling", "dummy_model", "generate",
+           "load", "stream"]
 __version__ = "0.1.0"

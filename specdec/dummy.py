@@ -124,7 +124,8 @@ def synthetic_speculation(model: Model, prompt: Sequence[int], *, alpha: float, 
     the model's output and are not returned.
     """
     # ranges are the C core's to check (sd_bench_synthetic names the parameter)
-    tokens, stats = model._core.bench_synthetic(list(prompt), _int("max_new_tokens", max_new_tokens),
-                                                _int("k", k), _number("alpha", alpha), seed)
+    tokens, stats = model._core.bench_synthetic(
+        list(prompt), _int("max_new_tokens", max_new_tokens), _int("k", k),
+        _number("alpha", alpha), seed)
     s = SpecStats.from_core(stats, len(tokens))
     return SyntheticRun(tokens=len(tokens), stats=s, time_s=stats["time_total_s"])

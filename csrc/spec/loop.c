@@ -196,9 +196,6 @@ int sd_spec_room(const sd_spec_loop *L) {
     return k < 0 ? 0 : k;
 }
 
-static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int n_acc,
-                                  int32_t next);
-
 int sd_spec_tree_room(const sd_spec_loop *L, int *depth) {
     int d = L->p->max_new_tokens - L->e.n - 1;
     *depth = d < 0 ? 0 : d;
@@ -209,10 +206,6 @@ int sd_spec_tree_room(const sd_spec_loop *L, int *depth) {
     const int next_run = (L->len / SD_ATTN_CHUNK + 1) * SD_ATTN_CHUNK;
     n = n < next_run - L->len ? n : next_run - L->len;
     return n < 0 || *depth == 0 ? 0 : n;
-}
-
-sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next) {
-    return spec_accept_tree(L, k, NULL, n_acc, next);
 }
 
 /* sd_spec_accept for k nodes of a tree of depth[i] (NULL: a chain, node i at depth i + 1): the
@@ -242,6 +235,10 @@ static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int 
     return L->check_cache ? sd_spec_check_cache(L->m, L->kv, L->hist, L->len - 1, L->n_prompt - 1,
                                                 "target", ss->steps)
                           : SD_OK;
+}
+
+sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next) {
+    return spec_accept_tree(L, k, NULL, n_acc, next);
 }
 
 /* ---- verify and accept ---------------------------------------------------------------------- */
@@ -405,6 +402,7 @@ static sd_status check_tree(const sd_drafter *d, const sd_draft *dr, const sd_sp
                             int *depth, int *chain) {
     int depth_room = 0;
     const int tree_room = sd_spec_tree_room(L, &depth_room);
+    int deepest = 0;
     *chain = 1;
     if (dr->n < 0 || dr->n > SD_MAX_TREE || (dr->q != NULL && dr->q != L->q)) {
         return sd_set_error(SD_ERR_INTERNAL, "the %s drafter proposed %d nodes", d->ops->name,
@@ -417,16 +415,14 @@ static sd_status check_tree(const sd_drafter *d, const sd_draft *dr, const sd_sp
                                 d->ops->name, i, p);
         }
         depth[i] = p < 0 ? 1 : depth[p] + 1;
+        deepest = depth[i] > deepest ? depth[i] : deepest;
         *chain &= p == i - 1;
     }
     const int room = *chain ? sd_spec_room(L) : tree_room;
-    for (int i = 0; i < dr->n; i++) {
-        if (depth[i] > depth_room || dr->n > room) {
-            return sd_set_error(SD_ERR_INTERNAL,
-                                "the %s drafter proposed %d nodes %d deep (room for %d, %d "
-                                "deep)",
-                                d->ops->name, dr->n, depth[i], room, depth_room);
-        }
+    if (dr->n > room || deepest > depth_room) {
+        return sd_set_error(SD_ERR_INTERNAL,
+                            "the %s drafter proposed %d nodes %d deep (room for %d, %d deep)",
+                            d->ops->name, dr->n, deepest, room, depth_room);
     }
     return SD_OK;
 }
