@@ -365,9 +365,39 @@ void sd_drafter_free(sd_drafter *drafter);
  * the KV cache rolls back to the accepted prefix. Same arguments and stopping rules as
  * sd_generate; stats may be NULL. */
 sd_status sd_generate_speculative(int32_t *out, int *n_out, sd_finish_reason *reason,
-                                  sd_spec_stats *stats, sd_model *target,
-                                  const sd_drafter *drafter, const int32_t *prompt, int n_prompt,
+                                  sd_spec_stats *stats, sd_model *target, const sd_drafter *drafter,
+                                  const int32_t *prompt, int n_prompt,
                                   const sd_generate_params *params);
+
+/* ---- sequences: one request decoded a step at a time ------------------------------------------
+ *
+ * sd_generate and sd_generate_speculative create a sequence and step it to its end. Stepping it
+ * yourself gives the thread that owns a request control between steps: to stream the tokens, to
+ * notice an interrupt or a cancellation, to let the requests of other threads take turns on the
+ * same model. The output, and every bit of it, is the same however the steps are driven. */
+typedef struct sd_sequence sd_sequence;
+
+/* Checks everything sd_generate(_speculative) checks (drafter NULL: plain decoding; else its
+ * target checks too), copies the prompt and the parameters' arrays and allocates the caches;
+ * computes nothing. A sequence with max_new_tokens == 0 is created done. The model (and a
+ * draft model) must not run anything else during a step, and must outlive the sequence; the
+ * drafter too. params->on_token is called during steps, as in sd_generate. */
+sd_status sd_sequence_create(sd_sequence **out, sd_model *model, const sd_drafter *drafter,
+                             const int32_t *prompt, int n_prompt, const sd_generate_params *params);
+/* One step: a part of a long prompt (about 50 ms of it on the CPU), or one
+ * token of plain decoding, or one speculative step (draft, verify, accept: one or more tokens).
+ * *n_new receives the tokens it appended to the output (possibly 0). After a failed step, or
+ * once the sequence is done, a step is an error (SD_ERR_INVALID_ARG). */
+sd_status sd_sequence_step(sd_sequence *seq, int *n_new);
+/* 1 once generation has ended (a stop rule, or a failed step), else 0. */
+int sd_sequence_done(const sd_sequence *seq);
+sd_finish_reason sd_sequence_finish_reason(const sd_sequence *seq);
+/* The output so far ((*n) tokens, valid until the next step or the free). */
+const int32_t *sd_sequence_tokens(const sd_sequence *seq, int *n);
+/* A speculative sequence's statistics so far (time_total_s since its creation); NULL for plain
+ * decoding. */
+const sd_spec_stats *sd_sequence_stats(const sd_sequence *seq);
+void sd_sequence_free(sd_sequence *seq);
 
 /* ---- benchmarks ---------------------------------------------------------------------------- */
 

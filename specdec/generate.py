@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 from .model import Model, TokenIds
 from .speculators import SpecStats, Speculator, _int, _number
@@ -49,6 +47,90 @@ def encode_prompt(model: Model, prompt: Prompt) -> List[int]:
     return prompt  # ids: validated by the C boundary
 
 
+class _Call:
+    """One generate/stream call: the arguments checked and converted, the prompt encoded, and
+    the core sequence that decodes it a step at a time (nothing computed yet)."""
+
+    def __init__(self, model: Model, prompt: Prompt, max_new_tokens: Any, temperature: Any,
+                 seed: Optional[int], stop_tokens: Optional[Sequence[int]],
+                 stop: Optional[Sequence[str]], top_k: Any, top_p: Any, min_p: Any,
+                 speculator: Optional[Speculator]) -> None:
+        # types are checked here, ranges by the C core (its messages name the parameter)
+        max_new_tokens = _int("max_new_tokens", max_new_tokens)
+        temperature = _number("temperature", temperature)
+        top_k = _int("top_k", top_k)
+        top_p = _number("top_p", top_p)
+        min_p = _number("min_p", min_p)
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little")
+        if not 0 <= _int("seed", seed) < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        if speculator is not None and not isinstance(speculator, Speculator):
+            raise TypeError(f"speculator must be a specdec.Speculator (PromptLookup, DraftModel, "
+                            f"LayerSkip, ...) or None, got {type(speculator).__name__}")
+        if speculator is not None:
+            speculator.check_target(model)
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop is not None and not all(isinstance(s, str) and s for s in stop):
+            raise ValueError("stop must be a list of non-empty strings")
+        text_in = isinstance(prompt, str) or _is_messages(prompt)
+        try:
+            tok = model.tokenizer
+        except ValueError:
+            if text_in or stop:
+                raise
+            tok = None  # an unsupported tokenizer does not stop decoding from token ids
+        if text_in and tok is None:
+            model.require_tokenizer()  # stop strings without a tokenizer: the C core says so
+        if stop_tokens is None:
+            stop_tokens = sorted(tok.eog_ids) if tok is not None else model.eos_ids()
+        self.tok = tok
+        self.stop: List[str] = list(stop or [])
+        self.stop_ids = set(stop_tokens) if stop_tokens is not None else set()
+        self.ids = encode_prompt(model, prompt)
+        self.t0 = time.perf_counter()
+        self.seq = model._core.sequence(
+            self.ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+            stop_ids=None if stop_tokens is None else list(stop_tokens),
+            stop_strings=[s.encode("utf-8") for s in self.stop] or None,
+            top_k=top_k, top_p=top_p, min_p=min_p,
+            drafter=None if speculator is None else speculator.drafter())
+
+    def result(self, tokens: List[int], reason: str) -> Generation:
+        """The Generation of these tokens; frees the sequence."""
+        elapsed = time.perf_counter() - self.t0
+        core_stats = self.seq.stats
+        self.seq.close()
+        text = None
+        if self.tok is not None:
+            body = tokens[:-1] if reason == "stop_token" else tokens
+            text = self.tok.decode(body)
+            if reason == "stop_string":
+                # the C loop matched the raw bytes; a vocabulary whose decoding cleans up spaces
+                # could hide the match from the text, which is then left whole
+                cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0),
+                          default=len(text))
+                text = text[:cut]
+        stats = None if core_stats is None else SpecStats.from_core(core_stats, len(tokens))
+        return Generation(tokens=tokens, prompt_tokens=[int(t) for t in self.ids], text=text,
+                          finish_reason=reason, time_s=elapsed, stats=stats)
+
+
+def _run(seq: Any, on_token: Optional[Callable[[int], Any]]) -> Tuple[List[int], str]:
+    """Steps a core sequence to its end in this thread, calling on_token with each new token (a
+    true result cancels after that token); the tokens and the finish reason."""
+    n = 0
+    while not seq.done:
+        new = seq.step()
+        if on_token is not None:
+            for i, t in enumerate(new):
+                if on_token(t):
+                    return seq.tokens[:n + i + 1], "cancelled"
+        n += len(new)
+    return seq.tokens, seq.finish_reason
+
+
 def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: float = 0.0,
              seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
              stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
@@ -80,64 +162,27 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
             :class:`specdec.LayerSkip`: speculative decoding whose output is the target's own
             (identical at temperature 0, identically distributed when sampling); ``stats`` then
             reports drafts and acceptance.
-        on_token: called with each new token id as it is emitted (from the thread that called
-            ``generate``, holding the GIL, while the loop waits); a true result ends generation
-            after that token with ``finish_reason`` "cancelled"; an exception it raises ends
-            generation and propagates. See :func:`stream` for an iterator of text.
+        on_token: called with each new token id as it is emitted, in the thread that called
+            ``generate``, between decoding steps (a speculative step emits several tokens at
+            once); a true result ends generation after that token with ``finish_reason``
+            "cancelled"; an exception it raises ends generation and propagates. See
+            :func:`stream` for an iterator of text.
+
+    Decoding runs in C a step at a time (a part of a long prompt, one token, or one speculative
+    step) with the GIL released, so Ctrl-C raises KeyboardInterrupt between steps, and other
+    threads may generate with the same model at the same time: their steps take turns (each
+    request keeps its own cache; the output of each is the same as alone).
     """
-    # types are checked here, ranges by the C core (its messages name the parameter)
-    max_new_tokens = _int("max_new_tokens", max_new_tokens)
-    temperature = _number("temperature", temperature)
-    top_k = _int("top_k", top_k)
-    top_p = _number("top_p", top_p)
-    min_p = _number("min_p", min_p)
-    if seed is None:
-        seed = int.from_bytes(os.urandom(8), "little")
-    if not 0 <= _int("seed", seed) < 2**64:
-        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-    if speculator is not None and not isinstance(speculator, Speculator):
-        raise TypeError(f"speculator must be a specdec.Speculator (PromptLookup, DraftModel, "
-                        f"LayerSkip, ...) or None, got {type(speculator).__name__}")
-    if speculator is not None:
-        speculator.check_target(model)
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and not all(isinstance(s, str) and s for s in stop):
-        raise ValueError("stop must be a list of non-empty strings")
-    text_in = isinstance(prompt, str) or _is_messages(prompt)
+    call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
+                 min_p, speculator)
     try:
-        tok = model.tokenizer
-    except ValueError:
-        if text_in or stop:
-            raise
-        tok = None  # an unsupported tokenizer does not stop decoding from token ids
-    if text_in and tok is None:
-        model.require_tokenizer()  # stop strings without a tokenizer: the C core says so
-    if stop_tokens is None:
-        stop_tokens = sorted(tok.eog_ids) if tok is not None else model.eos_ids()
-    ids = encode_prompt(model, prompt)
-    t0 = time.perf_counter()
-    tokens, reason, core_stats = model._core.generate(
-        ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-        stop_ids=None if stop_tokens is None else list(stop_tokens),
-        stop_strings=None if not stop else [s.encode("utf-8") for s in stop],
-        top_k=top_k, top_p=top_p, min_p=min_p,
-        drafter=None if speculator is None else speculator.drafter(), on_token=on_token)
-    elapsed = time.perf_counter() - t0
-    text = None
-    if tok is not None:
-        body = tokens[:-1] if reason == "stop_token" else tokens
-        text = tok.decode(body)
-        if reason == "stop_string":
-            # the C loop matched the raw bytes; a vocabulary whose decoding cleans up spaces
-            # could hide the match from the text, which is then left whole
-            cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
-            text = text[:cut]
-    stats = None if core_stats is None else SpecStats.from_core(core_stats, len(tokens))
-    return Generation(tokens=tokens, prompt_tokens=[int(t) for t in ids], text=text,
-                      finish_reason=reason, time_s=elapsed, stats=stats)
+        tokens, reason = _run(call.seq, on_token)
+    except BaseException:
+        call.seq.close()
+        raise
+    return call.result(tokens, reason)
 
 
 def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: float = 0.0,
@@ -154,76 +199,42 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
     (:meth:`specdec.tokenizer.Tokenizer.incremental_decoder`), so the text costs time linear in
     its length. Arguments as for :func:`generate`.
     """
-    try:
-        tok = model.tokenizer
-    except ValueError:
-        tok = None
-    if stop_tokens is None and tok is not None:
-        stop_tokens = sorted(tok.eog_ids)
-    stop_set = set(stop_tokens) if stop_tokens is not None else set(model.eos_ids())
-    stop_list = [stop] if isinstance(stop, str) else list(stop or [])
-    hold = max((len(s) for s in stop_list), default=1) - 1
-    q: "queue.SimpleQueue" = queue.SimpleQueue()
-    cancel = threading.Event()
-    done: Dict[str, Any] = {}
-
-    def on_token(t: int) -> bool:
-        q.put(t)
-        return cancel.is_set()
-
-    def work() -> None:
-        try:
-            done["result"] = generate(model, prompt, max_new_tokens, temperature, seed,
-                                      stop_tokens, stop, top_k=top_k, top_p=top_p, min_p=min_p,
-                                      speculator=speculator, on_token=on_token)
-        except BaseException as e:  # re-raised in the consumer
-            done["error"] = e
-        finally:
-            q.put(None)
-
-    worker = threading.Thread(target=work, name="specdec.stream", daemon=True)
-    worker.start()
+    call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
+                 min_p, speculator)
+    seq, dec = call.seq, (call.tok.incremental_decoder() if call.tok is not None else None)
+    hold = max((len(s) for s in call.stop), default=1) - 1
     # Text is decoded incrementally (each token costs the same however long the output is):
     # `pending` is final text not yet yielded, `tail` the last `hold` characters yielded, so
     # that a stop string spanning both is found.
-    dec = tok.incremental_decoder() if tok is not None else None
     pieces: List[str] = []
     pending = tail = ""
-    stopped = finished = False
+    stopped = False
     try:
-        while True:
-            t = q.get()
-            if t is None:
-                finished = True
-                break
-            if dec is None:
-                yield t
-                continue
-            if t in stop_set or stopped:
-                continue  # a stop token ends the text without adding to it
-            pending += dec.push(t)
-            if not pending:
-                continue
-            window = tail + pending
-            safe = len(window) - hold
-            for s in stop_list:  # never past a stop string, even one the byte match missed
-                i = window.find(s)
-                if i >= 0:
-                    safe, stopped = min(safe, i), True
-            piece = pending[:max(0, safe - len(tail))]
-            if piece:
-                yield piece
-                pieces.append(piece)
-                pending = pending[len(piece):]
-                tail = (tail + piece)[-hold:] if hold else ""
+        while not seq.done:
+            for t in seq.step():
+                if dec is None:
+                    yield t
+                    continue
+                if t in call.stop_ids or stopped:
+                    continue  # a stop token ends the text without adding to it
+                pending += dec.push(t)
+                if not pending:
+                    continue
+                window = tail + pending
+                safe = len(window) - hold
+                for s in call.stop:  # never past a stop string, even one the byte match missed
+                    i = window.find(s)
+                    if i >= 0:
+                        safe, stopped = min(safe, i), True
+                piece = pending[:max(0, safe - len(tail))]
+                if piece:
+                    yield piece
+                    pieces.append(piece)
+                    pending = pending[len(piece):]
+                    tail = (tail + piece)[-hold:] if hold else ""
+        g = call.result(seq.tokens, seq.finish_reason)
     finally:
-        cancel.set()
-        while not finished:  # let the loop see the cancel and finish
-            finished = q.get() is None
-        worker.join()
-    if "error" in done:
-        raise done["error"]
-    g = done["result"]
+        seq.close()  # also when the consumer stops early: decoding ends with this step
     sent = "".join(pieces)
     if g.text is not None and g.text.startswith(sent) and len(g.text) > len(sent):
         yield g.text[len(sent):]

@@ -164,51 +164,45 @@ def ids_model(tmp_path_factory):
 
 @pytest.mark.parametrize("spec", list(SPECULATORS))
 def test_breaking_out_stops_decoding(ids_model, spec, monkeypatch):
-    """The consumer breaks out after two tokens of 200: the decoding loop itself ends there
-    (its Generation is "cancelled" after a few tokens), not only the consumer's view of it.
-
-    The loop runs in a worker thread and could finish all 200 tokens before the consumer acts;
-    so the loop's callback is wrapped to wait, from the third token on, until the consumer has
-    broken out, and then until stream() has asked the loop to stop (asking again each
-    millisecond: the repeated tokens go to a queue nobody reads any more). If stream() never
-    asks, the wait gives up after 10 s, once, and the loop runs on to 200 tokens."""
+    """The consumer breaks out after two tokens of 200: decoding itself ends there (no step runs
+    after the break, the sequence and its caches are freed), not only the consumer's view of
+    it. The core sequence is wrapped to count what its steps emit."""
     mod = sys.modules["specdec.generate"]
-    real_generate, results, broke = mod.generate, [], threading.Event()
+    steps: list = []
 
-    def spy(*args, on_token, **kwargs):
-        n = 0
+    class Counting:
+        def __init__(self, seq):
+            self.seq = seq
 
-        def waiting(t):
-            nonlocal n
-            n += 1
-            stop = on_token(t)
-            if n == 3 and not stop:  # once: a loop that is never asked to stop runs on
-                broke.wait(10)
-                deadline = time.monotonic() + 10
-                while not stop and time.monotonic() < deadline:
-                    time.sleep(0.001)
-                    stop = on_token(t)
-            return stop
+        def step(self):
+            steps.append(self.seq.step())
+            return steps[-1]
 
-        results.append(real_generate(*args, on_token=waiting, **kwargs))
-        return results[-1]
+        def __getattr__(self, name):
+            return getattr(self.seq, name)
 
-    monkeypatch.setattr(mod, "generate", spy)
+    real_init = mod._Call.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.seq = Counting(self.seq)
+
+    monkeypatch.setattr(mod._Call, "__init__", init)
     seen = []
     gen = specdec.stream(ids_model, [1, 2, 3], max_new_tokens=200, stop_tokens=[],
                          speculator=SPECULATORS[spec]())
     for t in gen:
         seen.append(t)
         if len(seen) == 2:
-            broke.set()
+            at_break = len(steps)
             break
     gen.close()
-    [g] = results
-    assert g.finish_reason == "cancelled", g.finish_reason
-    # the step that saw the cancel ends there (a speculative step may have emitted drafts
-    # after the third token before the callback of its last one)
-    assert 3 <= len(g.tokens) < 3 + 33 and g.tokens[:2] == seen
-    # the model is free again (the worker thread has finished)
+    emitted = [t for step in steps for t in step]
+    assert len(steps) == at_break, "a step ran after the consumer broke out"
+    # the last step may have emitted a speculative step's tokens past the two consumed
+    assert 2 <= len(emitted) < 2 + 33 and emitted[:2] == seen
+    assert gen.gi_frame is None  # the generator has finished, its sequence closed
+    # the model is free again
     assert len(specdec.generate(ids_model, [1, 2], max_new_tokens=3, stop_tokens=[]).tokens) == 3
 
 

@@ -65,15 +65,15 @@ def test_default_stop_tokens_are_end_of_generation(text_model, monkeypatch):
     eog = sorted(text_model.tokenizer.eog_ids)
     assert eog, "the tiny tokenizer has end-of-generation tokens"
     seen = {}
-    core_generate = text_model._core.generate
+    core = text_model._core
 
     class Spy:
         def __getattr__(self, name):
-            return getattr(text_model._core, name)
+            return getattr(core, name)
 
-        def generate(self, *args, **kwargs):
+        def sequence(self, *args, **kwargs):
             seen["stop_ids"] = kwargs["stop_ids"]
-            return core_generate(*args, **kwargs)
+            return core.sequence(*args, **kwargs)
 
     monkeypatch.setattr(text_model, "_core", Spy())
     specdec.generate(text_model, "hi", max_new_tokens=2)

@@ -98,7 +98,9 @@ def main() -> int:
     out: dict = {}
     with tempfile.TemporaryDirectory() as d:
         loop = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4] * 2
-        prompts = [[1, 2, 3, 4, 5, 1, 2, 3], loop]
+        # the third is longer than a prefill step (several steps of the sequence API)
+        long = [(7 * i * i + 3 * i + 1) % 90 + 2 for i in range(150)] + loop
+        prompts = [[1, 2, 3, 4, 5, 1, 2, 3], loop, long]
         for name, m, draft in tiny_models(Path(d)):
             run_model(name, m, draft, prompts, 48, out)
     if not args.no_smollm2:
@@ -109,6 +111,9 @@ def main() -> int:
             [{"role": "user", "content": "List the planets of the solar system in order."}],
             [{"role": "user", "content": "Repeat this sentence three times: the quick brown fox "
                                          "jumps over the lazy dog."}],
+            [{"role": "user", "content": "Summarise this text in one sentence. " + " ".join(
+                f"Item {i} of the list is the number {i * i} written in words." for i in range(30))
+              }],
         ]
         run_model("smollm2", m, m, prompts, 64, out)
 

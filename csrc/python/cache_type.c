@@ -23,11 +23,11 @@ static PyObject *cache_rollback(sd_py_Cache *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "i:rollback", &n)) {
         return NULL;
     }
-    if (((sd_py_Model *)self->owner)->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the cache's model is running a call");
+    if (sd_py_model_enter((sd_py_Model *)self->owner) < 0) {
         return NULL;
     }
     sd_status st = sd_kv_cache_set_length(self->kv, n);
+    sd_py_model_leave((sd_py_Model *)self->owner);
     if (st != SD_OK) {
         return sd_py_raise(st);
     }
@@ -39,11 +39,11 @@ static PyObject *cache_copy_slot(sd_py_Cache *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "ii:copy_slot", &dst, &src)) {
         return NULL;
     }
-    if (((sd_py_Model *)self->owner)->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the cache's model is running a call");
+    if (sd_py_model_enter((sd_py_Model *)self->owner) < 0) {
         return NULL;
     }
     sd_status st = sd_kv_cache_copy_slot(self->kv, dst, src);
+    sd_py_model_leave((sd_py_Model *)self->owner);
     if (st != SD_OK) {
         return sd_py_raise(st);
     }

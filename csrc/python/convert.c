@@ -1,5 +1,5 @@
 /* convert.c — conversions at the Python boundary: statuses to exceptions, token sequences to
- * int32 arrays, lists of bytes to C views, and the busy flag of a model. */
+ * int32 arrays, lists of bytes to C views, and the lock of a model. */
 #include "python/py_core.h"
 
 #include <stdint.h>
@@ -38,22 +38,58 @@ PyObject *sd_py_token_list(const int32_t *out, int n) {
 }
 
 int sd_py_model_enter(sd_py_Model *self) {
-    if (self->model == NULL) {
+    if (self->model == NULL || self->lock == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "model is not loaded");
         return -1;
     }
-    if (self->busy) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "this model is already running a call in another thread; use one "
-                        "model per thread");
-        return -1;
+    const unsigned long me = PyThread_get_thread_ident();
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        if (self->owner == me) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "this model is already running a call in this thread: a callback "
+                            "of a call cannot use the model that calls it");
+            return -1;
+        }
+        for (;;) { /* wait for the running call, noticing signals (Ctrl-C) */
+            PyLockStatus r;
+            Py_BEGIN_ALLOW_THREADS r = PyThread_acquire_lock_timed(self->lock, -1, 1);
+            Py_END_ALLOW_THREADS if (r == PY_LOCK_ACQUIRED) {
+                break;
+            }
+            if (PyErr_CheckSignals() < 0) {
+                return -1;
+            }
+        }
     }
-    self->busy = 1;
+    self->owner = me;
     return 0;
 }
 
 void sd_py_model_leave(sd_py_Model *self) {
-    self->busy = 0;
+    self->owner = 0;
+    PyThread_release_lock(self->lock);
+}
+
+int sd_py_models_enter(sd_py_Model *a, sd_py_Model *b) {
+    if (b == NULL || b == a) {
+        return sd_py_model_enter(a);
+    }
+    sd_py_Model *first = (uintptr_t)a < (uintptr_t)b ? a : b, *second = first == a ? b : a;
+    if (sd_py_model_enter(first) < 0) {
+        return -1;
+    }
+    if (sd_py_model_enter(second) < 0) {
+        sd_py_model_leave(first);
+        return -1;
+    }
+    return 0;
+}
+
+void sd_py_models_leave(sd_py_Model *a, sd_py_Model *b) {
+    sd_py_model_leave(a);
+    if (b != NULL && b != a) {
+        sd_py_model_leave(b);
+    }
 }
 
 /* A 1-D int32 copy of a token sequence. Only integers are token ids (floats and bools are a

@@ -45,84 +45,103 @@ static int call_on_token(void *user, int32_t token) {
     return stop;
 }
 
-/* generate(prompt, *, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None,
- *          stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, drafter=None, on_token=None,
- *          check_cache=False)
- *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string" | "cancelled",
- *       stats dict or None)
- * drafter: a Drafter (drafters.c) for speculative decoding, None for plain decoding; on_token:
- * callable(token) -> bool or None; check_cache: a test hook (sd_generate_params.check_cache).
- * Every range is checked by the core, which names the parameter. */
-PyObject *sd_py_model_generate(sd_py_Model *self, PyObject *args, PyObject *kwds) {
+void sd_py_call_free(sd_py_call *c) {
+    PyMem_Free(c->prompt);
+    PyMem_Free(c->stops);
+    sd_py_bytes_list_free(&c->strings);
+}
+
+int sd_py_call_parse(sd_py_call *c, PyObject *args, PyObject *kwds, int with_on_token) {
     static char *kwlist[] = {"prompt",       "max_new_tokens", "temperature", "seed",  "stop_ids",
                              "stop_strings", "top_k",          "top_p",       "min_p", "drafter",
-                             "on_token",     "check_cache",    NULL};
+                             "check_cache",  "on_token",       NULL};
     PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
-    PyObject *drafter_obj = Py_None, *on_token_obj = Py_None;
-    sd_generate_params p = sd_generate_default_params();
+    PyObject *drafter_obj = Py_None;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$ifKOOiffOOp:generate", kwlist, &prompt_obj,
-                                     &p.max_new_tokens, &p.temperature, &seed, &stop_obj,
-                                     &strings_obj, &p.top_k, &p.top_p, &p.min_p, &drafter_obj,
-                                     &on_token_obj, &p.check_cache)) {
-        return NULL;
+    memset(c, 0, sizeof(*c));
+    c->p = sd_generate_default_params();
+    c->on_token = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwds, with_on_token ? "O|$ifKOOiffOpO:generate" : "O|$ifKOOiffOp:sequence",
+            kwlist, &prompt_obj, &c->p.max_new_tokens, &c->p.temperature, &seed, &stop_obj,
+            &strings_obj, &c->p.top_k, &c->p.top_p, &c->p.min_p, &drafter_obj, &c->p.check_cache,
+            &c->on_token)) {
+        return -1;
     }
+    c->p.seed = (uint64_t)seed;
     if (drafter_obj != Py_None && !PyObject_TypeCheck(drafter_obj, &sd_py_DrafterType)) {
         PyErr_Format(PyExc_TypeError, "drafter must be a specdec._core.Drafter or None, got %s",
                      Py_TYPE(drafter_obj)->tp_name);
-        return NULL;
+        return -1;
     }
-    if (on_token_obj != Py_None && !PyCallable_Check(on_token_obj)) {
+    c->drafter = drafter_obj != Py_None ? (sd_py_Drafter *)drafter_obj : NULL;
+    if (c->on_token != Py_None && !PyCallable_Check(c->on_token)) {
         PyErr_SetString(PyExc_TypeError, "on_token must be callable or None");
-        return NULL;
+        return -1;
     }
-    sd_py_Drafter *drafter = drafter_obj != Py_None ? (sd_py_Drafter *)drafter_obj : NULL;
-    sd_py_Model *draft = drafter != NULL ? drafter->model : NULL;
-    int32_t *prompt = NULL, *stops = NULL, *out = NULL;
-    Py_ssize_t n_prompt = 0, n_stops = 0;
-    PyObject *result = NULL, *list = NULL, *stats = NULL;
-    sd_py_bytes_list strings;
-    memset(&strings, 0, sizeof(strings));
-    if ((prompt = sd_py_tokens_from(prompt_obj, "prompt", &n_prompt)) == NULL) {
-        goto done;
+    Py_ssize_t n_stops = 0;
+    if ((c->prompt = sd_py_tokens_from(prompt_obj, "prompt", &c->n_prompt)) == NULL) {
+        return -1;
     }
     if (stop_obj != Py_None &&
-        (stops = sd_py_tokens_from(stop_obj, "stop_ids", &n_stops)) == NULL) {
-        goto done;
+        (c->stops = sd_py_tokens_from(stop_obj, "stop_ids", &n_stops)) == NULL) {
+        return -1;
     }
     if (strings_obj != Py_None &&
-        sd_py_bytes_list_from(&strings, strings_obj, "stop_strings") < 0) {
-        goto done;
+        sd_py_bytes_list_from(&c->strings, strings_obj, "stop_strings") < 0) {
+        return -1;
     }
-    if (n_prompt > INT32_MAX || n_stops > INT32_MAX || strings.n > INT32_MAX) {
+    if (c->n_prompt > INT32_MAX || n_stops > INT32_MAX || c->strings.n > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "sequence too long");
-        goto done;
+        return -1;
     }
-    out = PyMem_Malloc((size_t)(p.max_new_tokens > 0 ? p.max_new_tokens : 1) * sizeof(int32_t));
+    c->p.stop_ids = c->stops;
+    c->p.n_stop_ids = (int)n_stops;
+    c->p.stop_strings = c->strings.ptrs;
+    c->p.stop_lens = c->strings.lens;
+    c->p.n_stop_strings = (int)c->strings.n;
+    return 0;
+}
+
+const char *sd_py_finish_name(sd_finish_reason reason) {
+    static const char *names[] = {"length", "stop_token", "stop_string", "cancelled"};
+    return names[reason];
+}
+
+/* generate(prompt, *, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None,
+ *          stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, drafter=None, check_cache=False,
+ *          on_token=None)
+ *   -> (list[int], finish reason: "length" | "stop_token" | "stop_string" | "cancelled",
+ *       stats dict or None)
+ * The whole loop in C with the GIL released (sd_generate, sd_generate_speculative). drafter: a
+ * Drafter (drafters.c) for speculative decoding, None for plain decoding; on_token:
+ * callable(token) -> bool or None, called with the GIL from inside the loop; check_cache: a test
+ * hook (sd_generate_params.check_cache). Every range is checked by the core, which names the
+ * parameter. specdec.generate steps a Sequence instead (sequence_type.c). */
+PyObject *sd_py_model_generate(sd_py_Model *self, PyObject *args, PyObject *kwds) {
+    sd_py_call c;
+    if (sd_py_call_parse(&c, args, kwds, 1) < 0) {
+        sd_py_call_free(&c);
+        return NULL;
+    }
+    sd_py_Drafter *drafter = c.drafter;
+    sd_py_Model *draft = drafter != NULL ? drafter->model : NULL;
+    int32_t *out = NULL;
+    PyObject *result = NULL, *list = NULL, *stats = NULL;
+    out = PyMem_Malloc((size_t)(c.p.max_new_tokens > 0 ? c.p.max_new_tokens : 1) * sizeof(int32_t));
     if (out == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    if (sd_py_model_enter(self) < 0) {
-        goto done;
-    }
-    /* the draft may be the target itself (calls are sequential, each with its own cache) */
-    const int enter_draft = draft != NULL && draft != self;
-    if (enter_draft && sd_py_model_enter(draft) < 0) {
-        sd_py_model_leave(self);
+    /* the draft may be the target itself (its own cache, the steps taking turns) */
+    if (sd_py_models_enter(self, draft) < 0) {
         goto done;
     }
     Py_XINCREF(drafter); /* held while the GIL is released */
-    p.seed = (uint64_t)seed;
-    p.stop_ids = stops;
-    p.n_stop_ids = (int)n_stops;
-    p.stop_strings = strings.ptrs;
-    p.stop_lens = strings.lens;
-    p.n_stop_strings = (int)strings.n;
-    token_callback cb = {on_token_obj, NULL, NULL, NULL};
-    if (on_token_obj != Py_None) {
-        p.on_token = call_on_token;
-        p.on_token_user = &cb;
+    token_callback cb = {c.on_token, NULL, NULL, NULL};
+    if (c.on_token != Py_None) {
+        c.p.on_token = call_on_token;
+        c.p.on_token_user = &cb;
     }
     int n_out = 0;
     sd_finish_reason reason = SD_FINISH_LENGTH;
@@ -131,15 +150,12 @@ PyObject *sd_py_model_generate(sd_py_Model *self, PyObject *args, PyObject *kwds
     sd_status st;
     Py_BEGIN_ALLOW_THREADS if (drafter != NULL) {
         st = sd_generate_speculative(out, &n_out, &reason, &ss, self->model, drafter->drafter,
-                                     prompt, (int)n_prompt, &p);
+                                     c.prompt, (int)c.n_prompt, &c.p);
     }
     else {
-        st = sd_generate(out, &n_out, &reason, self->model, prompt, (int)n_prompt, &p);
+        st = sd_generate(out, &n_out, &reason, self->model, c.prompt, (int)c.n_prompt, &c.p);
     }
-    Py_END_ALLOW_THREADS sd_py_model_leave(self);
-    if (enter_draft) {
-        sd_py_model_leave(draft);
-    }
+    Py_END_ALLOW_THREADS sd_py_models_leave(self, draft);
     if (cb.type != NULL) { /* the callback raised: that exception is the result */
         PyErr_Restore(cb.type, cb.value, cb.tb);
         Py_XDECREF(drafter);
@@ -159,15 +175,12 @@ PyObject *sd_py_model_generate(sd_py_Model *self, PyObject *args, PyObject *kwds
     }
     Py_XDECREF(drafter);
     if (list != NULL && stats != NULL) {
-        const char *names[] = {"length", "stop_token", "stop_string", "cancelled"};
-        result = Py_BuildValue("(OsO)", list, names[reason], stats);
+        result = Py_BuildValue("(OsO)", list, sd_py_finish_name(reason), stats);
     }
 done:
     Py_XDECREF(list);
     Py_XDECREF(stats);
-    PyMem_Free(prompt);
-    PyMem_Free(stops);
     PyMem_Free(out);
-    sd_py_bytes_list_free(&strings);
+    sd_py_call_free(&c);
     return result;
 }

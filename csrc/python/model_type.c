@@ -1,6 +1,6 @@
 /* model_type.c — the Model type: a loaded model's configuration, threads and KV cache type, the
  * forward pass over a cache, llama.cpp-order logits, GGUF metadata and the benchmark hooks.
- * Decoding (generate) is in generate.c. */
+ * Decoding is in generate.c and sequence_type.c. */
 #include "python/py_core.h"
 
 #include <stdint.h>
@@ -16,12 +16,19 @@ PyObject *sd_py_model_wrap(sd_model *m) {
         return NULL;
     }
     self->model = m;
-    self->busy = 0;
+    self->owner = 0;
+    if ((self->lock = PyThread_allocate_lock()) == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
     return (PyObject *)self;
 }
 
 static void model_dealloc(sd_py_Model *self) {
     sd_model_free(self->model);
+    if (self->lock != NULL) {
+        PyThread_free_lock(self->lock);
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -448,8 +455,11 @@ static PyMethodDef model_methods[] = {
      "llamacpp_logits(tokens, n_batch) -> ndarray: logits in llama.cpp's float order"},
     {"generate", (PyCFunction)(void (*)(void))sd_py_model_generate, METH_VARARGS | METH_KEYWORDS,
      "generate(prompt, *, max_new_tokens=16, temperature=0.0, seed=0, stop_ids=None, "
-     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, drafter=None, on_token=None, "
-     "check_cache=False) -> (tokens, finish_reason, stats)"},
+     "stop_strings=None, top_k=0, top_p=1.0, min_p=0.0, drafter=None, check_cache=False, "
+     "on_token=None) -> (tokens, finish_reason, stats): the whole loop in one call"},
+    {"sequence", (PyCFunction)(void (*)(void))sd_py_model_sequence, METH_VARARGS | METH_KEYWORDS,
+     "sequence(prompt, *, ...) -> Sequence: generate's arguments (on_token aside), decoded a "
+     "step at a time by Sequence.step()"},
     {"bench_forward", (PyCFunction)model_bench_forward, METH_VARARGS,
      "bench_forward(T, context, iters) -> seconds per forward over T tokens"},
     {"bench_synthetic", (PyCFunction)model_bench_synthetic, METH_VARARGS,

@@ -166,7 +166,8 @@ static int core_exec(PyObject *m) {
         Py_DECREF(&sd_py_DrafterType);
         return -1;
     }
-    if (PyType_Ready(&sd_py_ModelType) < 0 || PyType_Ready(&sd_py_CacheType) < 0) {
+    if (PyType_Ready(&sd_py_ModelType) < 0 || PyType_Ready(&sd_py_CacheType) < 0 ||
+        PyType_Ready(&sd_py_SequenceType) < 0) {
         return -1;
     }
     Py_INCREF(&sd_py_ModelType);

@@ -19,9 +19,14 @@
 
 #include "specdec.h"
 
+#include <pythread.h>
+
+/* A model and the lock of its calls: one computes at a time (its scratch buffers are shared);
+ * a thread that finds the model running waits, with the GIL released, for its turn. */
 typedef struct {
     PyObject_HEAD sd_model *model;
-    int busy; /* set while a call runs without the GIL: a second thread gets an error, not a race */
+    PyThread_type_lock lock;
+    unsigned long owner; /* the thread holding `lock` (read and written under the GIL), or 0 */
 } sd_py_Model;
 
 typedef struct {
@@ -51,10 +56,15 @@ PyObject *sd_py_raise(sd_status st);
 PyObject *sd_py_token_list(const int32_t *out, int n);
 /* A new Model object owning m (freed on failure). */
 PyObject *sd_py_model_wrap(sd_model *m);
-/* Marks a model busy for a call without the GIL (RuntimeError when it already is), and clears
- * the mark. */
+/* Takes a model's lock for a call (waiting, the GIL released, while another thread's call runs;
+ * -1 with an exception when the model is not loaded, when this thread already holds it (a
+ * callback of a call using its own model) or on an interrupt while waiting), and gives it back.
+ * The pair form takes a target's and a draft model's (b may be NULL or a) in one global order,
+ * so that two threads taking the same two never wait on each other. */
 int sd_py_model_enter(sd_py_Model *self);
 void sd_py_model_leave(sd_py_Model *self);
+int sd_py_models_enter(sd_py_Model *a, sd_py_Model *b);
+void sd_py_models_leave(sd_py_Model *a, sd_py_Model *b);
 /* A 1-D int32 copy of a token sequence (PyMem_Free it), *n its length; `what` names it in
  * errors. Only integers are token ids. */
 int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n);
@@ -71,7 +81,25 @@ void sd_py_bytes_list_free(sd_py_bytes_list *b);
 
 /* The statistics of a speculative run as a dict (per-position counts for k positions). */
 PyObject *sd_py_stats_dict(const sd_spec_stats *st, int k);
-/* Model.generate (generate.c). */
+/* The arguments of a decoding call (generate.c), parsed and converted: the prompt, the
+ * parameters with their arrays (valid until sd_py_call_free), the drafter (borrowed) and, for
+ * Model.generate, on_token (borrowed, Py_None when absent). */
+typedef struct {
+    sd_generate_params p;
+    int32_t *prompt, *stops;
+    Py_ssize_t n_prompt;
+    sd_py_bytes_list strings;
+    sd_py_Drafter *drafter;
+    PyObject *on_token;
+} sd_py_call;
+int sd_py_call_parse(sd_py_call *c, PyObject *args, PyObject *kwds, int with_on_token);
+void sd_py_call_free(sd_py_call *c);
+/* "length", "stop_token", "stop_string" or "cancelled". */
+const char *sd_py_finish_name(sd_finish_reason reason);
+
+/* Model.generate (generate.c) and Model.sequence (sequence_type.c). */
 PyObject *sd_py_model_generate(sd_py_Model *self, PyObject *args, PyObject *kwds);
+PyObject *sd_py_model_sequence(sd_py_Model *self, PyObject *args, PyObject *kwds);
+extern PyTypeObject sd_py_SequenceType;
 
 #endif /* SD_PY_CORE_H */

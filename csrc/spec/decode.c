@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/forward.h"
 #include "util/status.h"
 
 sd_generate_params sd_generate_default_params(void) {
@@ -20,6 +21,35 @@ double sd_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+sd_status sd_prefill_step(sd_prefill *pf, sd_model *m, sd_kv_cache *kv, const int32_t *toks, int n,
+                          float *logits) {
+    const int left = n - pf->fed;
+    if (left <= 0) {
+        return SD_OK;
+    }
+    int take = left;
+    if (m->cuda == NULL) {
+        if (pf->chunk <= 0) {
+            pf->chunk = 32; /* a first step short enough on any model */
+        }
+        take = pf->chunk < left ? pf->chunk : left;
+    }
+    sd_batch b = {0};
+    b.n_tokens = take;
+    b.tokens = toks + pf->fed;
+    b.n_logits = take == left && logits != NULL ? 1 : 0;
+    const double t0 = sd_now_s();
+    SD_TRY(sd_forward(m, kv, &b, b.n_logits ? logits : NULL));
+    const double dt = sd_now_s() - t0;
+    pf->fed += take;
+    /* the next step: as many tokens as fit in SD_PREFILL_STEP_S at this step's speed, in
+     * multiples of 16 (the kernels' widest pass), 16 .. 1024 */
+    const double per_token = dt / take > 1e-7 ? dt / take : 1e-7;
+    const double fit = SD_PREFILL_STEP_S / per_token;
+    pf->chunk = fit < 16.0 ? 16 : fit > 1024.0 ? 1024 : (int)fit / 16 * 16;
+    return SD_OK;
 }
 
 sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt,

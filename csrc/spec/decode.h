@@ -28,6 +28,23 @@ typedef struct {
     size_t len, cap, longest;
 } sd_emitter;
 
+/* Feeding a prompt a step at a time. On the CPU a long prompt goes in steps of about
+ * SD_PREFILL_STEP_S seconds each (sized from the speed of the steps before), so that a caller
+ * stepping a sequence (sd_sequence_step) gets control back often: to stream, to notice an
+ * interrupt, to let other requests take turns. A token's keys, values and logits do not depend
+ * on how its batch was cut (the kernels are batch-invariant), so the bits are those of one
+ * batch. A CUDA model takes the whole prompt in one batch, as its long-batch kernels differ. */
+#define SD_PREFILL_STEP_S 0.05
+typedef struct {
+    int fed;   /* tokens in the cache */
+    int chunk; /* tokens of the next step */
+} sd_prefill;
+
+/* Feeds the next step's tokens of toks[0 .. n) to kv (from pf->fed on); when that reaches n and
+ * logits is not NULL, the last token's logits go there. Nothing to feed: nothing happens. */
+sd_status sd_prefill_step(sd_prefill *pf, sd_model *m, sd_kv_cache *kv, const int32_t *toks, int n,
+                          float *logits);
+
 /* The checks every generate call makes before it computes anything (the prompt, max_new_tokens,
  * the sampling parameters, the context length, stop strings without pieces); fills s from p. */
 sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt,
@@ -36,6 +53,29 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
 void sd_emitter_init(sd_emitter *e, const sd_model *m, const sd_generate_params *p, int32_t *out);
 /* Append `tok`; sets e->done when generation must end after it. */
 sd_status sd_emit(sd_emitter *e, int32_t tok);
+
+/* Plain decoding of one sequence (plain.c): the prompt is fed a step at a time, then each step
+ * feeds the last token back and emits the next. */
+typedef struct {
+    sd_model *m;
+    const int32_t *prompt; /* (n_prompt) not owned */
+    int n_prompt;
+    sd_sampling s;
+    uint64_t seed;
+    sd_prefill pf;
+    sd_kv_cache *kv;
+    float *logits; /* (2 V): the last logits, then the processed distribution */
+    int32_t *work; /* (V) */
+    sd_emitter e;
+} sd_plain;
+
+/* Checks nothing (sd_decode_check has) and computes nothing: allocates P's buffers and cache.
+ * On failure P still needs sd_plain_end. */
+sd_status sd_plain_begin(sd_plain *P, sd_model *m, const int32_t *prompt, int n_prompt,
+                         const sd_generate_params *p, const sd_sampling *s, int32_t *out);
+/* One step: a part of the prompt, or (once it is all in) one token emitted. */
+sd_status sd_plain_step(sd_plain *P);
+void sd_plain_end(sd_plain *P);
 
 #ifdef SD_WITH_CUDA
 static inline sd_cuda_sampling sd_cuda_sampling_of(const sd_sampling *s) {

@@ -1,6 +1,6 @@
 /* loop.c — the speculative loop: one step on one sequence (propose, verify, accept, commit;
- * loop.h), driven for any drafter (drafter.h) by sd_generate_speculative, on the CPU and on a
- * CUDA target; the services drafters share; and the synthetic-acceptance benchmark. */
+ * loop.h) for any drafter (drafter.h), on the CPU and on a CUDA target, stepped by sequence.c;
+ * the services drafters share; and the synthetic-acceptance benchmark. */
 #include "spec/loop.h"
 
 #include <math.h>
@@ -153,11 +153,16 @@ sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt
     const int total = n_prompt + p->max_new_tokens;
     SD_TRY(sd_kv_cache_create(&L->kv, m, total + K < ctx ? total + K : ctx));
     memcpy(L->hist, prompt, (size_t)n_prompt * sizeof(int32_t));
-    if (n_prompt > 1) {
-        sd_batch b = {0};
-        b.n_tokens = n_prompt - 1;
-        b.tokens = prompt;
-        SD_TRY(sd_forward(m, L->kv, &b, NULL));
+    return SD_OK;
+}
+
+sd_status sd_spec_prefill(sd_spec_loop *L, int *ready) {
+    SD_TRY(sd_prefill_step(&L->pf, L->m, L->kv, L->hist, L->n_prompt - 1, NULL));
+    *ready = L->pf.fed >= L->n_prompt - 1;
+    if (*ready && L->d != NULL && !L->begun) {
+        L->begun = 1;
+        L->draft_cost = L->d->ops->cost(L->d, L->m);
+        SD_TRY(L->d->ops->begin(L->d, &L->dstate, L));
     }
     return SD_OK;
 }
@@ -171,7 +176,7 @@ sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_
 #ifdef SD_WITH_CUDA
     sd_cuda_spec_free(L->sp);
 #endif
-    if (L->d != NULL) {
+    if (L->d != NULL && L->begun) {
         L->d->ops->end(L->d, L->dstate);
     }
     sd_kv_cache_free(L->kv);
@@ -463,42 +468,6 @@ sd_status sd_spec_step(sd_spec_loop *L) {
     return st;
 }
 
-sd_status sd_generate_speculative(int32_t *out, int *n_out, sd_finish_reason *reason,
-                                  sd_spec_stats *stats, sd_model *m, const sd_drafter *d,
-                                  const int32_t *prompt, int n_prompt,
-                                  const sd_generate_params *p) {
-    const double t_start = sd_now_s();
-    sd_spec_stats local;
-    sd_spec_stats *ss = stats != NULL ? stats : &local;
-    *n_out = 0;
-    if (reason != NULL) {
-        *reason = SD_FINISH_LENGTH;
-    }
-    memset(ss, 0, sizeof(*ss));
-    if (d == NULL) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "speculative decoding needs a drafter");
-    }
-    sd_sampling s;
-    SD_TRY(sd_decode_check(m, prompt, n_prompt, p, &s));
-    SD_TRY(d->ops->check(d, m, n_prompt, p->max_new_tokens));
-    if (p->max_new_tokens == 0) {
-        return SD_OK;
-    }
-    const int ctx = m->cfg.context_length < d->context ? m->cfg.context_length : d->context;
-    sd_spec_loop L;
-    sd_status st = sd_spec_loop_begin(&L, m, prompt, n_prompt, p, &s, d->max_nodes, ctx, d->wants_q,
-                                      out, ss, t_start);
-    if (st == SD_OK) {
-        L.d = d;
-        L.draft_cost = d->ops->cost(d, m);
-        st = d->ops->begin(d, &L.dstate, &L);
-    }
-    while (st == SD_OK && !L.e.done) {
-        st = sd_spec_step(&L);
-    }
-    return sd_spec_loop_end(&L, st, n_out, reason);
-}
-
 /* ---- drafting with a model (a draft model, or the target's first layers) ------------------- */
 
 /* The largest probability of softmax(logits): how sure a greedy draft is of its token. */
@@ -607,6 +576,9 @@ sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_
     sd_spec_loop L;
     sd_status st = sd_spec_loop_begin(&L, m, prompt, n_prompt, &p, &s, k, m->cfg.context_length, 0,
                                       out, ss, t_start);
+    for (int ready = 0; st == SD_OK && !ready;) {
+        st = sd_spec_prefill(&L, &ready);
+    }
     while (st == SD_OK && !L.e.done) {
         const double t0 = sd_now_s();
         /* free drafting: copies of the last token, valid ids whose values do not matter */

@@ -46,17 +46,22 @@ typedef struct sd_spec_loop {
     double t_start;
     int check_cache;         /* sd_generate_params.check_cache */
     struct sd_cuda_spec *sp; /* a CUDA target's device state of the call, else NULL */
-    const sd_drafter *d;
-    void *dstate;      /* the drafter's state of this request */
-    double draft_cost; /* d's cost of one draft token relative to a target forward */
+    sd_prefill pf;           /* the prompt, all but its last token, fed a step at a time */
+    const sd_drafter *d;     /* the drafter, or NULL (the synthetic benchmark) */
+    int begun;               /* d->ops->begin has run (dstate is d's) */
+    void *dstate;            /* the drafter's state of this request */
+    double draft_cost;       /* d's cost of one draft token relative to a target forward */
 } sd_spec_loop;
 
 /* Allocates a sequence for drafts of up to K tokens (with rows for their distributions when
- * draft_rows) over a target cache of prompt + output + K slots, at most ctx, and prefills all of
- * the prompt but its last token. On failure the sequence still needs sd_spec_loop_end. */
+ * draft_rows) over a target cache of prompt + output + K slots, at most ctx; computes nothing.
+ * On failure the sequence still needs sd_spec_loop_end. */
 sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt, int n_prompt,
                              const sd_generate_params *p, const sd_sampling *s, int K, int ctx,
                              int draft_rows, int32_t *out, sd_spec_stats *ss, double t_start);
+/* One step of the prefill of all of the prompt but its last token (decode.h's sd_prefill);
+ * *ready once it is all in, when the drafter L->d (if any) begins its request. */
+sd_status sd_spec_prefill(sd_spec_loop *L, int *ready);
 /* Reports what was emitted, frees the sequence and passes on its status. */
 sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_reason *reason);
 /* The most drafts the next step may carry: no more than can be emitted, nor past the cache. */

@@ -1,5 +1,6 @@
-/* plain.c — sd_generate, the plain decoding loop: prefill the prompt, then pick a token from the
- * last logits, feed it back, repeat. The reference every speculative run is tested against. */
+/* plain.c — plain decoding of one sequence, a step at a time: prefill the prompt, then pick a
+ * token from the last logits, feed it back, repeat. The reference every speculative run is
+ * tested against. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,112 +13,84 @@
 #include "util/hd.h"
 #include "util/status.h"
 
+sd_status sd_plain_begin(sd_plain *P, sd_model *m, const int32_t *prompt, int n_prompt,
+                         const sd_generate_params *p, const sd_sampling *s, int32_t *out) {
+    const int V = m->cfg.vocab_size;
+    memset(P, 0, sizeof(*P));
+    P->m = m;
+    P->prompt = prompt;
+    P->n_prompt = n_prompt;
+    P->s = *s;
+    P->seed = p->seed;
+    sd_emitter_init(&P->e, m, p, out);
+    if (m->cuda == NULL) {
+        P->logits = malloc((size_t)V * 2 * sizeof(float));
+        P->work = malloc((size_t)V * sizeof(int32_t));
+        if (P->logits == NULL || P->work == NULL) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory");
+        }
+    }
+    /* the last emitted token is never fed back, so one slot fewer suffices */
+    return sd_kv_cache_create(&P->kv, m, n_prompt + p->max_new_tokens - 1);
+}
+
+void sd_plain_end(sd_plain *P) {
+    sd_kv_cache_free(P->kv);
+    free(P->logits);
+    free(P->work);
+    free(P->e.text);
+}
+
 #ifdef SD_WITH_CUDA
-/* The plain loop of a CUDA model: the prompt's last token goes through its own one-token
- * forward, as in the speculative loops (a long prefill may take cuBLAS, which is not
- * batch-invariant: this way both loops see the same prefill and the same one-token steps);
- * each token is picked on the device and copied back, the one synchronisation per token. */
-static sd_status generate_cuda(sd_emitter *e, sd_model *m, const int32_t *prompt, int n_prompt,
-                               const sd_generate_params *p, const sd_sampling *s) {
-    sd_kv_cache *kv = NULL;
-    SD_TRY(sd_kv_cache_create(&kv, m, n_prompt + p->max_new_tokens - 1));
-    const sd_cuda_sampling cs = sd_cuda_sampling_of(s);
+/* A step of a CUDA model: the prompt's last token goes through its own one-token forward, as in
+ * the speculative loop (a long prefill may take cuBLAS, which is not batch-invariant: this way
+ * both loops see the same prefill and the same one-token steps); each token is picked on the
+ * device and copied back, the one synchronisation per token. */
+static sd_status plain_step_cuda(sd_plain *P) {
     sd_batch b = {0};
-    sd_status st = SD_OK;
-    if (n_prompt > 1) {
-        b.n_tokens = n_prompt - 1;
-        b.tokens = prompt;
-        st = sd_forward_ex(m, kv, &b, NULL, NULL);
-    }
     b.n_tokens = 1;
-    b.tokens = &prompt[n_prompt - 1];
     b.n_logits = 1;
-    if (st == SD_OK) {
-        st = sd_forward_ex(m, kv, &b, NULL, NULL);
+    if (P->pf.fed < P->n_prompt) {
+        SD_TRY(sd_prefill_step(&P->pf, P->m, P->kv, P->prompt, P->n_prompt - 1, NULL));
+        b.tokens = &P->prompt[P->n_prompt - 1];
+        P->pf.fed = P->n_prompt;
+    } else {
+        b.tokens = &P->e.out[P->e.n - 1];
     }
-    while (st == SD_OK) {
-        int32_t tok = 0;
-        st = sd_cuda_pick(m->cuda, 0, &cs, p->seed, (uint64_t)e->n, &tok);
-        if (st == SD_OK) {
-            st = sd_emit(e, tok);
-        }
-        if (st != SD_OK || e->done) {
-            break;
-        }
-        b.tokens = &e->out[e->n - 1];
-        st = sd_forward_ex(m, kv, &b, NULL, NULL);
-    }
-    sd_kv_cache_free(kv);
-    return st;
+    SD_TRY(sd_forward_ex(P->m, P->kv, &b, NULL, NULL));
+    const sd_cuda_sampling cs = sd_cuda_sampling_of(&P->s);
+    int32_t tok = 0;
+    SD_TRY(sd_cuda_pick(P->m->cuda, 0, &cs, P->seed, (uint64_t)P->e.n, &tok));
+    return sd_emit(&P->e, tok);
 }
 #endif
 
-sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_model *m,
-                      const int32_t *prompt, int n_prompt, const sd_generate_params *p) {
-    *n_out = 0;
-    if (reason != NULL) {
-        *reason = SD_FINISH_LENGTH;
-    }
-    sd_sampling s;
-    SD_TRY(sd_decode_check(m, prompt, n_prompt, p, &s));
-    if (p->max_new_tokens == 0) {
-        return SD_OK;
-    }
-    const int V = m->cfg.vocab_size;
-    sd_emitter e;
-    sd_emitter_init(&e, m, p, out);
+sd_status sd_plain_step(sd_plain *P) {
 #ifdef SD_WITH_CUDA
-    if (m->cuda != NULL) {
-        const sd_status cst = generate_cuda(&e, m, prompt, n_prompt, p, &s);
-        *n_out = e.n;
-        if (reason != NULL) {
-            *reason = e.reason;
-        }
-        free(e.text);
-        return cst;
+    if (P->m->cuda != NULL) {
+        return plain_step_cuda(P);
     }
 #endif
-    sd_kv_cache *kv = NULL;
-    float *logits = malloc((size_t)V * 2 * sizeof(float));
-    int32_t *work = malloc((size_t)V * sizeof(int32_t));
-    sd_status st =
-        logits == NULL || work == NULL ? sd_set_error(SD_ERR_NOMEM, "out of memory") : SD_OK;
-    if (st == SD_OK) {
-        /* the last emitted token is never fed back, so one slot fewer suffices */
-        st = sd_kv_cache_create(&kv, m, n_prompt + p->max_new_tokens - 1);
-    }
-    sd_batch b = {0};
-    b.n_tokens = n_prompt;
-    b.tokens = prompt;
-    b.n_logits = 1;
-    if (st == SD_OK) {
-        st = sd_forward(m, kv, &b, logits);
-    }
-    while (st == SD_OK) {
-        int32_t tok;
-        if (s.temperature == 0.0f) {
-            tok = sd_argmax(logits, V);
-        } else {
-            float *probs = logits + V;
-            sd_process_logits(probs, logits, V, &s, work);
-            tok =
-                sd_sample_probs(probs, V, sd_rng_uniform(p->seed, SD_STREAM_PLAIN, (uint64_t)e.n));
+    const int V = P->m->cfg.vocab_size;
+    if (P->pf.fed < P->n_prompt) {
+        SD_TRY(sd_prefill_step(&P->pf, P->m, P->kv, P->prompt, P->n_prompt, P->logits));
+        if (P->pf.fed < P->n_prompt) {
+            return SD_OK; /* more of the prompt next step */
         }
-        st = sd_emit(&e, tok);
-        if (st != SD_OK || e.done) {
-            break;
-        }
+    } else {
+        sd_batch b = {0};
         b.n_tokens = 1;
-        b.tokens = &out[e.n - 1];
-        st = sd_forward(m, kv, &b, logits);
+        b.tokens = &P->e.out[P->e.n - 1];
+        b.n_logits = 1;
+        SD_TRY(sd_forward(P->m, P->kv, &b, P->logits));
     }
-    *n_out = e.n;
-    if (reason != NULL) {
-        *reason = e.reason;
+    int32_t tok;
+    if (P->s.temperature == 0.0f) {
+        tok = sd_argmax(P->logits, V);
+    } else {
+        float *probs = P->logits + V;
+        sd_process_logits(probs, P->logits, V, &P->s, P->work);
+        tok = sd_sample_probs(probs, V, sd_rng_uniform(P->seed, SD_STREAM_PLAIN, (uint64_t)P->e.n));
     }
-    sd_kv_cache_free(kv);
-    free(logits);
-    free(work);
-    free(e.text);
-    return st;
+    return sd_emit(&P->e, tok);
 }
