@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Union
 
 from . import _core
-from .model import Model, check_kv_dtype, check_threads, finish, parse_device
-from .speculators import SpecStats, _int, _number
+from .model import Model, core_threads, finish, parse_device
+from .speculators import SpecStats, _int, _number, _seed
 
 #: Named shapes (hyper-parameters from the models' published configurations).
 SHAPES: Dict[str, Dict[str, object]] = {
@@ -93,11 +93,9 @@ def dummy_model(shape: Union[str, Dict[str, object]] = "tiny", dtype: str = "bf1
     key = str(dtype).lower()
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
-    if not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    check_kv_dtype(kv_dtype)
+    seed = _seed(seed)
     dev, gpu = parse_device(device)
-    core = _core.dummy(spec, DTYPES[key], seed, check_threads(threads), dev, gpu)
+    core = _core.dummy(spec, DTYPES[key], seed, core_threads(threads), dev, gpu)
     return finish(core, f"dummy:{name}:{key}", dev, gpu, kv_dtype)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 from .model import Model, TokenIds
-from .speculators import SpecStats, Speculator, _int, _number
+from .speculators import SpecStats, Speculator, _int, _number, _seed
 
 Messages = List[Dict[str, Any]]
 Prompt = Union[str, Messages, TokenIds]
@@ -63,8 +63,7 @@ class _Call:
         min_p = _number("min_p", min_p)
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
-        if not 0 <= _int("seed", seed) < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        seed = _seed(seed)
         if speculator is not None and not isinstance(speculator, Speculator):
             raise TypeError(f"speculator must be a specdec.Speculator (PromptLookup, DraftModel, "
                             f"LayerSkip, ...) or None, got {type(speculator).__name__}")

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _core, hub
 from ._core import KVCache
+from .speculators import _int
 from .tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -105,7 +106,7 @@ class Model:
 
     @threads.setter
     def threads(self, n: int) -> None:
-        self._core.threads = n
+        self._core.threads = _int("threads", n)  # the core checks the range
 
     @property
     def kv_dtype(self) -> str:
@@ -131,13 +132,9 @@ class Model:
         Returns a float32 array of shape ``(len(tokens), vocab_size)``; row t scores the
         token that follows ``tokens[:t+1]``.
         """
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("tokens must hold at least one token")
-        if n > self.config.context_length:
-            raise ValueError(f"sequence of {n} tokens exceeds the context length "
-                             f"{self.config.context_length}")
-        cache = self._core.new_cache(n)
+        # a cache of at most the context (the forward names a sequence that does not fit, or
+        # an empty one)
+        cache = self._core.new_cache(min(max(len(tokens), 1), self.config.context_length))
         return self._core.forward(cache, tokens)
 
     def llamacpp_logits(self, tokens: TokenIds, n_batch: Optional[int] = None) -> np.ndarray:
@@ -160,14 +157,9 @@ class Model:
 
         Returns a float32 array of shape ``(len(tokens), vocab_size)``.
         """
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("tokens must hold at least one token")
         if n_batch is None:
-            n_batch = n
-        if not 1 <= int(n_batch) <= n:
-            raise ValueError(f"n_batch must be in [1, {n}] (the number of tokens), got {n_batch}")
-        return self._core.llamacpp_logits(tokens, int(n_batch))
+            n_batch = len(tokens)
+        return self._core.llamacpp_logits(tokens, n_batch)  # the core checks its range
 
     def new_cache(self, n_slots: Optional[int] = None) -> KVCache:
         """A KV cache of ``n_slots`` slots (default: the context length) for this model."""
@@ -195,11 +187,7 @@ class Model:
         Returns:
             float32 array ``(n_logits, vocab_size)``.
         """
-        if n_logits is None:
-            n_logits = -1
-        elif not 0 <= int(n_logits):
-            raise ValueError(f"n_logits must be >= 0, got {n_logits}")
-        return self._core.forward(cache, tokens, positions, slots, mask, int(n_logits))
+        return self._core.forward(cache, tokens, positions, slots, mask, n_logits)
 
 
 def parse_device(device: str) -> Tuple[int, int]:
@@ -216,17 +204,10 @@ def parse_device(device: str) -> Tuple[int, int]:
     raise ValueError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
 
 
-def check_threads(threads: Optional[int]) -> int:
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
-                                or threads < 1):
-        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
-    return threads or 0
-
-
-def check_kv_dtype(kv_dtype: Optional[str]) -> Optional[str]:
-    if kv_dtype is not None and kv_dtype not in ("f16", "f32"):
-        raise ValueError(f"kv_dtype must be 'f16', 'f32' or None, got {kv_dtype!r}")
-    return kv_dtype
+def core_threads(threads: Optional[int]) -> Optional[int]:
+    """A thread count for the core, which checks its range (None: the cores this process may
+    use)."""
+    return None if threads is None else _int("threads", threads)
 
 
 def finish(core: "_core.Model", path: str, dev: int, gpu: int,
@@ -249,7 +230,7 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
         device: ``"cpu"`` (default), or ``"cuda"`` / ``"cuda:N"``: the weights are copied once
             to that GPU and forwards, caches and decoding loops run there (in a build made
             where ``nvcc`` was found; ``specdec info`` tells).
-        threads: worker threads (default: the cores this process may use).
+        threads: worker threads, 1 to 1024 (default: the cores this process may use).
         kv_dtype: ``"f16"`` or ``"f32"``, the element type of the KV caches (default: f16 on
             the CPU, f32 on CUDA, which supports only f32); see :attr:`Model.kv_dtype`.
 
@@ -263,7 +244,6 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
             GPU memory.
     """
     p = os.fspath(path)
-    check_kv_dtype(kv_dtype)
     if not os.path.exists(p):
         if hub.is_alias(p):
             p = hub.resolve(p)
@@ -272,5 +252,5 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
                 f"no such model file or directory: '{p}' (known model aliases: "
                 f"{', '.join(hub.known_aliases())})")
     dev, gpu = parse_device(device)
-    core = _core.load(p, check_threads(threads), dev, gpu)
+    core = _core.load(p, core_threads(threads), dev, gpu)
     return finish(core, p, dev, gpu, kv_dtype)

@@ -189,6 +189,14 @@ def _int(name: str, v: Any) -> int:
     return v
 
 
+def _seed(v: Any) -> int:
+    """A seed as the core's unsigned 64-bit integer (a conversion: any other value cannot be
+    passed on, so it is refused here)."""
+    if not 0 <= _int("seed", v) < 2**64:
+        raise ValueError(f"seed must be in [0, 2**64), got {v}")
+    return v
+
+
 def _number(name: str, v: Any) -> float:
     """v as a float for the C core, which checks its range; TypeError naming `name` otherwise."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -147,3 +147,29 @@ def test_synthetic_ranges_are_the_cores(model):
 
 def test_max_draft_comes_from_the_core():
     assert specdec.speculators.MAX_DRAFT == specdec._core.max_draft() == 32
+
+
+def test_model_ranges_are_the_cores(model, tmp_path):
+    """Threads, the KV cache type, logits rows and llama.cpp's batch: each range checked once,
+    in C, with the same message wherever the value enters."""
+    path = str(tmp_path / "m.gguf")
+    testing.write_gguf(path, CFG, tm.make_weights(CFG, 1))
+    for bad in (0, -1, 1025):
+        with pytest.raises(ValueError, match=rf"threads must be in \[1, 1024\], got {bad}"):
+            specdec.load(path, threads=bad)
+        with pytest.raises(ValueError, match=rf"threads must be in \[1, 1024\], got {bad}"):
+            model.threads = bad
+    assert model.threads == 1  # unchanged by the refusals
+    with pytest.raises(TypeError, match="threads must be an integer"):
+        model.threads = 1.0
+    with pytest.raises(ValueError, match="kv_dtype must be 'f16' or 'f32', got 'f8'"):
+        specdec.load(path, kv_dtype="f8")
+    with pytest.raises(ValueError, match=r"n_logits -1 is out of range \[0, 2\]"):
+        model.forward(model.new_cache(4), [1, 2], n_logits=-1)
+    with pytest.raises(ValueError, match=r"n_logits 3 is out of range \[0, 2\]"):
+        model.forward(model.new_cache(4), [1, 2], n_logits=3)
+    assert model.forward(model.new_cache(4), [1, 2], n_logits=0).shape == (0, CFG.vocab)
+    with pytest.raises(ValueError, match="tokens must hold at least one token"):
+        model.logits([])
+    with pytest.raises(ValueError, match="beyond the context length 64"):
+        model.logits([1] * 65)

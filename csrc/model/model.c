@@ -500,11 +500,8 @@ sd_model_params sd_model_default_params(void) {
 }
 
 static sd_status check_params(const sd_model_params *p) {
-    if (p->n_threads < 0) {
-        return sd_set_error(SD_ERR_INVALID_ARG,
-                            "threads must be >= 1 (or 0 for all cores), "
-                            "got %d",
-                            p->n_threads);
+    if (p->n_threads != 0) { /* 0: the cores this process may use */
+        SD_TRY(sd_threadpool_check(p->n_threads));
     }
     if (p->device != SD_DEVICE_CPU && p->device != SD_DEVICE_CUDA) {
         return sd_set_error(SD_ERR_INVALID_ARG, "unknown device %d (0 = CPU, 1 = CUDA)", p->device);
@@ -675,9 +672,7 @@ sd_status sd_model_set_kv_f16(sd_model *m, int f16) {
 }
 
 sd_status sd_model_set_threads(sd_model *m, int n_threads) {
-    if (n_threads < 1) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "threads must be >= 1, got %d", n_threads);
-    }
+    SD_TRY(sd_threadpool_check(n_threads));
     if (n_threads == sd_threadpool_size(m->pool)) {
         return SD_OK;
     }

@@ -3,6 +3,7 @@
  * Decoding is in generate.c and sequence_type.c. */
 #include "python/py_core.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -60,14 +61,13 @@ static int model_set_threads(sd_py_Model *self, PyObject *value, void *closure) 
     if (n == -1 && PyErr_Occurred()) {
         return -1;
     }
-    if (n < 1 || n > 1024) {
-        PyErr_Format(PyExc_ValueError, "threads must be in [1, 1024], got %ld", n);
-        return -1;
-    }
     if (sd_py_model_enter(self) < 0) {
         return -1;
     }
-    sd_status st = sd_model_set_threads(self->model, (int)n);
+    /* the core checks the range; a long beyond int saturates (and is out of it) */
+    sd_status st = sd_model_set_threads(self->model, n > INT_MAX   ? INT_MAX
+                                                     : n < INT_MIN ? INT_MIN
+                                                                   : (int)n);
     sd_py_model_leave(self);
     if (st != SD_OK) {
         sd_py_raise(st);
@@ -153,16 +153,27 @@ done:
     return result;
 }
 
-/* forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> (n_logits, V) */
+/* forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=None) -> (n_logits, V);
+ * n_logits None: all T rows. */
 static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"cache", "tokens", "positions", "slots", "mask", "n_logits", NULL};
     PyObject *cache_obj = NULL, *tok_obj = NULL, *pos_obj = Py_None, *slot_obj = Py_None;
-    PyObject *mask_obj = Py_None;
-    int n_logits = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|OOOi:forward", kwlist, &sd_py_CacheType,
+    PyObject *mask_obj = Py_None, *n_logits_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|OOOO:forward", kwlist, &sd_py_CacheType,
                                      &cache_obj, &tok_obj, &pos_obj, &slot_obj, &mask_obj,
-                                     &n_logits)) {
+                                     &n_logits_obj)) {
         return NULL;
+    }
+    long n_logits = -1; /* None: all rows */
+    if (n_logits_obj != Py_None) {
+        if (PyBool_Check(n_logits_obj) || !PyLong_Check(n_logits_obj)) {
+            PyErr_Format(PyExc_TypeError, "n_logits must be an integer or None, got %R",
+                         n_logits_obj);
+            return NULL;
+        }
+        if ((n_logits = PyLong_AsLong(n_logits_obj)) == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
     }
     sd_py_Cache *cache = (sd_py_Cache *)cache_obj;
     if (cache->owner != (PyObject *)self) {
@@ -210,14 +221,11 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
             goto fail;
         }
     }
-    if (n_logits < 0) {
-        n_logits = (int)T;
+    if (n_logits_obj == Py_None) {
+        n_logits = (long)T;
     }
-    if (n_logits > T) {
-        PyErr_Format(PyExc_ValueError, "n_logits %d exceeds the %zd tokens", n_logits, T);
-        goto fail;
-    }
-    npy_intp dims[2] = {n_logits, c->vocab_size};
+    /* the rows are allocated for a valid count; the forward checks the range (and fails) */
+    npy_intp dims[2] = {n_logits < 0 ? 0 : n_logits > T ? T : n_logits, c->vocab_size};
     out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
     if (out == NULL || sd_py_model_enter(self) < 0) {
         goto fail;
@@ -229,7 +237,7 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
     b.slots = slots;
     b.mask = mask != NULL ? (const uint8_t *)PyArray_DATA(mask) : NULL;
     b.n_mask_cols = mask != NULL ? (int)PyArray_DIM(mask, 1) : 0;
-    b.n_logits = n_logits;
+    b.n_logits = n_logits > INT_MAX ? INT_MAX : n_logits < INT_MIN ? INT_MIN : (int)n_logits;
     sd_status st;
     float *dst = (float *)PyArray_DATA(out);
     Py_BEGIN_ALLOW_THREADS st = sd_forward(self->model, cache->kv, &b, dst);
@@ -449,7 +457,7 @@ static PyMethodDef model_methods[] = {
     {"gguf_metadata", (PyCFunction)model_gguf_metadata, METH_NOARGS,
      "gguf_metadata() -> dict of the GGUF key/value metadata ({} for HF directories)"},
     {"forward", (PyCFunction)(void (*)(void))model_forward, METH_VARARGS | METH_KEYWORDS,
-     "forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=-1) -> ndarray"},
+     "forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=None) -> ndarray"},
     {"new_cache", (PyCFunction)model_new_cache, METH_VARARGS, "new_cache(n_slots) -> KVCache"},
     {"llamacpp_logits", (PyCFunction)model_llamacpp_logits, METH_VARARGS,
      "llamacpp_logits(tokens, n_batch) -> ndarray: logits in llama.cpp's float order"},

@@ -4,7 +4,30 @@
 #define SD_PY_MODULE_C /* imports NumPy's C API for every file of the boundary */
 #include "python/py_core.h"
 
+#include <limits.h>
 #include <string.h>
+
+#include "util/threadpool.h"
+
+/* The thread count of a load: None for the cores this process may use (the core's 0), else an
+ * int the core's one check accepts. */
+static int threads_arg(PyObject *obj, int *out) {
+    *out = 0;
+    if (obj == Py_None) {
+        return 0;
+    }
+    const long n = PyLong_AsLong(obj);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = n > INT_MAX ? INT_MAX : n < INT_MIN ? INT_MIN : (int)n;
+    const sd_status st = sd_threadpool_check(*out);
+    if (st != SD_OK) {
+        sd_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
 
 static sd_model_params model_params(int threads, int device, int gpu) {
     sd_model_params p = sd_model_default_params();
@@ -14,14 +37,19 @@ static sd_model_params model_params(int threads, int device, int gpu) {
     return p;
 }
 
-/* load(path, threads=0, device=0, gpu=0) -> Model */
+/* load(path, threads=None, device=0, gpu=0) -> Model */
 static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
     static char *kwlist[] = {"path", "threads", "device", "gpu", NULL};
     PyObject *path_obj = NULL;
+    PyObject *threads_obj = Py_None;
     int threads = 0, device = SD_DEVICE_CPU, gpu = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|iii:load", kwlist, PyUnicode_FSConverter,
-                                     &path_obj, &threads, &device, &gpu)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|Oii:load", kwlist, PyUnicode_FSConverter,
+                                     &path_obj, &threads_obj, &device, &gpu)) {
+        return NULL;
+    }
+    if (threads_arg(threads_obj, &threads) < 0) {
+        Py_DECREF(path_obj);
         return NULL;
     }
     const sd_model_params p = model_params(threads, device, gpu);
@@ -55,7 +83,7 @@ static int dict_int(PyObject *d, const char *key, int *out) {
     return 0;
 }
 
-/* dummy(shape: dict, weight_type, seed, threads=0, device=0, gpu=0) -> Model with random
+/* dummy(shape: dict, weight_type, seed, threads=None, device=0, gpu=0) -> Model with random
  * weights (sd_model_create_dummy); shape: arch ("llama" | "qwen2"), vocab_size, hidden_size,
  * n_layers, n_heads, n_kv_heads, head_dim, ffn_size, context_length (ints), rope_theta,
  * rms_eps (floats), tied_embeddings (bool). */
@@ -63,10 +91,14 @@ static PyObject *core_dummy(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
     static char *kwlist[] = {"shape", "weight_type", "seed", "threads", "device", "gpu", NULL};
     PyObject *shape = NULL;
+    PyObject *threads_obj = Py_None;
     int weight_type = 0, threads = 0, device = SD_DEVICE_CPU, gpu = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iK|iii:dummy", kwlist, &PyDict_Type, &shape,
-                                     &weight_type, &seed, &threads, &device, &gpu)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iK|Oii:dummy", kwlist, &PyDict_Type, &shape,
+                                     &weight_type, &seed, &threads_obj, &device, &gpu)) {
+        return NULL;
+    }
+    if (threads_arg(threads_obj, &threads) < 0) {
         return NULL;
     }
     sd_config c;
@@ -139,9 +171,10 @@ static PyObject *core_cuda_probe(PyObject *mod, PyObject *unused) {
 
 PyMethodDef sd_py_module_methods[] = {
     {"load", (PyCFunction)(void (*)(void))core_load, METH_VARARGS | METH_KEYWORDS,
-     "load(path, threads=0, device=0, gpu=0) -> Model"},
+     "load(path, threads=None, device=0, gpu=0) -> Model"},
     {"dummy", (PyCFunction)(void (*)(void))core_dummy, METH_VARARGS | METH_KEYWORDS,
-     "dummy(shape, weight_type, seed, threads=0, device=0, gpu=0) -> Model with random weights"},
+     "dummy(shape, weight_type, seed, threads=None, device=0, gpu=0) -> Model with random "
+     "weights"},
     {"simd_name", core_simd_name, METH_NOARGS, "SIMD level of the CPU kernels"},
     {"built_with_cuda", core_built_with_cuda, METH_NOARGS,
      "whether the CUDA sources were compiled into this build"},

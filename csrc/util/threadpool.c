@@ -112,11 +112,16 @@ int sd_available_cpus(void) {
     return n > 0 ? (int)n : 1;
 }
 
-sd_status sd_threadpool_create(sd_threadpool **out, int n_threads) {
-    *out = NULL;
+sd_status sd_threadpool_check(int n_threads) {
     if (n_threads < 1 || n_threads > 1024) {
         return sd_set_error(SD_ERR_INVALID_ARG, "threads must be in [1, 1024], got %d", n_threads);
     }
+    return SD_OK;
+}
+
+sd_status sd_threadpool_create(sd_threadpool **out, int n_threads) {
+    *out = NULL;
+    SD_TRY(sd_threadpool_check(n_threads));
     sd_threadpool *p = calloc(1, sizeof(*p));
     if (p == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory creating a thread pool");

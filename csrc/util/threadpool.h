@@ -12,6 +12,8 @@ typedef struct sd_threadpool sd_threadpool;
  * (0 <= thread < n_threads, stable within one run, usable to index per-thread scratch). */
 typedef void (*sd_task_fn)(void *ctx, int task, int thread);
 
+/* SD_ERR_INVALID_ARG unless 1 <= n_threads <= 1024: the one check of a thread count. */
+sd_status sd_threadpool_check(int n_threads);
 /* A pool of n_threads workers, the caller counted: n_threads - 1 threads are started. */
 sd_status sd_threadpool_create(sd_threadpool **out, int n_threads);
 void sd_threadpool_free(sd_threadpool *pool);
