@@ -348,6 +348,11 @@ typedef struct {
     int depth;                        /* 1 <= depth <= SD_RECYCLE_MAX_DEPTH */
     int widths[SD_RECYCLE_MAX_DEPTH]; /* children per node at depth d < depth: 1 .. top */
     int top;                          /* successors kept per token: 1 .. SD_RECYCLE_MAX_TOP */
+    /* 1: each step drafts only the template's nodes that pay: those most often accepted so far,
+     * while the expected tokens per unit of verify time grow, with the time of a forward of
+     * each size measured on the target once (sd_cost_curve, at the first request); where no
+     * node pays, one every fourth step. 0: the whole template every step. */
+    int adaptive;
 } sd_token_recycling;
 
 sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling *params);
@@ -356,6 +361,13 @@ sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling 
  * counts it fills), and its name ("prompt_lookup", "draft_model", "layerskip"). */
 int sd_drafter_max_draft(const sd_drafter *drafter);
 const char *sd_drafter_name(const sd_drafter *drafter);
+/* A tree drafter's verify costs: rel[T - 1] is what a verify forward of T tokens costs over one
+ * of 1 token, for T = 1 .. the count returned (0 before they are measured, at the first request
+ * of an adaptive drafter). Setting them (n entries, positive and non-decreasing, scaled so the
+ * first is 1) replaces the measurement: for reproducible tree sizes, or a curve measured
+ * elsewhere. Not while a request uses the drafter. */
+int sd_drafter_costs(const sd_drafter *drafter, float *rel, int cap);
+sd_status sd_drafter_set_costs(sd_drafter *drafter, const float *rel, int n);
 void sd_drafter_free(sd_drafter *drafter);
 
 /* Speculative decoding: each step the drafter proposes draft tokens, the target scores

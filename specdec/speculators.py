@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, List, Tuple
+from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
 
 from . import _core
 
@@ -104,12 +104,22 @@ class TokenRecycling(Speculator):
 
     The table lives in the speculator: keep one ``TokenRecycling`` per model and reuse it
     across requests (also from several threads), so that it learns the model's habits. CPU
-    models only so far. The default tree (16 nodes) is a starting point, not tuned per
-    machine: a tree pays where a verify forward of many tokens costs little more than one."""
+    models only so far.
+
+    A tree pays where a verify forward of many tokens costs little more than one: on a CPU
+    with AVX-512 or AMX, or a GPU, much more than with AVX2 alone. With ``adaptive`` (the
+    default) each step drafts only the nodes of the template that pay: the speculator counts how
+    often each node of the template is on the accepted path, measures once what a forward of
+    each size costs on the model (a fraction of a second at the first request), and keeps the
+    most promising nodes while expected tokens per unit of time grow; where nothing pays it
+    decodes plainly, drafting one node every fourth step to keep measuring. The sizes chosen
+    depend on timings, so with sampling a seed reproduces the distribution but not the exact
+    tokens; ``adaptive=False`` drafts the whole template every step."""
 
     nodes: int = 16
     widths: Tuple[int, ...] = (4, 2, 2, 1, 1, 1)
     top: int = 8
+    adaptive: bool = True
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -117,8 +127,24 @@ class TokenRecycling(Speculator):
             raise TypeError(f"widths must be a sequence of integers, got {self.widths!r}")
         widths = tuple(_int("widths", w) for w in self.widths)
         object.__setattr__(self, "widths", widths)
-        d = _core.token_recycling(_int("nodes", self.nodes), list(widths), _int("top", self.top))
+        if not isinstance(self.adaptive, bool):
+            raise TypeError(f"adaptive must be a bool, got {self.adaptive!r}")
+        d = _core.token_recycling(_int("nodes", self.nodes), list(widths), _int("top", self.top),
+                                  self.adaptive)
         object.__setattr__(self, "_drafter", d)
+
+    @property
+    def verify_costs(self) -> List[float]:
+        """What a verify forward of T tokens costs over one of 1 token, for T = 1, 2, ...: as
+        measured on the model at the first request of an adaptive speculator ([] before), or
+        as given to :meth:`set_verify_costs`."""
+        return _core.drafter_costs(self._drafter)
+
+    def set_verify_costs(self, costs: Sequence[float]) -> None:
+        """Size trees by these costs (T = 1, 2, ...; positive, non-decreasing, scaled so the
+        first is 1) instead of measuring: reproducible tree sizes, or a curve measured
+        elsewhere (``verify_costs`` of another run). Not while a generation uses it."""
+        _core.drafter_set_costs(self._drafter, [_number("costs", c) for c in costs])
 
 
 class DraftModel(Speculator):

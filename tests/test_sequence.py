@@ -19,7 +19,7 @@ SPECULATORS = {
     "lookup": lambda m: specdec.PromptLookup(k=4),
     "draft": lambda m: specdec.DraftModel(m, k=3, verify_slope=0),
     "layerskip": lambda m: specdec.LayerSkip(1, k=3, verify_slope=0),
-    "recycling": lambda m: specdec.TokenRecycling(nodes=8),
+    "recycling": lambda m: specdec.TokenRecycling(nodes=8, adaptive=False),  # fixed sizes
 }
 SAMPLING = [dict(temperature=0.0), dict(temperature=1.0, seed=7),
             dict(temperature=0.8, top_k=20, top_p=0.9, seed=8)]

@@ -30,10 +30,23 @@ TREES = [dict(nodes=1, widths=(1,)), dict(nodes=6, widths=(2, 2)),
          dict(nodes=40, widths=(3,) * 8, top=3)]
 
 
+# verify costs for adaptive trees: T tokens cost 1 + (T - 1) / 8 of one, so trees are cut to
+# the nodes that pay (given, not measured: the same sizes on every machine)
+CHEAP = [1 + (T - 1) / 8 for T in range(1, 66)]
+
+
+def recycling(adaptive=False, **tree):
+    spec = specdec.TokenRecycling(adaptive=adaptive, **tree)
+    if adaptive:
+        spec.set_verify_costs(CHEAP)
+    return spec
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["whole", "adaptive"])
 @pytest.mark.parametrize("tree", TREES, ids=[str(t["nodes"]) for t in TREES])
-def test_greedy_equals_plain(model, tree):
+def test_greedy_equals_plain(model, tree, adaptive):
     """Several requests on one speculator (its table learns from each), all equal to plain."""
-    spec = specdec.TokenRecycling(**tree)
+    spec = recycling(adaptive, **tree)
     steps = 0
     for seed in range(3):
         prompt = tm.random_tokens(CFG.vocab, 12, seed) * 3
@@ -46,7 +59,7 @@ def test_greedy_equals_plain(model, tree):
 
 
 def test_trees_are_drafted_and_paths_accepted(model):
-    spec = specdec.TokenRecycling(nodes=16, widths=(4, 2, 2, 1, 1, 1))
+    spec = recycling(nodes=16, widths=(4, 2, 2, 1, 1, 1))
     prompt = tm.random_tokens(CFG.vocab, 10, 5) * 4
     specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
     g = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
@@ -60,24 +73,28 @@ def test_caches_equal_fresh_forward_after_every_step(model, temperature):
     """check_cache after every step: the accepted path's keys and values moved into consecutive
     slots are bit for bit a fresh forward's, also past the first 512 slots (runs of the
     attention), where a tree must not straddle two runs."""
-    d = _core.token_recycling(16, [4, 2, 2, 1, 1, 1], 8)
-    for prompt_len, n in ((30, 60), (470, 80)):
+    d = _core.token_recycling(16, [4, 2, 2, 1, 1, 1], 8, False)
+    a = _core.token_recycling(16, [4, 2, 2, 1, 1, 1], 8, True)
+    _core.drafter_set_costs(a, CHEAP)
+    for d, (prompt_len, n) in ((d, (30, 60)), (d, (470, 80)), (a, (470, 80))):
         prompt = (tm.random_tokens(CFG.vocab, 15, 2) * 40)[:prompt_len]
         for _ in range(2):  # the second request drafts from a filled table
             tokens, reason, stats = model._core.generate(
                 prompt, max_new_tokens=n, temperature=temperature, seed=3, stop_ids=[],
                 drafter=d, check_cache=True)
             assert len(tokens) == n and reason == "length"
-        assert stats["drafted"] > stats["steps"]
+        assert stats["drafted"] > (stats["steps"] if d is not a else 0)
 
 
+@pytest.mark.parametrize("adaptive", [False, True], ids=["whole", "adaptive"])
 @pytest.mark.parametrize("name", ["T1", "T0.7-topk3"])
-def test_sampled_output_is_distributed_as_the_target(tmp_path, name):
+def test_sampled_output_is_distributed_as_the_target(tmp_path, name, adaptive):
     m, _, w, _, row = make_v5(tmp_path)
     setting = SETTINGS[name]
     # 100,000 runs, more than the power calculation's minimum (tests/stats.py): trees are new
-    assert_joint_matches(m, specdec.TokenRecycling(nodes=6, widths=(2, 2), top=3), setting,
-                         exact_joint(row, w, setting), N=100_000)
+    # adaptive: tree sizes change from step to step as acceptance is learnt
+    spec = recycling(adaptive, nodes=6, widths=(2, 2), top=3)
+    assert_joint_matches(m, spec, setting, exact_joint(row, w, setting), N=100_000)
 
 
 @pytest.mark.parametrize("kw,error,match", [
@@ -89,11 +106,43 @@ def test_sampled_output_is_distributed_as_the_target(tmp_path, name):
     (dict(widths=(9,)), ValueError, r"widths\[0\] must be in \[1, top = 8\], got 9"),
     (dict(widths=(2, 0)), ValueError, r"widths\[1\] must be in \[1, top = 8\], got 0"),
     (dict(widths=(2.0,)), TypeError, "widths"), (dict(widths=3), TypeError, "widths"),
-    (dict(nodes=1.5), TypeError, "nodes"),
+    (dict(nodes=1.5), TypeError, "nodes"), (dict(adaptive=1), TypeError, "adaptive"),
 ])
 def test_bad_arguments(kw, error, match):
     with pytest.raises(error, match=match):
         specdec.TokenRecycling(**kw)
+
+
+def test_adaptive_trees_follow_the_verify_costs(model):
+    """Where verifying is free the whole template is drafted once the table is full; where a
+    forward of T tokens costs T, no node pays and one is drafted every fourth step (to keep
+    measuring); measured costs start at 1 and never fall."""
+    prompt = tm.random_tokens(CFG.vocab, 10, 5) * 4
+    free, dear = recycling(True, nodes=16), recycling(True, nodes=16)
+    free.set_verify_costs([1.0] * 17)
+    dear.set_verify_costs([float(T) for T in range(1, 18)])
+    for spec in (free, dear):
+        specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
+    g_free = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=free)
+    g_dear = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=dear)
+    assert g_free.stats.drafted > g_free.stats.steps * 8
+    assert 0 < g_dear.stats.drafted <= g_dear.stats.steps // 4 + 1
+    measured = specdec.TokenRecycling()
+    assert measured.verify_costs == []
+    specdec.generate(model, prompt, max_new_tokens=8, speculator=measured)
+    costs = measured.verify_costs
+    assert len(costs) == 17 and costs[0] == 1.0
+    assert all(b >= a for a, b in zip(costs, costs[1:]))
+
+
+@pytest.mark.parametrize("costs,match", [
+    ([], r"need 1 to 65 entries, got 0"), ([1.0] * 66, r"need 1 to 65 entries, got 66"),
+    ([1.0, 0.5], r"non-decreasing \(entry 1 is 0.5\)"),
+    ([1.0, float("nan")], r"entry 1 is nan"), ([0.0], r"entry 0 is 0"),
+])
+def test_bad_verify_costs(costs, match):
+    with pytest.raises(ValueError, match=match):
+        specdec.TokenRecycling().set_verify_costs(costs)
 
 
 def test_one_table_per_model(model, tmp_path):

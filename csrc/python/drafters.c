@@ -94,16 +94,16 @@ static PyObject *py_layerskip(PyObject *mod, PyObject *args, PyObject *kwds) {
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
 }
 
-/* token_recycling(nodes, widths, top) -> Drafter; widths: a sequence of 1 to
+/* token_recycling(nodes, widths, top, adaptive) -> Drafter; widths: a sequence of 1 to
  * SD_RECYCLE_MAX_DEPTH ints, its length the tree's depth */
 static PyObject *py_token_recycling(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"nodes", "widths", "top", NULL};
+    static char *kwlist[] = {"nodes", "widths", "top", "adaptive", NULL};
     sd_token_recycling p;
     memset(&p, 0, sizeof(p));
     PyObject *widths = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOi:token_recycling", kwlist, &p.nodes, &widths,
-                                     &p.top)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOip:token_recycling", kwlist, &p.nodes, &widths,
+                                     &p.top, &p.adaptive)) {
         return NULL;
     }
     PyObject *seq = PySequence_Fast(widths, "widths must be a sequence of integers");
@@ -132,6 +132,52 @@ static PyObject *py_token_recycling(PyObject *mod, PyObject *args, PyObject *kwd
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
 }
 
+/* drafter_costs(drafter) -> list[float]: sd_drafter_costs */
+static PyObject *py_drafter_costs(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *obj = NULL;
+    if (!PyArg_ParseTuple(args, "O!:drafter_costs", &sd_py_DrafterType, &obj)) {
+        return NULL;
+    }
+    float rel[SD_MAX_TREE_NODES + 1];
+    const int n = sd_drafter_costs(((sd_py_Drafter *)obj)->drafter, rel, SD_MAX_TREE_NODES + 1);
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyList_SET_ITEM(list, i, PyFloat_FromDouble(rel[i]));
+    }
+    return list;
+}
+
+/* drafter_set_costs(drafter, list[float]): sd_drafter_set_costs */
+static PyObject *py_drafter_set_costs(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *obj = NULL, *costs = NULL;
+    if (!PyArg_ParseTuple(args, "O!O:drafter_set_costs", &sd_py_DrafterType, &obj, &costs)) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(costs, "costs must be a sequence of numbers");
+    if (seq == NULL) {
+        return NULL;
+    }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    float rel[SD_MAX_TREE_NODES + 1];
+    for (Py_ssize_t i = 0; i < n && i <= SD_MAX_TREE_NODES; i++) {
+        const double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        rel[i] = (float)v;
+    }
+    Py_DECREF(seq);
+    const sd_status st = sd_drafter_set_costs(((sd_py_Drafter *)obj)->drafter, rel,
+                                              n > INT32_MAX ? INT32_MAX : (int)n);
+    if (st != SD_OK) {
+        return sd_py_raise(st);
+    }
+    Py_RETURN_NONE;
+}
+
 PyMethodDef sd_py_drafter_methods[] = {
     {"prompt_lookup", (PyCFunction)(void (*)(void))py_prompt_lookup, METH_VARARGS | METH_KEYWORDS,
      "prompt_lookup(k, max_ngram, min_ngram, verify_slope) -> Drafter (sd_prompt_lookup)"},
@@ -141,6 +187,10 @@ PyMethodDef sd_py_drafter_methods[] = {
      "layerskip(layers, k, p_min, verify_slope) -> Drafter (the target's first layers)"},
     {"token_recycling", (PyCFunction)(void (*)(void))py_token_recycling,
      METH_VARARGS | METH_KEYWORDS,
-     "token_recycling(nodes, widths, top) -> Drafter (sd_token_recycling)"},
+     "token_recycling(nodes, widths, top, adaptive) -> Drafter (sd_token_recycling)"},
+    {"drafter_costs", (PyCFunction)py_drafter_costs, METH_VARARGS,
+     "drafter_costs(drafter) -> list[float]: the verify costs a tree drafter sizes trees by"},
+    {"drafter_set_costs", (PyCFunction)py_drafter_set_costs, METH_VARARGS,
+     "drafter_set_costs(drafter, costs): give them instead of measuring"},
     {NULL, NULL, 0, NULL},
 };

@@ -4,7 +4,11 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "model/forward.h"
+#include "model/model.h"
+#include "spec/decode.h"
 #include "util/status.h"
 
 sd_status sd_drafter_alloc(sd_drafter **out, const sd_drafter_ops *ops, int max_nodes,
@@ -12,6 +16,10 @@ sd_status sd_drafter_alloc(sd_drafter **out, const sd_drafter_ops *ops, int max_
     *out = NULL;
     sd_drafter *d = calloc(1, sizeof(*d));
     if (d == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    if ((d->cost = calloc(1, sizeof(*d->cost))) == NULL) {
+        free(d);
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
     }
     d->ops = ops;
@@ -25,6 +33,9 @@ sd_status sd_drafter_alloc(sd_drafter **out, const sd_drafter_ops *ops, int max_
 void sd_drafter_free(sd_drafter *d) {
     if (d != NULL && d->ops->destroy != NULL) {
         d->ops->destroy(d);
+    }
+    if (d != NULL) {
+        free(d->cost);
     }
     free(d);
 }
@@ -85,4 +96,153 @@ int sd_model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double 
     }
     return sd_adaptive_k(ss->accepted, ss->drafted, (float)(dp->verify_slope + draft_cost), room,
                          ss->steps);
+}
+
+/* One forward of T tokens in tree form (a chain mask, explicit positions) after `ctx` cached
+ * tokens; the fastest of three timed runs after a warm-up, in seconds. */
+static sd_status time_forward(double *best, sd_model *m, sd_kv_cache *kv, const int32_t *tok,
+                              int ctx, int T, uint8_t *mask, float *logits) {
+    int32_t pos[SD_MAX_TREE_NODES + 1];
+    const int cols = ctx + T;
+    for (int r = 0; r < T; r++) {
+        pos[r] = ctx + r;
+        memset(mask + (size_t)r * (size_t)cols, 1, (size_t)(ctx + r + 1));
+        memset(mask + (size_t)r * (size_t)cols + ctx + r + 1, 0, (size_t)(T - r - 1));
+    }
+    sd_batch b = {0};
+    b.n_tokens = T;
+    b.tokens = tok + ctx;
+    b.pos = pos;
+    b.mask = mask;
+    b.n_mask_cols = cols;
+    b.n_logits = T;
+    *best = 1e30;
+    for (int run = 0; run < 4; run++) {
+        SD_TRY(sd_kv_cache_set_length(kv, ctx));
+        const double t0 = sd_now_s();
+        SD_TRY(sd_forward_ex(m, kv, &b, logits, NULL));
+        const double dt = sd_now_s() - t0;
+        if (run > 0 && dt < *best) { /* run 0 warms up */
+            *best = dt;
+        }
+    }
+    return SD_OK;
+}
+
+sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T) {
+    max_T = max_T < 1 ? 1 : max_T > SD_MAX_TREE_NODES + 1 ? SD_MAX_TREE_NODES + 1 : max_T;
+    const int threads = sd_model_threads(m);
+    if (c->threads < 0 || (c->threads == threads && c->max_T >= max_T)) {
+        return SD_OK;
+    }
+    const int V = m->cfg.vocab_size;
+    int ctx = m->cfg.context_length - max_T < 64 ? m->cfg.context_length - max_T : 64;
+    ctx = ctx < 1 ? 1 : ctx;
+    if (ctx + max_T > m->cfg.context_length) {
+        max_T = m->cfg.context_length - ctx;
+    }
+    int32_t *tok = malloc((size_t)(ctx + max_T) * sizeof(int32_t));
+    uint8_t *mask = malloc((size_t)max_T * (size_t)(ctx + max_T));
+    float *logits = m->cuda == NULL ? malloc((size_t)max_T * (size_t)V * sizeof(float)) : NULL;
+    sd_kv_cache *kv = NULL;
+    sd_status st = tok == NULL || mask == NULL || (m->cuda == NULL && logits == NULL)
+                       ? sd_set_error(SD_ERR_NOMEM, "out of memory measuring verify costs")
+                       : SD_OK;
+    if (st == SD_OK) {
+        st = sd_kv_cache_create(&kv, m, ctx + max_T);
+    }
+    for (int i = 0; st == SD_OK && i < ctx + max_T; i++) { /* ids spread over the vocabulary */
+        tok[i] = (int32_t)((1000003u * (unsigned)(i + 1)) % (unsigned)V);
+    }
+    sd_batch b = {0};
+    b.n_tokens = ctx;
+    b.tokens = tok;
+    if (st == SD_OK) {
+        st = sd_forward(m, kv, &b, NULL);
+    }
+    /* measured sizes (increasing, the last max_T); the others interpolated between them */
+    static const int sizes[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, SD_MAX_TREE_NODES + 1};
+    int Ts[sizeof(sizes) / sizeof(sizes[0])];
+    double at[sizeof(sizes) / sizeof(sizes[0])];
+    int n_pts = 0;
+    for (int i = 0; st == SD_OK && i < (int)(sizeof(sizes) / sizeof(sizes[0])); i++) {
+        Ts[n_pts] = sizes[i] < max_T ? sizes[i] : max_T;
+        st = time_forward(&at[n_pts], m, kv, tok, ctx, Ts[n_pts], mask, logits);
+        if (Ts[n_pts++] == max_T) {
+            break;
+        }
+    }
+    if (st == SD_OK) {
+        for (int T = 1, j = 0; T <= max_T; T++) {
+            while (j + 1 < n_pts - 1 && Ts[j + 1] < T) {
+                j++;
+            }
+            const int k = j + 1 < n_pts ? j + 1 : j;
+            const double w = Ts[k] > Ts[j] ? (double)(T - Ts[j]) / (double)(Ts[k] - Ts[j]) : 0.0;
+            c->rel[T] = (float)((at[j] + w * (at[k] - at[j])) / at[0]);
+        }
+        c->rel[0] = 0.0f;
+        c->rel[1] = 1.0f;
+        for (int T = 2; T <= max_T; T++) { /* a larger batch never costs less */
+            c->rel[T] = c->rel[T] > c->rel[T - 1] ? c->rel[T] : c->rel[T - 1];
+        }
+        c->max_T = max_T;
+        c->threads = threads;
+    }
+    sd_kv_cache_free(kv);
+    free(tok);
+    free(mask);
+    free(logits);
+    return st;
+}
+
+int sd_tree_size(const float *p, int n, const sd_cost_curve *c, int *order) {
+    for (int i = 0; i < n; i++) { /* insertion sort by decreasing p, stable */
+        int j = i;
+        while (j > 0 && p[order[j - 1]] < p[i]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    double gain = 1.0, best_v = 1.0; /* no node: one token per forward of one */
+    int best = 0;
+    for (int k = 1; k <= n && k + 1 <= c->max_T; k++) {
+        gain += p[order[k - 1]];
+        const double v = gain / (double)c->rel[k + 1];
+        if (v > best_v) {
+            best_v = v;
+            best = k;
+        }
+    }
+    return best;
+}
+
+int sd_drafter_costs(const sd_drafter *d, float *rel, int cap) {
+    const int n = d->cost->threads != 0 ? d->cost->max_T : 0;
+    for (int T = 1; T <= n && T <= cap; T++) {
+        rel[T - 1] = d->cost->rel[T];
+    }
+    return n;
+}
+
+sd_status sd_drafter_set_costs(sd_drafter *d, const float *rel, int n) {
+    if (n < 1 || n > SD_MAX_TREE_NODES + 1) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "verify costs: need 1 to %d entries, got %d",
+                            SD_MAX_TREE_NODES + 1, n);
+    }
+    for (int i = 0; i < n; i++) {
+        if (!(rel[i] > 0.0f && rel[i] < 1e30f) || (i > 0 && rel[i] < rel[i - 1])) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "verify costs must be positive, finite and non-decreasing "
+                                "(entry %d is %g)",
+                                i, (double)rel[i]);
+        }
+    }
+    for (int T = 1; T <= n; T++) {
+        d->cost->rel[T] = rel[T - 1] / rel[0];
+    }
+    d->cost->max_T = n;
+    d->cost->threads = -1;
+    return SD_OK;
 }

@@ -63,14 +63,24 @@ typedef struct sd_drafter_ops {
     void (*destroy)(sd_drafter *d);
 } sd_drafter_ops;
 
+/* What a verify forward costs by its token count on one model, measured: the tree drafters size
+ * their trees by it, since it differs by machine far more than by model (8 tokens cost about 3
+ * tokens' time with AVX2 alone, 1.3-1.6 with AVX-512 or AMX, about 1 on a GPU). */
+typedef struct {
+    int threads; /* the model's thread count when measured; 0: not measured; -1: given */
+    int max_T;   /* rel holds T = 1 .. max_T */
+    float rel[SD_MAX_TREE_NODES + 2]; /* rel[T]: a tree-masked forward of T tokens over one */
+} sd_cost_curve;
+
 /* A drafter: its operations, the most nodes it proposes per step, and its parameters. */
 struct sd_drafter {
     const sd_drafter_ops *ops;
-    int max_nodes;   /* 1 <= max_nodes <= SD_MAX_DRAFT: sizes the loop's buffers */
-    int wants_q;     /* 1: the loop keeps (max_nodes, V) rows for the drafts' distributions */
-    int context;     /* the longest text the drafter can follow (a draft model's context) */
-    sd_model *model; /* a drafter's own model (not owned), or NULL */
-    void *shared;    /* state every request of the drafter shares (ops->destroy frees it) */
+    int max_nodes;       /* 1 <= max_nodes <= SD_MAX_DRAFT: sizes the loop's buffers */
+    int wants_q;         /* 1: the loop keeps (max_nodes, V) rows for the drafts' distributions */
+    int context;         /* the longest text the drafter can follow (a draft model's context) */
+    sd_model *model;     /* a drafter's own model (not owned), or NULL */
+    void *shared;        /* state every request of the drafter shares (ops->destroy frees it) */
+    sd_cost_curve *cost; /* (owned) a tree drafter's verify costs, guarded by its own lock */
     union {
         sd_prompt_lookup lookup;
         sd_token_recycling recycling;
@@ -99,5 +109,18 @@ int sd_adaptive_k(double accepted, double trials, float slope, int kmax, int ste
  * acceptance measured over all drafted tokens so far, draft_cost one draft token's cost). */
 int sd_model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double draft_cost,
                      int room);
+
+/* Measures c for forwards of up to max_T tokens (<= SD_MAX_TREE_NODES + 1) after a short prefix, on
+ * a scratch cache: the fastest of three timed runs of each of a few sizes, interpolated between
+ * them (a fraction of a second on a small CPU model). Nothing is measured when c already holds
+ * a curve for this thread count and size, or one that was given (sd_drafter_set_costs). */
+sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T);
+
+/* Of n candidate nodes with p[i] the chance that node i is on the accepted path (the nodes
+ * ordered so that a parent comes first and p[child] <= p[parent]), how many of the most likely
+ * to verify: the count that maximises expected tokens per unit of verify time,
+ * (1 + sum of their p) / rel[count + 1], 0 when none beats plain decoding. order receives the
+ * nodes by decreasing p (ties to the earlier node), so that any prefix of it is a tree. */
+int sd_tree_size(const float *p, int n, const sd_cost_curve *c, int *order);
 
 #endif /* SD_DRAFTER_H */

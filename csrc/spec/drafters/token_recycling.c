@@ -1,7 +1,15 @@
 /* token_recycling.c — Token Recycling (Luo et al. 2024): a table of each token's most probable
  * successors, refreshed from the target's logits at every verify step, drafts a tree whose
  * root is the text's last token. Deterministic children, verified by the tree rule. The table is
- * the drafter's, shared by its requests under a lock. */
+ * the drafter's, shared by its requests under a lock.
+ *
+ * The tree's shape is a fixed template (widths per level, breadth first, up to `nodes` slots);
+ * a slot is drafted when its parent is and the table has its successor. With `adaptive`, each
+ * step keeps only the slots that pay: every slot's acceptance (how often its node was on the
+ * accepted path) is counted, and the nodes most likely accepted are kept while the expected
+ * tokens per unit of verify time grow, the time of a forward of each size measured on the
+ * model (sd_cost_curve). A machine where verifying many tokens is dear gets small trees, or
+ * plain decoding; one where it is cheap, the whole template. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,19 +18,25 @@
 #include "spec/loop.h"
 #include "util/status.h"
 
-/* The successor table of one model. */
+/* The successor table of one model, the template's slots and what was learnt of them. */
 typedef struct {
     pthread_mutex_t lock;
     const sd_model *model; /* the model the table was filled for */
     int V, top;
     int32_t *next; /* (V, top) successors by decreasing logit, -1 where none yet */
+    /* the template, breadth first: slot s is child `rank` of slot `parent` (-1: the root) */
+    int n_slots;
+    int8_t parent[SD_MAX_TREE], depth[SD_MAX_TREE], rank[SD_MAX_TREE];
+    double proposed[SD_MAX_TREE], on_path[SD_MAX_TREE]; /* steps each slot was drafted, kept */
 } recycle_table;
 
 /* What a request keeps between propose and commit. */
 typedef struct {
     int32_t root;
+    int n;
     int32_t tokens[SD_MAX_TREE];
     int32_t parent[SD_MAX_TREE];
+    int8_t slot[SD_MAX_TREE];                             /* each node's template slot */
     int32_t best[(SD_MAX_TREE + 1) * SD_RECYCLE_MAX_TOP]; /* a step's rows' successors */
 } recycle_state;
 
@@ -65,43 +79,79 @@ static sd_status recycle_begin(const sd_drafter *d, void **state, sd_spec_loop *
     } else if (t->model != L->m) {
         st = sd_set_error(SD_ERR_INVALID_ARG, "the successor table belongs to another model");
     }
+    if (st == SD_OK && d->u.recycling.adaptive) { /* once per model and thread count */
+        st = sd_cost_curve_measure(d->cost, L->m, t->n_slots + 1);
+    }
     pthread_mutex_unlock(&t->lock);
     SD_TRY(st);
     *state = calloc(1, sizeof(recycle_state));
     return *state != NULL ? SD_OK : sd_set_error(SD_ERR_NOMEM, "out of memory");
 }
 
-/* Breadth first from the root: a node at depth d gets its token's first widths[d] successors,
- * while there are nodes and levels left; parents come before their children. */
+/* The template's slots that can be drafted this step (their parents drafted, their successors
+ * known, within the room), breadth first; with `adaptive`, only those that pay
+ * (sd_tree_size), one node every fourth step where none does, to keep measuring. */
 static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
                                  sd_draft *out) {
     (void)room; /* a tree's room is sd_spec_tree_room's */
-    const sd_token_recycling *p = &d->u.recycling;
     recycle_table *t = d->shared;
     recycle_state *s = state;
     int depth_room = 0;
     const int tree_room = sd_spec_tree_room(L, &depth_room);
-    const int limit = p->nodes < tree_room ? p->nodes : tree_room;
-    const int max_depth = p->depth < depth_room ? p->depth : depth_room;
-    int depth[SD_MAX_TREE];
+    int32_t tok[SD_MAX_TREE], node_of[SD_MAX_TREE], par[SD_MAX_TREE], order[SD_MAX_TREE];
+    int8_t slot[SD_MAX_TREE];
+    float p[SD_MAX_TREE];
     int n = 0;
     s->root = L->hist[L->len - 1];
     pthread_mutex_lock(&t->lock);
-    for (int at = -1; at < n && n < limit; at++) { /* at: the node expanded, -1 the root */
-        const int dep = at < 0 ? 0 : depth[at];
-        if (dep >= max_depth) {
+    for (int sl = 0; sl < t->n_slots && n < tree_room; sl++) {
+        const int ps = t->parent[sl], pn = ps < 0 ? -1 : node_of[ps];
+        node_of[sl] = -1;
+        if ((ps >= 0 && pn < 0) || t->depth[sl] > depth_room) {
             continue;
         }
-        const int32_t *succ = t->next + (size_t)(at < 0 ? s->root : s->tokens[at]) * t->top;
-        for (int j = 0; j < p->widths[dep] && succ[j] >= 0 && n < limit; j++) {
-            s->tokens[n] = succ[j];
-            s->parent[n] = at;
-            depth[n] = dep + 1;
-            n++;
+        const int32_t succ = t->next[(size_t)(pn < 0 ? s->root : tok[pn]) * t->top + t->rank[sl]];
+        if (succ < 0) {
+            continue;
         }
+        /* the chance the slot's node is kept: its count, smoothed towards 2^-depth, and never
+         * above its parent's */
+        const double prior = 1.0 / (double)(1 << t->depth[sl]);
+        double q = (t->on_path[sl] + 2.0 * prior) / (t->proposed[sl] + 2.0);
+        q = pn >= 0 && q > p[pn] ? p[pn] : q;
+        node_of[sl] = n;
+        tok[n] = succ;
+        par[n] = pn;
+        slot[n] = (int8_t)sl;
+        p[n] = (float)q;
+        n++;
+    }
+    int keep = n;
+    if (d->u.recycling.adaptive) {
+        keep = sd_tree_size(p, n, d->cost, order);
+        keep = keep == 0 && n > 0 && L->ss->steps % 4 == 0 ? 1 : keep;
     }
     pthread_mutex_unlock(&t->lock);
-    out->n = n;
+    /* the kept nodes in breadth-first order (a parent is kept whenever its child is) */
+    int32_t newidx[SD_MAX_TREE];
+    for (int i = 0; i < n; i++) {
+        newidx[i] = keep == n ? i : -1;
+    }
+    for (int i = 0; keep < n && i < keep; i++) {
+        newidx[order[i]] = 0;
+    }
+    s->n = 0;
+    for (int i = 0; i < n; i++) {
+        if (newidx[i] < 0) {
+            continue;
+        }
+        newidx[i] = s->n;
+        s->tokens[s->n] = tok[i];
+        s->parent[s->n] = par[i] < 0 ? -1 : newidx[par[i]];
+        s->slot[s->n] = slot[i];
+        s->n++;
+    }
+    out->n = s->n;
     out->tokens = s->tokens;
     out->parent = s->parent;
     return SD_OK;
@@ -134,7 +184,6 @@ static void top_ids(int32_t *best, int top, const float *row, int V) {
  * logits, L->logits, row 0 at the root and row 1 + i after node i). */
 static sd_status recycle_commit(const sd_drafter *d, void *state, sd_spec_loop *L,
                                 const sd_draft *draft, int n_acc, int32_t next) {
-    (void)n_acc;
     (void)next;
     recycle_table *t = d->shared;
     recycle_state *s = state;
@@ -142,11 +191,29 @@ static sd_status recycle_commit(const sd_drafter *d, void *state, sd_spec_loop *
     for (int r = 0; r <= draft->n; r++) {
         top_ids(s->best + (size_t)r * top, top, L->logits + (size_t)r * V, V);
     }
+    /* the accepted path, L->batch[1 .. n_acc], followed down the proposal (siblings differ) */
+    int on_path[SD_MAX_TREE] = {0};
+    for (int j = 0, at = -1; j < n_acc; j++) {
+        int i = at + 1;
+        while (i < s->n && !(s->parent[i] == at && s->tokens[i] == L->batch[1 + j])) {
+            i++;
+        }
+        if (i == s->n) {
+            return sd_set_error(SD_ERR_INTERNAL,
+                                "token recycling: the accepted path left its tree");
+        }
+        on_path[i] = 1;
+        at = i;
+    }
     pthread_mutex_lock(&t->lock);
     for (int r = 0; r <= draft->n; r++) {
         const int32_t tok = r == 0 ? s->root : draft->tokens[r - 1];
         memcpy(t->next + (size_t)tok * top, s->best + (size_t)r * top,
                (size_t)top * sizeof(int32_t));
+    }
+    for (int i = 0; i < s->n; i++) {
+        t->proposed[s->slot[i]] += 1.0;
+        t->on_path[s->slot[i]] += on_path[i];
     }
     pthread_mutex_unlock(&t->lock);
     return SD_OK;
@@ -212,7 +279,17 @@ sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling 
         return sd_set_error(SD_ERR_INTERNAL, "could not create the successor table's lock");
     }
     t->top = p->top;
-    const sd_status st = sd_drafter_alloc(out, &recycle_ops, p->nodes, 0);
+    /* the template, breadth first from the root (slot -1 at depth 0) */
+    for (int at = -1; at < t->n_slots && t->n_slots < p->nodes; at++) {
+        const int dep = at < 0 ? 0 : t->depth[at];
+        for (int j = 0; dep < p->depth && j < p->widths[dep] && t->n_slots < p->nodes; j++) {
+            t->parent[t->n_slots] = (int8_t)at;
+            t->depth[t->n_slots] = (int8_t)(dep + 1);
+            t->rank[t->n_slots] = (int8_t)j;
+            t->n_slots++;
+        }
+    }
+    const sd_status st = sd_drafter_alloc(out, &recycle_ops, t->n_slots, 0);
     if (st != SD_OK) {
         pthread_mutex_destroy(&t->lock);
         free(t);
