@@ -1,4 +1,4 @@
-/* forward.c — one forward pass of a llama/qwen2 decoder over a batch of T tokens at given
+/* forward.c — one forward pass of a llama/qwen2/qwen3 decoder over a batch of T tokens at given
  * positions, writing K/V into given cache slots and attending through an explicit mask, so one
  * call serves prefill, single-token decode and the scoring of a whole draft tree. */
 #include <math.h>
@@ -89,25 +89,53 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
     return SD_OK;
 }
 
-/* The effective mask (T, n_attn): the caller's, or causal by stored position over live slots. */
-static void build_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batch *b, const int32_t *pos,
-                       int old_len, int n_attn) {
+/* The effective mask (T, n_attn): the caller's, or causal by stored position over live slots.
+ * With a sliding window W only slots whose position lies in (pos[t] - W, pos[t]] stay visible,
+ * whatever built the mask (prefill, decode, a verify chain or tree): the cache keeps every slot
+ * and the window is a mask. slot_pos (n_attn) is scratch. Changes no state. */
+static sd_status build_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batch *b,
+                            const int32_t *pos, int old_len, int n_attn, int window,
+                            int32_t *slot_pos) {
     const int T = b->n_tokens;
     if (b->mask != NULL) {
         memcpy(mask, b->mask, (size_t)T * (size_t)n_attn);
-        return;
+    } else {
+        for (int t = 0; t < T; t++) {
+            uint8_t *row = mask + (size_t)t * (size_t)n_attn;
+            for (int s = 0; s < n_attn; s++) {
+                row[s] = s < old_len && kv->pos[s] <= pos[t];
+            }
+            /* slots written by this batch (they may lie past old_len or overwrite earlier ones) */
+            for (int u = 0; u < T; u++) {
+                int32_t s = b->slots != NULL ? b->slots[u] : old_len + u;
+                row[s] = pos[u] <= pos[t];
+            }
+        }
+    }
+    if (window <= 0) {
+        return SD_OK;
+    }
+    memcpy(slot_pos, kv->pos, (size_t)n_attn * sizeof(int32_t));
+    for (int u = 0; u < T; u++) {
+        int32_t s = b->slots != NULL ? b->slots[u] : old_len + u;
+        if (s < n_attn) {
+            slot_pos[s] = pos[u];
+        }
     }
     for (int t = 0; t < T; t++) {
         uint8_t *row = mask + (size_t)t * (size_t)n_attn;
+        int any = 0;
         for (int s = 0; s < n_attn; s++) {
-            row[s] = s < old_len && kv->pos[s] <= pos[t];
+            row[s] = row[s] && (int64_t)pos[t] - slot_pos[s] < window;
+            any |= row[s];
         }
-        /* slots written by this batch (they may lie past old_len or overwrite earlier ones) */
-        for (int u = 0; u < T; u++) {
-            int32_t s = b->slots != NULL ? b->slots[u] : old_len + u;
-            row[s] = pos[u] <= pos[t];
+        if (!any) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "mask row %d attends to no slot within the sliding window of %d", t,
+                                window);
         }
     }
+    return SD_OK;
 }
 
 #ifdef SD_WITH_CUDA
@@ -117,17 +145,23 @@ static sd_status forward_cuda(sd_model *m, sd_kv_cache *kv, const sd_batch *b, f
                               const int32_t *tokens_dev, int new_len, int n_attn) {
     const int T = b->n_tokens;
     const int old_len = kv->length;
-    int32_t *pos = calloc(1, (size_t)T * 2 * sizeof(int32_t) + (size_t)T * (size_t)n_attn);
+    int32_t *pos =
+        calloc(1, ((size_t)T * 2 + (size_t)n_attn) * sizeof(int32_t) + (size_t)T * (size_t)n_attn);
     if (pos == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
     }
     int32_t *slots = pos + T;
-    uint8_t *mask = (uint8_t *)(slots + T);
+    int32_t *slot_pos = slots + T;
+    uint8_t *mask = (uint8_t *)(slot_pos + n_attn);
     for (int t = 0; t < T; t++) {
         pos[t] = b->pos != NULL ? b->pos[t] : old_len + t;
         slots[t] = b->slots != NULL ? b->slots[t] : old_len + t;
     }
-    build_mask(mask, kv, b, pos, old_len, n_attn);
+    sd_status st = build_mask(mask, kv, b, pos, old_len, n_attn, m->cfg.sliding_window, slot_pos);
+    if (st != SD_OK) {
+        free(pos);
+        return st;
+    }
     for (int t = 0; t < T; t++) {
         kv->pos[slots[t]] = pos[t];
     }
@@ -142,7 +176,7 @@ static sd_status forward_cuda(sd_model *m, sd_kv_cache *kv, const sd_batch *b, f
     cb.n_attn = n_attn;
     cb.n_logits = b->n_logits;
     cb.n_layers = b->n_layers > 0 ? b->n_layers : m->cfg.n_layers;
-    const sd_status st = sd_cuda_forward(m->cuda, kv->cuda, &cb, logits);
+    st = sd_cuda_forward(m->cuda, kv->cuda, &cb, logits);
     free(pos);
     return st;
 }
@@ -189,7 +223,7 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
     const int old_len = kv->length;
 
     /* positions and slots of this batch (defaults: append at the end) */
-    int32_t *pos = calloc((size_t)T * 2, sizeof(int32_t));
+    int32_t *pos = calloc((size_t)T * 2 + (size_t)n_attn, sizeof(int32_t));
     if (pos == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
     }
@@ -198,7 +232,12 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         pos[t] = b->pos != NULL ? b->pos[t] : old_len + t;
         slots[t] = b->slots != NULL ? b->slots[t] : old_len + t;
     }
-    build_mask(s->mask, kv, b, pos, old_len, n_attn);
+    const sd_status mst =
+        build_mask(s->mask, kv, b, pos, old_len, n_attn, c->sliding_window, slots + T);
+    if (mst != SD_OK) {
+        free(pos);
+        return mst;
+    }
     for (int t = 0; t < T; t++) {
         kv->pos[slots[t]] = pos[t];
     }
@@ -236,9 +275,12 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
             {s->v, s->xb, &L->wv, L->bv, 0},
         };
         const int q_qkv = sd_matmul_wants_q8(qkv, 3); /* normalized and quantized at once */
-        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps,
-                        q_qkv ? s->xq : NULL);
+        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps, q_qkv ? s->xq : NULL);
         sd_matmul(m->pool, T, qkv, 3, s->xq, q_qkv);
+        if (L->q_norm != NULL) { /* qwen3: RMSNorm over each head's Dh before RoPE */
+            sd_rmsnorm(s->q, s->q, L->q_norm, T * H, Dh, c->rms_eps);
+            sd_rmsnorm(s->k, s->k, L->k_norm, T * Hkv, Dh, c->rms_eps);
+        }
         sd_rope(s->q, s->rope_cs, T, H, Dh, c->rope_neox);
         sd_rope(s->k, s->rope_cs, T, Hkv, Dh, c->rope_neox);
         for (int t = 0; t < T; t++) {

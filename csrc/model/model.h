@@ -22,6 +22,8 @@ typedef struct {
     const float *bq;        /* (H*Dh) or NULL */
     const float *bk;        /* (Hkv*Dh) or NULL */
     const float *bv;        /* (Hkv*Dh) or NULL */
+    const float *q_norm;    /* (Dh) per-head RMSNorm of q before RoPE (qwen3), or NULL */
+    const float *k_norm;    /* (Dh) the same for k, or NULL */
     const float *ffn_norm;  /* (D) */
     sd_mat w_gate;          /* (F, D) */
     sd_mat w_up;            /* (F, D) */
@@ -66,7 +68,7 @@ struct sd_model {
     struct sd_cuda_model *cuda; /* the device copy and state when device == SD_DEVICE_CUDA */
     float *vectors;             /* f32 copies of norms and biases (small; read every token) */
     void *packed;               /* one block holding the repacked matrices, or NULL */
-    double *rope_freq;          /* (Dh/2) inverse frequencies */
+    double *rope_freq;          /* (Dh/2) inverse frequencies, after any RoPE scaling */
     sd_threadpool *pool;
     sd_scratch s;
     char *pieces;      /* token piece bytes, back to back (sd_model_set_token_pieces) */
