@@ -156,6 +156,7 @@ static const struct {
     {"rope.freq_base_swa", NEUTRAL_ABSENT, "a separate RoPE base for sliding-window layers"},
     {"attention.sliding_window_pattern", NEUTRAL_ABSENT, "sliding windows on some layers only"},
     {"rope.scaling.attn_factor", NEUTRAL_ONE, "RoPE attention factor"},
+    {"rope.scaling.alpha", NEUTRAL_ZERO, "NTK-alpha RoPE scaling"},
 };
 
 static sd_status refuse_gguf_keys(const sd_gguf *g, const sd_config *c) {
@@ -201,10 +202,16 @@ static sd_status rope_from_gguf(sd_config *c, const sd_gguf *g) {
                             "metadata '%s' = '%.*s' is not supported (supported: none, linear)",
                             key, (int)(len > 32 ? 32 : len), type);
     }
+    if (is_none && factor != 0.0 && factor != 1.0) { /* llama.cpp would still scale by it */
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "metadata '%s.rope.scaling.factor' = %g with scaling type none is "
+                            "ambiguous and not supported",
+                            c->arch_name, factor);
+    }
     if (is_linear && factor != 0.0 && factor != 1.0) { /* llama.cpp: freq_scale = 1 / factor */
         c->rope_scaling = SD_ROPE_LINEAR;
         c->rope_factor = (float)factor;
-    } else if (type != NULL && is_linear) {
+    } else if (type != NULL && is_linear && factor == 0.0) {
         return sd_set_error(SD_ERR_FORMAT,
                             "metadata '%s' is linear but '%s.rope.scaling.factor' "
                             "is missing or 0",
