@@ -220,7 +220,8 @@ def test_gguf_linear_factor_without_type_is_linear(tmp_path):
 
 
 def fixture(name):
-    return json.loads((Path(__file__).parent / "fixtures" / "families" / f"{name}.json").read_text())
+    path = Path(__file__).parent / "fixtures" / "families" / f"{name}.json"
+    return json.loads(path.read_text())
 
 
 def llama3_divisors(rp, head_dim):
