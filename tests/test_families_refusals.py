@@ -278,3 +278,22 @@ def test_gguf_rope_freqs_with_linear_factor_refused(tmp_path):
 def test_gguf_rope_freqs_of_wrong_length_refused(tmp_path):
     p = gguf(tmp_path, extra_tensors=[("rope_freqs.weight", np.ones(3, np.float32))])
     refused(p, "rope_freqs.weight")
+
+
+def test_gguf_window_of_qwen_refused(tmp_path):
+    qwen2 = LLAMA.replace(arch="qwen2")
+    refused(gguf(tmp_path, [("qwen2.attention.sliding_window", GGUF_U32, 8)], cfg=qwen2),
+            "qwen2.attention.sliding_window")
+
+
+def test_gguf_llama_window_holds(tmp_path):
+    """A llama GGUF that states a window gets it (the Mistral fixture's, against transformers),
+    although llama.cpp's llama graph would not read the key."""
+    fx = fixture("mistral_window")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    p = tmp_path / "w.gguf"
+    window = fx["config"]["sliding_window"]
+    testing.write_gguf(p, cfg, w, extra_kv=[("llama.attention.sliding_window", GGUF_U32, window)])
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
+    assert tm.rel_err(got, fx["logits"]) <= 1e-3

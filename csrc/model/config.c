@@ -273,7 +273,16 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
                             "dimension %d) are not supported",
                             (long long)v, c->head_dim);
     }
+    /* llama.cpp's llama graph ignores this key (its converter does not write Mistral's window);
+     * where a file states one, specdec computes the model it describes. For qwen2/qwen3 HF
+     * applies a window only on some layers, which the file cannot say: refused. */
     if (gguf_int(g, c, "attention.sliding_window", &v) && v > 0) {
+        if (c->arch != SD_ARCH_LLAMA && v < c->context_length) {
+            return sd_set_error(SD_ERR_UNSUPPORTED,
+                                "metadata '%s.attention.sliding_window' = %lld (a window in a %s "
+                                "model) is not supported",
+                                c->arch_name, (long long)v, c->arch_name);
+        }
         c->sliding_window = v < (1 << 30) ? (int)v : (1 << 30);
     }
     double f = 0.0;
