@@ -64,7 +64,14 @@ const char *sd_type_name(int type);
 
 /* ---- model ----------------------------------------------------------------------------------- */
 
-typedef enum { SD_ARCH_LLAMA = 0, SD_ARCH_QWEN2 = 1, SD_ARCH_QWEN3 = 2 } sd_arch;
+/* GEMMA3 adds to qwen3's q/k norms: embeddings scaled by sqrt(D), norms after attention and
+ * after the MLP as well as before, GeGLU with the tanh GELU in place of SwiGLU. */
+typedef enum {
+    SD_ARCH_LLAMA = 0,
+    SD_ARCH_QWEN2 = 1,
+    SD_ARCH_QWEN3 = 2,
+    SD_ARCH_GEMMA3 = 3
+} sd_arch;
 
 /* How RoPE's inverse frequencies inv[i] = theta^(-2i/Dh) are scaled for longer contexts. */
 typedef enum {
@@ -80,7 +87,7 @@ typedef enum {
 /* Hyper-parameters, read from the file. */
 typedef struct {
     sd_arch arch;
-    char arch_name[32];  /* "llama", "qwen2", "qwen3" (a GGUF file's own name, e.g. "mistral") */
+    char arch_name[32];  /* "llama", "qwen2", "qwen3", "gemma3" (a GGUF file's own name) */
     int vocab_size;      /* V */
     int hidden_size;     /* D */
     int n_layers;        /* L */
@@ -97,6 +104,11 @@ typedef struct {
     int has_qk_norm;     /* 1: per-head RMSNorm (weights of Dh) of q and k before RoPE (qwen3) */
     int sliding_window;  /* > 0: the token at position p attends only to positions in
                           * (p - sliding_window, p] (Mistral); 0: to every earlier position */
+    int swa_pattern;     /* with a window: 0 = on every layer; n = on layer l iff
+                          * l % n < n - 1 (Gemma 3: five local layers, then a global one) */
+    float rope_theta_local; /* swa_pattern > 0: the local layers' RoPE base (never scaled) */
+    float attn_scale;       /* > 0: the softmax scale of q.k; 0 = 1/sqrt(Dh) */
+    float final_softcap;    /* > 0: logits = c * tanh(logits / c) */
     int rope_scaling;    /* sd_rope_scaling */
     float rope_factor;   /* LINEAR and LLAMA3: how many times the original context */
     float rope_low_freq_factor;  /* LLAMA3 */

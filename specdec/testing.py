@@ -27,7 +27,7 @@ import numpy as np
 class RandomModelConfig:
     """Shape and hyper-parameters of a random llama/qwen2/qwen3 model."""
 
-    arch: str = "llama"  # "llama", "qwen2" or "qwen3"
+    arch: str = "llama"  # "llama", "qwen2", "qwen3" or "gemma3"
     vocab: int = 64
     dim: int = 32
     n_layers: int = 2
@@ -46,7 +46,7 @@ class RandomModelConfig:
 
     @property
     def has_qk_norm(self) -> bool:
-        return self.arch == "qwen3"
+        return self.arch in ("qwen3", "gemma3")
 
     @property
     def has_bias(self) -> bool:
@@ -73,8 +73,11 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
     def mat(out_f, in_f, scale=1.0):
         return (rng.standard_normal((out_f, in_f)) * (scale / np.sqrt(in_f))).astype(np.float32)
 
+    # gemma3's norms scale by (1 + w): its stored weights are the small w
+    base = 0.0 if cfg.arch == "gemma3" else 1.0
+
     def norm(n):
-        return (1.0 + rng.uniform(-0.1, 0.1, size=n)).astype(np.float32)
+        return (base + rng.uniform(-0.1, 0.1, size=n)).astype(np.float32)
 
     w: dict[str, np.ndarray] = {}
     w["model.embed_tokens.weight"] = rng.standard_normal((V, D)).astype(np.float32)
@@ -96,6 +99,9 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
         w[p + "mlp.gate_proj.weight"] = mat(F, D)
         w[p + "mlp.up_proj.weight"] = mat(F, D)
         w[p + "mlp.down_proj.weight"] = mat(D, F)
+        if cfg.arch == "gemma3":  # sandwich norms (post_attention_layernorm is the post-norm)
+            w[p + "pre_feedforward_layernorm.weight"] = norm(D)
+            w[p + "post_feedforward_layernorm.weight"] = norm(D)
     w["model.norm.weight"] = norm(D)
     if not cfg.tied:
         w["lm_head.weight"] = mat(V, D, 2.0)
@@ -330,7 +336,16 @@ HF_TO_GGUF_LAYER = {
 }
 
 
-def gguf_name(hf_name: str) -> str:
+# gemma3's sandwich norms, as llama.cpp names them (its HF post_attention_layernorm is the
+# attention block's post-norm, not the MLP's pre-norm)
+GEMMA3_GGUF_LAYER = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf_name == "model.norm.weight":
@@ -339,16 +354,21 @@ def gguf_name(hf_name: str) -> str:
         return "output.weight"
     parts = hf_name.split(".")
     assert parts[0] == "model" and parts[1] == "layers", hf_name
-    return f"blk.{parts[2]}." + HF_TO_GGUF_LAYER[".".join(parts[3:])]
+    suffix = ".".join(parts[3:])
+    if arch == "gemma3" and suffix in GEMMA3_GGUF_LAYER:
+        return f"blk.{parts[2]}." + GEMMA3_GGUF_LAYER[suffix]
+    return f"blk.{parts[2]}." + HF_TO_GGUF_LAYER[suffix]
 
 
 def gguf_tensors(cfg: RandomModelConfig, weights: dict, dtype: str = "F32") -> list[tuple[str, np.ndarray, int]]:
     """(gguf name, float32 array in HF [out, in] layout after any llama permutation, ggml type)
-    in llama.cpp's order: token_embd, blocks, output_norm, output."""
+    in llama.cpp's order: token_embd, blocks, output_norm, output. gemma3's norms get the + 1
+    of HF's (1 + w) folded in, as llama.cpp's converter does."""
     order = ["model.embed_tokens.weight"]
     for i in range(cfg.n_layers):
-        for suffix in HF_TO_GGUF_LAYER:
-            order.append(f"model.layers.{i}.{suffix}")
+        for suffix in [*HF_TO_GGUF_LAYER, *GEMMA3_GGUF_LAYER]:
+            if f"model.layers.{i}.{suffix}" not in order:
+                order.append(f"model.layers.{i}.{suffix}")
     order += ["model.norm.weight", "lm_head.weight"]
     out = []
     for hf in order:
@@ -361,8 +381,10 @@ def gguf_tensors(cfg: RandomModelConfig, weights: dict, dtype: str = "F32") -> l
                 a = permute_qk(a, cfg.n_heads)
             elif hf.endswith("self_attn.k_proj.weight") or hf.endswith("self_attn.k_proj.bias"):
                 a = permute_qk(a, cfg.n_kv_heads)
+        if cfg.arch == "gemma3" and hf.endswith("norm.weight"):
+            a = a + np.float32(1.0)
         gtype = GGML_TYPE[dtype] if a.ndim >= 2 else GGML_F32
-        out.append((gguf_name(hf), a, gtype))
+        out.append((gguf_name(hf, cfg.arch), a, gtype))
     return out
 
 

@@ -1,9 +1,9 @@
 """Model families against Hugging Face transformers (issue 25): Llama's RoPE scaling (llama3 and
-linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim) and
-Mistral's sliding window, each a tiny random model whose logits transformers recorded
-(tools/record_families.py, tests/fixtures/families/). The Hugging Face directory is rebuilt here
-from the recorded config.json and the seed of its weights; the GGUF file is the one llama.cpp's
-converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV cache, in prefill, in
+linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim), Mistral's
+sliding window and Gemma 3 (local and global layers, sandwich norms, GeGLU), each a tiny random
+model whose logits transformers recorded (tools/record_families.py, tests/fixtures/families/).
+The Hugging Face directory is rebuilt here from the recorded config.json and the seed of its
+weights; the GGUF file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV cache, in prefill, in
 one-token decode and in a draft tree's verify forward; speculation keeps greedy output equal."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from specdec import testing
 from tinymodels import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
-NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window"]
+NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3"]
 TOL = 1e-3
 
 
@@ -92,7 +92,7 @@ def test_one_token_decode_matches_transformers(hf_dirs, name):
     assert rel_err(np.concatenate(rows), c["logits"]) <= TOL
 
 
-@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3"])
+@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3"])
 def test_tree_verify_matches_transformers(hf_dirs, name):
     """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
     sibling sits before each of its nodes in the cache. Each branch node sits at position
@@ -166,6 +166,35 @@ def test_window_ignored_would_fail(tmp_path):
     conf = dict(c["config"], sliding_window=None)
     got = load(write_dir(tmp_path, "mistral_window", conf)).logits(c["tokens"])
     assert rel_err(got, c["logits"]) > 0.05
+
+
+@pytest.mark.parametrize("variant", ["query_pre_attn_scalar_32", "final_logit_softcapping_3"])
+def test_gemma3_variants_match_transformers(tmp_path, variant):
+    """The attention scale from query_pre_attn_scalar and the final soft-cap, each recorded with
+    its own transformers logits."""
+    c = case("gemma3")
+    v = c["variants"][variant]
+    got = load(write_dir(tmp_path, "gemma3", dict(c["config"], **v["config"]))).logits(c["tokens"])
+    assert rel_err(got, v["logits"]) <= TOL
+    assert rel_err(got, c["logits"]) > 0.01  # the variant is another model
+
+
+@pytest.mark.parametrize("change", ["no local base", "all global", "no norm shift"])
+def test_gemma3_breaks_would_fail(tmp_path, change):
+    """What would go unnoticed without the fixture: the local layers' RoPE base, the local
+    window's layer pattern, and HF's (1 + w) norms each move the logits far off."""
+    c = case("gemma3")
+    conf = json.loads(json.dumps(c["config"]))
+    extra = None
+    if change == "no local base":
+        conf["rope_parameters"]["sliding_attention"]["rope_theta"] = 1e6
+    elif change == "all global":
+        conf["sliding_window"] = 1000
+    else:  # what a loader without the + 1 would compute: weights that are 1 less
+        w = testing.random_weights(shape(c), c["weights"]["seed"])
+        extra = {k: v - 1.0 for k, v in w.items() if k.endswith("norm.weight")}
+    got = load(write_dir(tmp_path, "gemma3", conf, extra)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.01
 
 
 def test_mistral_sequence_longer_than_window_fits_the_context(hf_dirs):

@@ -297,3 +297,71 @@ def test_gguf_llama_window_holds(tmp_path):
     testing.write_gguf(p, cfg, w, extra_kv=[("llama.attention.sliding_window", GGUF_U32, window)])
     got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
     assert tm.rel_err(got, fx["logits"]) <= 1e-3
+
+
+# ---- gemma3 ---------------------------------------------------------------------------------
+
+
+def gemma3_dir(tmp_path, change):
+    fx = fixture("gemma3")
+    conf = json.loads(json.dumps(fx["config"]))
+    change(conf)
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    d = tmp_path / "g"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(conf))
+    (d / "model.safetensors").write_bytes(testing.safetensors_bytes(w, "F32"))
+    return d
+
+
+GEMMA3_REFUSED = {
+    "hidden_activation": (lambda c: c.update(hidden_activation="gelu"), "hidden_activation"),
+    "layer_types": (lambda c: c["layer_types"].reverse(), "layer_types"),
+    "model_type": (lambda c: c.update(model_type="gemma3"), "gemma3_text"),
+    "no window": (lambda c: c.update(sliding_window=None), "sliding_window"),
+    "scaled local": (lambda c: c["rope_parameters"]["sliding_attention"].update(
+        rope_type="linear", factor=2.0), "sliding_attention"),
+    "other layer type": (lambda c: c["rope_parameters"].update(chunked_attention={}),
+                         "chunked_attention"),
+    "attn softcap": (lambda c: c.update(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    "bidirectional": (lambda c: c.update(use_bidirectional_attention=True),
+                      "use_bidirectional_attention"),
+}
+
+
+@pytest.mark.parametrize("what", list(GEMMA3_REFUSED))
+def test_gemma3_hf_refusals(tmp_path, what):
+    change, needle = GEMMA3_REFUSED[what]
+    refused(gemma3_dir(tmp_path, change), needle)
+
+
+def gemma3_gguf(tmp_path, extra_kv=()):
+    fx = fixture("gemma3")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    p = tmp_path / "g.gguf"
+    cfg = cfg.replace(rope_theta=1e6)  # the global layers' base
+    kv = [("gemma3.attention.sliding_window", GGUF_U32, 4),
+          ("gemma3.rope.freq_base_swa", GGUF_F32, 10000.0),
+          ("gemma3.rope.scaling.type", GGUF_STRING, "linear"),
+          ("gemma3.rope.scaling.factor", GGUF_F32, 4.0)]
+    testing.write_gguf(p, cfg, w, extra_kv=kv + list(extra_kv))
+    return p, fx
+
+
+def test_gemma3_gguf_written_here_agrees(tmp_path):
+    """This writer's gemma3 GGUF (norms + 1, llama.cpp's names) computes transformers' logits
+    as the converter's file does, so the refusals below are tested on a working file."""
+    p, fx = gemma3_gguf(tmp_path)
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
+    assert tm.rel_err(got, fx["logits"]) <= 1e-3
+
+
+@pytest.mark.parametrize("key,vtype,value", [
+    ("gemma3.attention.sliding_window_pattern", GGUF_ARRAY, Arr(GGUF_BOOL, [True] * 6)),
+    ("gemma3.attention.sliding_window_pattern", GGUF_U32, 1),
+    ("gemma3.attn_logit_softcapping", GGUF_F32, 50.0),
+])
+def test_gemma3_gguf_refusals(tmp_path, key, vtype, value):
+    refused(gemma3_gguf(tmp_path, [(key, vtype, value)])[0], key)

@@ -65,6 +65,20 @@ CASES = {
                                         n_kv_heads=2, ffn=32, context_length=128, head_size=8,
                                         tied=True, rms_eps=1e-6),
               33, 40),
+    # Gemma 3: 6 layers (5 local with a window of 4 and base 1e4, then a global one, linearly
+    # scaled), GeGLU, sandwich norms, (1 + w) norms; query_pre_attn_scalar = head_dim as in the
+    # released models (llama.cpp's GGUF cannot say otherwise). Variants, recorded from the HF
+    # side only: another query_pre_attn_scalar, a final soft-cap.
+    "gemma3": ("Gemma3TextConfig",
+               dict(head_dim=8, sliding_window=4, query_pre_attn_scalar=8,
+                    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                    rope_parameters=dict(
+                        full_attention=dict(rope_type="linear", factor=4.0, rope_theta=1e6),
+                        sliding_attention=dict(rope_type="default", rope_theta=1e4))),
+               testing.RandomModelConfig(arch="gemma3", vocab=40, dim=16, n_layers=6, n_heads=2,
+                                         n_kv_heads=1, ffn=24, context_length=128, head_size=8,
+                                         tied=True, rms_eps=1e-6),
+               35, 24),
     # Mistral with a sliding window of 6 over 24 tokens
     "mistral_window": ("MistralConfig", dict(sliding_window=6),
                        testing.RandomModelConfig(arch="llama", context_length=128, **SMALL), 34,
@@ -72,11 +86,18 @@ CASES = {
 }
 
 
+VARIANTS = {"gemma3": {"query_pre_attn_scalar_32": dict(query_pre_attn_scalar=32),
+                       "final_logit_softcapping_3": dict(final_logit_softcapping=3.0)}}
+
+
 def hf_kwargs(cfg: testing.RandomModelConfig) -> dict:
-    return dict(vocab_size=cfg.vocab, hidden_size=cfg.dim, intermediate_size=cfg.ffn,
-                num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                num_key_value_heads=cfg.n_kv_heads, max_position_embeddings=cfg.context_length,
-                rms_norm_eps=cfg.rms_eps, tie_word_embeddings=cfg.tied, hidden_act="silu")
+    kw = dict(vocab_size=cfg.vocab, hidden_size=cfg.dim, intermediate_size=cfg.ffn,
+              num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+              num_key_value_heads=cfg.n_kv_heads, max_position_embeddings=cfg.context_length,
+              rms_norm_eps=cfg.rms_eps, tie_word_embeddings=cfg.tied)
+    if cfg.arch != "gemma3":
+        kw["hidden_act"] = "silu"
+    return kw
 
 
 def hf_logits(config, weights: dict, tokens: list[int]) -> np.ndarray:
@@ -142,10 +163,15 @@ def record(name: str, llamacpp: Path, tmp: Path) -> None:
     conf = json.loads((hf_dir / "config.json").read_text())
     conf.pop("transformers_version", None)
     conf.pop("architectures", None)  # written below, as a model saves it
-    conf["architectures"] = [cls_name.replace("Config", "ForCausalLM")]
+    conf["architectures"] = [cls_name.replace("TextConfig", "Config").replace("Config",
+                                                                             "ForCausalLM")]
     conf["torch_dtype"] = "float32"
     (hf_dir / "config.json").write_text(json.dumps(conf, indent=2))
     (hf_dir / "model.safetensors").write_bytes(testing.safetensors_bytes(weights, "F32"))
+    # the gemma3 converter counts the vocabulary of tokenizer.json to trim the embedding
+    vocab = {f"<t{i}>": i for i in range(cfg.vocab)}
+    (hf_dir / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab},
+                                                       "added_tokens": []}))
     OUT.mkdir(parents=True, exist_ok=True)
     convert(llamacpp, hf_dir, OUT / f"{name}.gguf")
 
@@ -159,12 +185,18 @@ def record(name: str, llamacpp: Path, tmp: Path) -> None:
         "tokens": tokens,
         "logits": [[float(f"{x:.8g}") for x in row] for row in logits],
     }
-    if "sliding_window" in extra:
+    if cls_name == "MistralConfig":
         # llama.cpp's converter writes no window: the GGUF is this model without one
         plain = getattr(transformers, cls_name)(**{**hf_kwargs(cfg), **extra,
                                                     "sliding_window": None})
         fixture["logits_without_window"] = [[float(f"{x:.8g}") for x in row]
                                             for row in hf_logits(plain, weights, tokens)]
+    for vname, over in VARIANTS.get(name, {}).items():
+        vconf = getattr(transformers, cls_name)(**{**hf_kwargs(cfg), **extra, **over})
+        fixture.setdefault("variants", {})[vname] = {
+            "config": over,
+            "logits": [[float(f"{x:.8g}") for x in row]
+                       for row in hf_logits(vconf, weights, tokens)]}
     (OUT / f"{name}.json").write_text(json.dumps(fixture, indent=1) + "\n")
     print(f"{name}: {len(tokens)} tokens, max |logit| {np.abs(logits).max():.3f}")
 

@@ -25,19 +25,22 @@ sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len) {
         {"mistral", SD_ARCH_LLAMA}, /* the llama graph; its sliding window is read apart */
         {"qwen2", SD_ARCH_QWEN2},
         {"qwen3", SD_ARCH_QWEN3},
+        {"gemma3", SD_ARCH_GEMMA3},      /* GGUF */
+        {"gemma3_text", SD_ARCH_GEMMA3}, /* Hugging Face's text-only model */
     };
-    static const char *const canonical[] = {"llama", "qwen2", "qwen3"};
+    static const char *const canonical[] = {"llama", "qwen2", "qwen3", "gemma3"};
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         if (strlen(known[i].name) == len && memcmp(name, known[i].name, len) == 0) {
             c->arch = known[i].arch;
             snprintf(c->arch_name, sizeof(c->arch_name), "%s", canonical[c->arch]);
             c->has_qkv_bias = c->arch == SD_ARCH_QWEN2;
-            c->has_qk_norm = c->arch == SD_ARCH_QWEN3;
+            c->has_qk_norm = c->arch == SD_ARCH_QWEN3 || c->arch == SD_ARCH_GEMMA3;
             return SD_OK;
         }
     }
     return sd_set_error(SD_ERR_UNSUPPORTED,
-                        "unknown architecture '%.*s' (supported: llama, mistral, qwen2, qwen3)",
+                        "unknown architecture '%.*s' (supported: llama, mistral, qwen2, qwen3, "
+                        "gemma3)",
                         (int)(len > 64 ? 64 : len), name);
 }
 
@@ -70,8 +73,15 @@ sd_status sd_config_check(const sd_config *c) {
         return sd_set_error(SD_ERR_FORMAT, "invalid rms epsilon %g or rope theta %g",
                             (double)c->rms_eps, (double)c->rope_theta);
     }
-    if (c->sliding_window < 0) {
-        return sd_set_error(SD_ERR_FORMAT, "sliding window %d is negative", c->sliding_window);
+    if (c->sliding_window < 0 || c->swa_pattern < 0 || c->swa_pattern == 1) {
+        return sd_set_error(SD_ERR_FORMAT, "sliding window %d or its layer pattern %d is invalid",
+                            c->sliding_window, c->swa_pattern);
+    }
+    if ((c->swa_pattern > 0 && !positive(c->rope_theta_local)) || c->attn_scale < 0.0f ||
+        !isfinite(c->attn_scale) || c->final_softcap < 0.0f || !isfinite(c->final_softcap)) {
+        return sd_set_error(
+            SD_ERR_FORMAT, "invalid local RoPE base %g, attention scale %g or final soft-cap %g",
+            (double)c->rope_theta_local, (double)c->attn_scale, (double)c->final_softcap);
     }
     if ((c->rope_scaling == SD_ROPE_LINEAR || c->rope_scaling == SD_ROPE_LLAMA3) &&
         !positive(c->rope_factor)) {
@@ -141,22 +151,23 @@ static const struct {
     const char *suffix;
     neutral ok;
     const char *what;
+    int gemma3_reads; /* gemma3 reads this key itself */
 } g_gguf_refused[] = {
-    {"attn_logit_softcapping", NEUTRAL_ZERO, "attention logit soft-capping"},
-    {"final_logit_softcapping", NEUTRAL_ZERO, "final logit soft-capping"},
-    {"attention.scale", NEUTRAL_ABSENT, "a custom attention scale"},
-    {"embedding_scale", NEUTRAL_ONE, "embedding scaling"},
-    {"logit_scale", NEUTRAL_ONE, "logit scaling"},
-    {"residual_scale", NEUTRAL_ONE, "residual scaling"},
-    {"expert_count", NEUTRAL_ZERO, "mixture of experts"},
-    {"attention.clamp_kqv", NEUTRAL_ZERO, "clamping of q/k/v"},
-    {"attention.causal", NEUTRAL_TRUE, "non-causal attention"},
-    {"attention.layer_norm_epsilon", NEUTRAL_ABSENT, "LayerNorm (specdec has RMSNorm only)"},
-    {"rope.dimension_sections", NEUTRAL_ABSENT, "multimodal RoPE sections"},
-    {"rope.freq_base_swa", NEUTRAL_ABSENT, "a separate RoPE base for sliding-window layers"},
-    {"attention.sliding_window_pattern", NEUTRAL_ABSENT, "sliding windows on some layers only"},
-    {"rope.scaling.attn_factor", NEUTRAL_ONE, "RoPE attention factor"},
-    {"rope.scaling.alpha", NEUTRAL_ZERO, "NTK-alpha RoPE scaling"},
+    {"attn_logit_softcapping", NEUTRAL_ZERO, "attention logit soft-capping", 0},
+    {"final_logit_softcapping", NEUTRAL_ZERO, "final logit soft-capping", 1},
+    {"attention.scale", NEUTRAL_ABSENT, "a custom attention scale", 0},
+    {"embedding_scale", NEUTRAL_ONE, "embedding scaling", 0},
+    {"logit_scale", NEUTRAL_ONE, "logit scaling", 0},
+    {"residual_scale", NEUTRAL_ONE, "residual scaling", 0},
+    {"expert_count", NEUTRAL_ZERO, "mixture of experts", 0},
+    {"attention.clamp_kqv", NEUTRAL_ZERO, "clamping of q/k/v", 0},
+    {"attention.causal", NEUTRAL_TRUE, "non-causal attention", 0},
+    {"attention.layer_norm_epsilon", NEUTRAL_ABSENT, "LayerNorm (specdec has RMSNorm only)", 0},
+    {"rope.dimension_sections", NEUTRAL_ABSENT, "multimodal RoPE sections", 0},
+    {"rope.freq_base_swa", NEUTRAL_ABSENT, "a separate RoPE base for sliding-window layers", 1},
+    {"attention.sliding_window_pattern", NEUTRAL_ABSENT, "sliding windows on some layers only", 1},
+    {"rope.scaling.attn_factor", NEUTRAL_ONE, "RoPE attention factor", 0},
+    {"rope.scaling.alpha", NEUTRAL_ZERO, "NTK-alpha RoPE scaling", 0},
 };
 
 static sd_status refuse_gguf_keys(const sd_gguf *g, const sd_config *c) {
@@ -164,7 +175,7 @@ static sd_status refuse_gguf_keys(const sd_gguf *g, const sd_config *c) {
         char key[128];
         snprintf(key, sizeof(key), "%s.%s", c->arch_name, g_gguf_refused[i].suffix);
         const sd_gguf_kv *kv = sd_gguf_find(g, key);
-        if (kv == NULL) {
+        if (kv == NULL || (c->arch == SD_ARCH_GEMMA3 && g_gguf_refused[i].gemma3_reads)) {
             continue;
         }
         double v = 0.0;
@@ -229,6 +240,35 @@ static sd_status rope_from_gguf(sd_config *c, const sd_gguf *g) {
     return SD_OK;
 }
 
+/* Gemma 3 as llama.cpp reads it: a window on layers l % pattern < pattern - 1 (pattern 6 unless
+ * the file says), those layers' own unscaled RoPE base, the optional final soft-cap, and the
+ * attention scale 1/sqrt(Dh), or 1/sqrt(D/H) for the 62-layer model (llama.cpp ignores
+ * query_pre_attn_scalar, which equals one of the two in every released Gemma 3). */
+static sd_status gemma3_from_gguf(sd_config *c, const sd_gguf *g) {
+    int64_t v = 0;
+    double f = 0.0;
+    if (gguf_int(g, c, "attention.sliding_window", &v) && v > 0) {
+        c->sliding_window = v < (1 << 30) ? (int)v : (1 << 30);
+        c->swa_pattern = 6;
+        char key[128];
+        snprintf(key, sizeof(key), "%s.attention.sliding_window_pattern", c->arch_name);
+        const sd_gguf_kv *kv = sd_gguf_find(g, key);
+        if (kv != NULL && !(gguf_int(g, c, "attention.sliding_window_pattern", &v) && v > 1 &&
+                            v <= c->n_layers + 1)) {
+            return sd_set_error(SD_ERR_UNSUPPORTED,
+                                "metadata '%s' is supported as one layer period > 1 only", key);
+        }
+        c->swa_pattern = kv != NULL ? (int)v : c->swa_pattern;
+        c->rope_theta_local = gguf_float(g, c, "rope.freq_base_swa", &f) ? (float)f : 10000.0f;
+    }
+    if (gguf_float(g, c, "final_logit_softcapping", &f)) {
+        c->final_softcap = (float)f;
+    }
+    c->attn_scale =
+        1.0f / sqrtf((float)(c->n_layers == 62 ? c->hidden_size / c->n_heads : c->head_dim));
+    return SD_OK;
+}
+
 sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
     size_t len = 0;
     const char *arch = sd_gguf_get_str(g, "general.architecture", &len);
@@ -276,7 +316,9 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
     /* llama.cpp's llama graph ignores this key (its converter does not write Mistral's window);
      * where a file states one, specdec computes the model it describes. For qwen2/qwen3 HF
      * applies a window only on some layers, which the file cannot say: refused. */
-    if (gguf_int(g, c, "attention.sliding_window", &v) && v > 0) {
+    if (c->arch == SD_ARCH_GEMMA3) {
+        SD_TRY(gemma3_from_gguf(c, g));
+    } else if (gguf_int(g, c, "attention.sliding_window", &v) && v > 0) {
         if (c->arch != SD_ARCH_LLAMA && v < c->context_length) {
             return sd_set_error(SD_ERR_UNSUPPORTED,
                                 "metadata '%s.attention.sliding_window' = %lld (a window in a %s "
@@ -346,43 +388,47 @@ static const struct {
     const char *key;
     neutral ok;
     const char *what;
+    int gemma3_reads; /* gemma3 reads this key itself */
 } g_hf_refused[] = {
-    {"mlp_bias", NEUTRAL_ZERO, "MLP biases"},
-    {"partial_rotary_factor", NEUTRAL_ONE, "partial rotary embeddings"},
-    {"attn_logit_softcapping", NEUTRAL_ABSENT, "attention logit soft-capping"},
-    {"final_logit_softcapping", NEUTRAL_ABSENT, "final logit soft-capping"},
-    {"query_pre_attn_scalar", NEUTRAL_ABSENT, "a custom attention scale"},
-    {"attention_multiplier", NEUTRAL_ABSENT, "a custom attention scale"},
-    {"embedding_multiplier", NEUTRAL_ONE, "embedding scaling"},
-    {"logits_scaling", NEUTRAL_ONE, "logit scaling"},
-    {"residual_multiplier", NEUTRAL_ONE, "residual scaling"},
-    {"num_local_experts", NEUTRAL_ZERO, "mixture of experts"},
-    {"num_experts", NEUTRAL_ZERO, "mixture of experts"},
-    {"quantization_config", NEUTRAL_ABSENT, "quantized Hugging Face weights"},
-    {"is_causal", NEUTRAL_TRUE, "non-causal attention"},
-    {"use_qk_norm", NEUTRAL_ZERO, "q/k norms in this architecture"},
-    {"rope_local_base_freq", NEUTRAL_ABSENT, "a separate RoPE base for local layers"},
+    {"mlp_bias", NEUTRAL_ZERO, "MLP biases", 0},
+    {"partial_rotary_factor", NEUTRAL_ONE, "partial rotary embeddings", 0},
+    {"attn_logit_softcapping", NEUTRAL_ABSENT, "attention logit soft-capping", 0},
+    {"final_logit_softcapping", NEUTRAL_ABSENT, "final logit soft-capping", 1},
+    {"query_pre_attn_scalar", NEUTRAL_ABSENT, "a custom attention scale", 1},
+    {"attention_multiplier", NEUTRAL_ABSENT, "a custom attention scale", 0},
+    {"embedding_multiplier", NEUTRAL_ONE, "embedding scaling", 0},
+    {"logits_scaling", NEUTRAL_ONE, "logit scaling", 0},
+    {"residual_multiplier", NEUTRAL_ONE, "residual scaling", 0},
+    {"num_local_experts", NEUTRAL_ZERO, "mixture of experts", 0},
+    {"num_experts", NEUTRAL_ZERO, "mixture of experts", 0},
+    {"quantization_config", NEUTRAL_ABSENT, "quantized Hugging Face weights", 0},
+    {"is_causal", NEUTRAL_TRUE, "non-causal attention", 0},
+    {"use_qk_norm", NEUTRAL_ZERO, "q/k norms in this architecture", 0},
+    {"rope_local_base_freq", NEUTRAL_ABSENT, "a separate RoPE base for local layers", 1},
+    {"use_bidirectional_attention", NEUTRAL_ZERO, "bidirectional attention", 0},
 };
 
 /* Every key of the table, the activation, the attention bias and the layer types. */
 static sd_status refuse_hf_keys(const sd_config *c, const sd_json *cfg, const char *path) {
+    const int gemma3 = c->arch == SD_ARCH_GEMMA3;
     for (size_t i = 0; i < sizeof(g_hf_refused) / sizeof(g_hf_refused[0]); i++) {
         const sd_json *v = sd_json_get(cfg, g_hf_refused[i].key);
-        if (!json_neutral(v, g_hf_refused[i].ok)) {
+        if (!(gemma3 && g_hf_refused[i].gemma3_reads) && !json_neutral(v, g_hf_refused[i].ok)) {
             return sd_set_error(SD_ERR_UNSUPPORTED, "%s: \"%s\" (%s) is not supported", path,
                                 g_hf_refused[i].key, g_hf_refused[i].what);
         }
     }
     static const char *const act_keys[] = {"hidden_act", "hidden_activation"};
+    const char *act = gemma3 ? "gelu_pytorch_tanh" : "silu"; /* GeGLU (tanh GELU) or SwiGLU */
     for (int i = 0; i < 2; i++) {
         const sd_json *v = sd_json_get(cfg, act_keys[i]);
-        if (!is_null(v) && (v->type != SD_JSON_STRING || strcmp(v->string, "silu") != 0)) {
+        if (!is_null(v) && (v->type != SD_JSON_STRING || strcmp(v->string, act) != 0)) {
             return sd_set_error(SD_ERR_UNSUPPORTED,
-                                "%s: \"%s\" = %s%s%s is not supported (specdec's MLP is SwiGLU: "
-                                "\"silu\")",
+                                "%s: \"%s\" = %s%s%s is not supported (a %s model's MLP needs "
+                                "\"%s\")",
                                 path, act_keys[i], v->type == SD_JSON_STRING ? "\"" : "",
                                 v->type == SD_JSON_STRING ? v->string : "(not a string)",
-                                v->type == SD_JSON_STRING ? "\"" : "");
+                                v->type == SD_JSON_STRING ? "\"" : "", c->arch_name, act);
         }
     }
     /* qwen2's q/k/v biases are part of the architecture (HF reads no such key for it) */
@@ -394,7 +440,7 @@ static sd_status refuse_hf_keys(const sd_config *c, const sd_json *cfg, const ch
                             path, c->arch_name);
     }
     const sd_json *lt = sd_json_get(cfg, "layer_types");
-    if (!is_null(lt)) {
+    if (!is_null(lt) && !gemma3) { /* gemma3's are read by gemma3_from_hf */
         if (lt->type != SD_JSON_ARRAY) {
             return sd_set_error(SD_ERR_FORMAT, "%s: \"layer_types\" is not an array", path);
         }
@@ -523,6 +569,105 @@ static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *pa
     return SD_OK;
 }
 
+/* The period n of layer types that slide on l % n < n - 1: from "layer_types" when given (it
+ * must follow such a period, or have no full layer: n = 0), else "sliding_window_pattern". */
+static sd_status gemma3_pattern(sd_config *c, const sd_json *cfg, const char *path) {
+    const sd_json *lt = sd_json_get(cfg, "layer_types");
+    int64_t n = 6; /* Gemma3TextConfig's default */
+    if (!sd_json_get_int(cfg, "sliding_window_pattern", &n)) {
+        sd_json_get_int(cfg, "_sliding_window_pattern", &n);
+    }
+    if (!is_null(lt)) {
+        if (lt->type != SD_JSON_ARRAY || lt->n != (size_t)c->n_layers) {
+            return sd_set_error(SD_ERR_FORMAT, "%s: \"layer_types\" is not an array of %d", path,
+                                c->n_layers);
+        }
+        n = 0;
+        for (size_t i = 0; i < lt->n && n == 0; i++) {
+            const char *t = lt->items[i].type == SD_JSON_STRING ? lt->items[i].string : "";
+            n = strcmp(t, "full_attention") == 0 ? (int64_t)i + 1 : 0;
+        }
+        for (size_t i = 0; i < lt->n; i++) {
+            const char *t = lt->items[i].type == SD_JSON_STRING ? lt->items[i].string : "";
+            const int slides = n == 0 || (int64_t)i % n < n - 1;
+            if (strcmp(t, slides ? "sliding_attention" : "full_attention") != 0) {
+                return sd_set_error(SD_ERR_UNSUPPORTED,
+                                    "%s: \"layer_types\"[%zu] = \"%s\" breaks the pattern of "
+                                    "%lld (only periodic local/global layers are supported)",
+                                    path, i, t, (long long)n);
+            }
+        }
+    }
+    if (n < 0 || n == 1 || n > (1 << 20)) {
+        return sd_set_error(SD_ERR_UNSUPPORTED, "%s: sliding window pattern %lld is not supported",
+                            path, (long long)n);
+    }
+    c->swa_pattern = (int)n;
+    return SD_OK;
+}
+
+/* Gemma 3 (transformers' gemma3_text): RoPE per layer type (rope_parameters' full_attention
+ * and sliding_attention, or rope_theta, rope_scaling for the global layers and
+ * rope_local_base_freq), the window and its layer pattern, query_pre_attn_scalar, the final
+ * soft-cap. */
+static sd_status gemma3_from_hf(sd_config *c, const sd_json *cfg, const char *path) {
+    double f = 0.0;
+    c->rope_theta_local = sd_json_get_double(cfg, "rope_local_base_freq", &f) ? (float)f : 1e4f;
+    const sd_json *rp = sd_json_get(cfg, "rope_parameters");
+    if (!is_null(rp) && sd_json_get(rp, "full_attention") != NULL) {
+        if (!is_null(sd_json_get(cfg, "rope_scaling"))) {
+            return sd_set_error(SD_ERR_UNSUPPORTED,
+                                "%s: \"rope_scaling\" beside per-layer-type \"rope_parameters\" "
+                                "is not supported",
+                                path);
+        }
+        for (size_t k = 0; k < rp->n; k++) {
+            const int full = strcmp(rp->keys[k], "full_attention") == 0;
+            if (!full && strcmp(rp->keys[k], "sliding_attention") != 0) {
+                return sd_set_error(SD_ERR_UNSUPPORTED,
+                                    "%s: \"rope_parameters\".\"%s\" is not "
+                                    "supported",
+                                    path, rp->keys[k]);
+            }
+            sd_config t = *c;
+            SD_TRY(rope_from_json(&t, &rp->items[k], rp->keys[k], path));
+            if (full) {
+                *c = t;
+            } else if (t.rope_scaling != SD_ROPE_DEFAULT) {
+                return sd_set_error(SD_ERR_UNSUPPORTED,
+                                    "%s: RoPE scaling of the sliding_attention layers is not "
+                                    "supported",
+                                    path);
+            } else {
+                c->rope_theta_local = t.rope_theta;
+            }
+        }
+    } else {
+        SD_TRY(rope_from_hf(c, cfg, path)); /* the global layers' */
+    }
+    int64_t window = 0;
+    if (sd_json_get_int(cfg, "sliding_window", &window) && window > 0) {
+        c->sliding_window = window < (1 << 30) ? (int)window : 1 << 30;
+        SD_TRY(gemma3_pattern(c, cfg, path));
+    } else {
+        /* HF would still give the sliding_attention layers their local RoPE base, llama.cpp
+         * not: no answer is right for both */
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "%s: a gemma3 model without a positive \"sliding_window\" is not "
+                            "supported",
+                            path);
+    }
+    const double qpas = sd_json_get_double(cfg, "query_pre_attn_scalar", &f) ? f : 256.0;
+    if (!(qpas > 0.0)) {
+        return sd_set_error(SD_ERR_FORMAT, "%s: \"query_pre_attn_scalar\" must be > 0", path);
+    }
+    c->attn_scale = (float)(1.0 / sqrt(qpas));
+    if (sd_json_get_double(cfg, "final_logit_softcapping", &f)) {
+        c->final_softcap = (float)f;
+    }
+    return SD_OK;
+}
+
 sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
                             const sd_st_set *st) {
     const char *mt = sd_json_get_string(cfg, "model_type");
@@ -530,6 +675,12 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: missing \"model_type\" (cannot tell the "
                             "architecture)",
+                            path);
+    }
+    if (strcmp(mt, "gemma3") == 0) { /* the multimodal wrapper, its text model in text_config */
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "%s: \"model_type\" \"gemma3\" (image and text) is not supported; "
+                            "the text-only \"gemma3_text\" is",
                             path);
     }
     SD_TRY(sd_config_set_arch(c, mt, strlen(mt)));
@@ -549,14 +700,18 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
     c->rms_eps = sd_json_get_double(cfg, "rms_norm_eps", &f) ? (float)f : 1e-6f;
     c->rope_theta = sd_json_get_double(cfg, "rope_theta", &f) ? (float)f : 10000.0f;
     SD_TRY(refuse_hf_keys(c, cfg, path));
-    SD_TRY(rope_from_hf(c, cfg, path));
+    if (c->arch == SD_ARCH_GEMMA3) {
+        SD_TRY(gemma3_from_hf(c, cfg, path));
+    } else {
+        SD_TRY(rope_from_hf(c, cfg, path));
+        SD_TRY(window_from_hf(c, cfg, path, mt));
+    }
     if (sd_json_get_double(cfg, "rope_theta", &f) && (float)f != c->rope_theta) {
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: \"rope_theta\" %g disagrees with the one of \"rope_parameters\""
                             " %g",
                             path, f, (double)c->rope_theta);
     }
-    SD_TRY(window_from_hf(c, cfg, path, mt));
     int tied = 0;
     if (!sd_json_get_bool(cfg, "tie_word_embeddings", &tied)) {
         tied = sd_st_find(st, "lm_head.weight") == NULL;

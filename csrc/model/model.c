@@ -39,16 +39,32 @@ typedef enum {
     R_Q_NORM,
     R_K_NORM,
     R_ROPE_FREQS,
+    R_ATTN_POST_NORM,
+    R_FFN_POST_NORM,
     R_COUNT
 } role;
 
 static const char *const g_gguf_names[R_COUNT] = {
-    "token_embd.weight",         "output_norm.weight",        "output.weight",
-    "blk.%d.attn_norm.weight",   "blk.%d.attn_q.weight",      "blk.%d.attn_k.weight",
-    "blk.%d.attn_v.weight",      "blk.%d.attn_output.weight", "blk.%d.attn_q.bias",
-    "blk.%d.attn_k.bias",        "blk.%d.attn_v.bias",        "blk.%d.ffn_norm.weight",
-    "blk.%d.ffn_gate.weight",    "blk.%d.ffn_up.weight",      "blk.%d.ffn_down.weight",
-    "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight", "rope_freqs.weight",
+    "token_embd.weight",
+    "output_norm.weight",
+    "output.weight",
+    "blk.%d.attn_norm.weight",
+    "blk.%d.attn_q.weight",
+    "blk.%d.attn_k.weight",
+    "blk.%d.attn_v.weight",
+    "blk.%d.attn_output.weight",
+    "blk.%d.attn_q.bias",
+    "blk.%d.attn_k.bias",
+    "blk.%d.attn_v.bias",
+    "blk.%d.ffn_norm.weight",
+    "blk.%d.ffn_gate.weight",
+    "blk.%d.ffn_up.weight",
+    "blk.%d.ffn_down.weight",
+    "blk.%d.attn_q_norm.weight",
+    "blk.%d.attn_k_norm.weight",
+    "rope_freqs.weight",
+    "blk.%d.post_attention_norm.weight",
+    "blk.%d.post_ffw_norm.weight",
 };
 
 static const char *const g_hf_names[R_COUNT] = {
@@ -70,6 +86,9 @@ static const char *const g_hf_names[R_COUNT] = {
     "model.layers.%d.self_attn.q_norm.weight",
     "model.layers.%d.self_attn.k_norm.weight",
     "", /* Hugging Face computes RoPE's factors from config.json */
+    /* gemma3's sandwich norms; its pre-MLP norm is pre_feedforward_layernorm (load_hf) */
+    "model.layers.%d.post_attention_layernorm.weight",
+    "model.layers.%d.post_feedforward_layernorm.weight",
 };
 
 typedef struct {
@@ -78,6 +97,7 @@ typedef struct {
     size_t vec_used; /* floats of m->vectors handed out */
     size_t vec_cap;
     unsigned char *used; /* (the file's tensor count) tensors found by role, or NULL */
+    float norm_shift;    /* added to every norm weight: HF's gemma3 norms scale by (1 + w) */
 } builder;
 
 /* The file's tensors, to tell which no role read (a random model has none of its own). */
@@ -211,6 +231,11 @@ static sd_status get_vec(const float **out, builder *b, role r, int layer, int64
     }
     float *dst = b->m->vectors + b->vec_used;
     tr->to_float(dst, t->data, n);
+    const int norm = r == R_ATTN_NORM || r == R_FFN_NORM || r == R_OUT_NORM || r == R_Q_NORM ||
+                     r == R_K_NORM || r == R_ATTN_POST_NORM || r == R_FFN_POST_NORM;
+    for (int64_t i = 0; norm && b->norm_shift != 0.0f && i < n; i++) {
+        dst[i] += b->norm_shift;
+    }
     b->vec_used += (size_t)n;
     b->m->weight_bytes += (size_t)n * sizeof(float);
     *out = dst;
@@ -228,11 +253,13 @@ static sd_status find_weights(sd_model *m, builder *b) {
     const int64_t KVD = (int64_t)c->n_kv_heads * c->head_dim;
     const int64_t Dh = c->head_dim;
     b->vec_cap =
-        (size_t)(D * (2 * c->n_layers + 1) + (QD + 2 * KVD + 2 * Dh) * c->n_layers + Dh / 2);
+        (size_t)(D * (4 * c->n_layers + 1) + (QD + 2 * KVD + 2 * Dh) * c->n_layers + Dh / 2);
     m->vectors = malloc(b->vec_cap * sizeof(float));
     m->w.layers = calloc((size_t)c->n_layers, sizeof(sd_layer));
     m->rope_freq = malloc((size_t)(Dh / 2) * sizeof(double));
-    if (m->vectors == NULL || m->w.layers == NULL || m->rope_freq == NULL) {
+    m->rope_freq_local = c->swa_pattern > 0 ? malloc((size_t)(Dh / 2) * sizeof(double)) : NULL;
+    if (m->vectors == NULL || m->w.layers == NULL || m->rope_freq == NULL ||
+        (c->swa_pattern > 0 && m->rope_freq_local == NULL)) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
     }
     SD_TRY(get_mat(&m->w.tok_embd, b, R_TOK_EMBD, 0, V, D, 1));
@@ -258,6 +285,10 @@ static sd_status find_weights(sd_model *m, builder *b) {
             SD_TRY(get_vec(&L->k_norm, b, R_K_NORM, l, Dh, 1));
         }
         SD_TRY(get_vec(&L->ffn_norm, b, R_FFN_NORM, l, D, 1));
+        if (c->arch == SD_ARCH_GEMMA3) {
+            SD_TRY(get_vec(&L->attn_post_norm, b, R_ATTN_POST_NORM, l, D, 1));
+            SD_TRY(get_vec(&L->ffn_post_norm, b, R_FFN_POST_NORM, l, D, 1));
+        }
         SD_TRY(get_mat(&L->w_gate, b, R_GATE, l, F, D, 1));
         SD_TRY(get_mat(&L->w_up, b, R_UP, l, F, D, 1));
         SD_TRY(get_mat(&L->w_down, b, R_DOWN, l, D, F, 1));
@@ -276,14 +307,20 @@ static sd_status find_weights(sd_model *m, builder *b) {
         }
     }
     sd_config_rope_freq(m->rope_freq, c, factors);
+    if (m->rope_freq_local != NULL) { /* local layers: their own base, never scaled */
+        sd_config local = *c;
+        local.rope_theta = c->rope_theta_local;
+        local.rope_scaling = SD_ROPE_DEFAULT;
+        sd_config_rope_freq(m->rope_freq_local, &local, NULL);
+    }
     return SD_OK;
 }
 
 /* find_weights, then refuse any tensor of the file that no role read. */
-static sd_status build_weights(sd_model *m, const char *const *names) {
+static sd_status build_weights(sd_model *m, const char *const *names, float norm_shift) {
     int64_t n_file = 0;
     file_tensors(m, &n_file);
-    builder b = {m, names, 0, 0, calloc((size_t)n_file + 1, 1)};
+    builder b = {m, names, 0, 0, calloc((size_t)n_file + 1, 1), norm_shift};
     if (b.used == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
     }
@@ -361,7 +398,13 @@ static sd_status load_hf(sd_model *m, const char *dir) {
     sd_json_free(cfg);
     free(cfg_path);
     if (st == SD_OK) {
-        st = build_weights(m, g_hf_names);
+        const char *names[R_COUNT];
+        memcpy(names, g_hf_names, sizeof(names));
+        const int gemma = m->cfg.arch == SD_ARCH_GEMMA3;
+        if (gemma) {
+            names[R_FFN_NORM] = "model.layers.%d.pre_feedforward_layernorm.weight";
+        }
+        st = build_weights(m, names, gemma ? 1.0f : 0.0f);
     }
     return st;
 }
@@ -369,7 +412,7 @@ static sd_status load_hf(sd_model *m, const char *dir) {
 static sd_status load_gguf(sd_model *m, const char *path) {
     SD_TRY(sd_gguf_open(&m->gguf, path));
     SD_TRY(sd_config_from_gguf(&m->cfg, m->gguf));
-    return build_weights(m, g_gguf_names);
+    return build_weights(m, g_gguf_names, 0.0f); /* llama.cpp's converter folds gemma's + 1 */
 }
 
 sd_model_params sd_model_default_params(void) {
@@ -411,10 +454,14 @@ static sd_status check_params(const sd_model_params *p) {
 static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     m->device = p->device;
     m->kv_f16 = p->device != SD_DEVICE_CUDA;
-    if (p->device == SD_DEVICE_CUDA && m->cfg.has_qk_norm) {
+    const sd_config *c = &m->cfg;
+    if (p->device == SD_DEVICE_CUDA &&
+        (c->has_qk_norm || c->arch == SD_ARCH_GEMMA3 || c->swa_pattern > 0 ||
+         c->attn_scale > 0.0f || c->final_softcap > 0.0f)) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "the CUDA backend has no q/k norms (%s models) yet: use the CPU",
-                            m->cfg.arch_name);
+                            "the CUDA backend has no %s layers yet (q/k norms, gemma3's sandwich "
+                            "norms, GeGLU, local layers and soft-cap): use the CPU",
+                            c->arch_name);
     }
     if (p->device == SD_DEVICE_CUDA) {
 #ifdef SD_WITH_CUDA
@@ -455,7 +502,7 @@ sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight
         st = sd_dummy_create(&m->dummy, c, weight_type, seed, p.device != SD_DEVICE_CUDA);
     }
     if (st == SD_OK) {
-        st = build_weights(m, g_gguf_names);
+        st = build_weights(m, g_gguf_names, 0.0f);
     }
     if (st == SD_OK) {
         st = finish_model(m, &p);
@@ -510,6 +557,9 @@ static void scratch_free(sd_scratch *s) {
     free(s->hb);
     free(s->hb2);
     free(s->rope_cs);
+    free(s->rope_cs_local);
+    free(s->xo);
+    free(s->mask_local);
     free(s->mask);
     free(s->scores);
     free(s->xq);
@@ -526,6 +576,7 @@ void sd_model_free(sd_model *m) {
     free(m->vectors);
     free(m->packed);
     free(m->rope_freq);
+    free(m->rope_freq_local);
     free(m->pieces);
     free(m->piece_off);
     sd_gguf_close(m->gguf);
@@ -610,12 +661,15 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
         SD_TRY(grow(&s->hb, T * F * sizeof(float)));
         SD_TRY(grow(&s->hb2, T * F * sizeof(float)));
         SD_TRY(grow(&s->rope_cs, T * (size_t)c->head_dim * sizeof(float)));
+        SD_TRY(grow(&s->rope_cs_local, T * (size_t)c->head_dim * sizeof(float)));
+        SD_TRY(grow(&s->xo, T * D * sizeof(float)));
         SD_TRY(grow(&s->xq, SD_Q8_BATCH_BYTES(T, xbw > F ? xbw : F)));
         s->cap_tokens = n_tokens;
         s->cap_attn = 0; /* mask size depends on T too */
     }
     if (n_attn > s->cap_attn || s->scores == NULL) {
         SD_TRY(grow(&s->mask, (size_t)s->cap_tokens * (size_t)n_attn));
+        SD_TRY(grow(&s->mask_local, (size_t)s->cap_tokens * (size_t)n_attn));
         SD_TRY(grow(&s->scores, sd_attention_scratch(n_attn, c->head_dim, nt) * sizeof(float)));
         s->cap_attn = n_attn;
     }
