@@ -183,21 +183,23 @@ def record(name: str, llamacpp: Path, tmp: Path) -> None:
             "arch", "vocab", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn",
             "context_length", "rms_eps", "tied", "head_size")}},
         "tokens": tokens,
-        "logits": [[float(f"{x:.8g}") for x in row] for row in logits],
+        "logits": [[float(f"{x:.7g}") for x in row] for row in logits],
     }
     if cls_name == "MistralConfig":
         # llama.cpp's converter writes no window: the GGUF is this model without one
         plain = getattr(transformers, cls_name)(**{**hf_kwargs(cfg), **extra,
                                                     "sliding_window": None})
-        fixture["logits_without_window"] = [[float(f"{x:.8g}") for x in row]
+        fixture["logits_without_window"] = [[float(f"{x:.7g}") for x in row]
                                             for row in hf_logits(plain, weights, tokens)]
     for vname, over in VARIANTS.get(name, {}).items():
         vconf = getattr(transformers, cls_name)(**{**hf_kwargs(cfg), **extra, **over})
         fixture.setdefault("variants", {})[vname] = {
             "config": over,
-            "logits": [[float(f"{x:.8g}") for x in row]
+            "logits": [[float(f"{x:.7g}") for x in row]
                        for row in hf_logits(vconf, weights, tokens)]}
-    (OUT / f"{name}.json").write_text(json.dumps(fixture, indent=1) + "\n")
+    # one key a line, each value compact (the logits are most of the file)
+    body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in fixture.items())
+    (OUT / f"{name}.json").write_text("{\n" + body + "\n}\n")
     print(f"{name}: {len(tokens)} tokens, max |logit| {np.abs(logits).max():.3f}")
 
 

@@ -485,6 +485,10 @@ sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight
     }
     sd_config *c = &m->cfg;
     *c = *cfg;
+    /* the documented fields only: no window, RoPE scaling or scales from an unset struct */
+    c->sliding_window = c->swa_pattern = 0;
+    c->rope_scaling = SD_ROPE_DEFAULT;
+    c->attn_scale = c->final_softcap = 0.0f;
     sd_status st = SD_OK;
     if (cfg->arch != SD_ARCH_LLAMA && cfg->arch != SD_ARCH_QWEN2) {
         st = sd_set_error(SD_ERR_INVALID_ARG, "unknown architecture %d (0 = llama, 1 = qwen2)",
