@@ -168,6 +168,21 @@ def test_window_ignored_would_fail(tmp_path):
     assert rel_err(got, c["logits"]) > 0.05
 
 
+def test_gemma3_config_of_transformers_4_is_the_same(tmp_path):
+    """transformers < 5 wrote Gemma 3's RoPE as rope_theta and rope_scaling (global layers) and
+    rope_local_base_freq, the pattern as sliding_window_pattern without layer_types."""
+    c = case("gemma3")
+    conf = dict(c["config"])
+    rp = conf.pop("rope_parameters")
+    conf.pop("layer_types")
+    conf.update(rope_theta=rp["full_attention"]["rope_theta"],
+                rope_scaling={"rope_type": "linear", "factor": rp["full_attention"]["factor"]},
+                rope_local_base_freq=rp["sliding_attention"]["rope_theta"],
+                sliding_window_pattern=6)
+    got = load(write_dir(tmp_path, "gemma3", conf)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) <= TOL
+
+
 @pytest.mark.parametrize("variant", ["query_pre_attn_scalar_32", "final_logit_softcapping_3"])
 def test_gemma3_variants_match_transformers(tmp_path, variant):
     """The attention scale from query_pre_attn_scalar and the final soft-cap, each recorded with
