@@ -365,3 +365,14 @@ def test_gemma3_gguf_written_here_agrees(tmp_path):
 ])
 def test_gemma3_gguf_refusals(tmp_path, key, vtype, value):
     refused(gemma3_gguf(tmp_path, [(key, vtype, value)])[0], key)
+
+
+def test_llamacpp_float_order_refuses_scaled_rope_and_windows(tmp_path):
+    """Model.llamacpp_logits reproduces llama.cpp's plain llama graph: a model with scaled RoPE
+    or a window is refused rather than computed without them."""
+    p = Path(__file__).parent / "fixtures" / "families" / "llama3_rope.gguf"
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        specdec.load(str(p)).llamacpp_logits([1, 2, 3])
+    w = gguf(tmp_path, [("llama.attention.sliding_window", GGUF_U32, 8)])
+    with pytest.raises(ValueError, match="sliding windows"):
+        specdec.load(str(w)).llamacpp_logits([1, 2, 3])
