@@ -64,18 +64,36 @@ const char *sd_type_name(int type);
 
 /* ---- model ----------------------------------------------------------------------------------- */
 
-typedef enum { SD_ARCH_LLAMA = 0, SD_ARCH_QWEN2 = 1 } sd_arch;
+/* GEMMA3 adds to qwen3's q/k norms: embeddings scaled by sqrt(D), norms after attention and
+ * after the MLP as well as before, GeGLU with the tanh GELU in place of SwiGLU. */
+typedef enum {
+    SD_ARCH_LLAMA = 0,
+    SD_ARCH_QWEN2 = 1,
+    SD_ARCH_QWEN3 = 2,
+    SD_ARCH_GEMMA3 = 3
+} sd_arch;
+
+/* How RoPE's inverse frequencies inv[i] = theta^(-2i/Dh) are scaled for longer contexts. */
+typedef enum {
+    SD_ROPE_DEFAULT = 0, /* unscaled */
+    SD_ROPE_LINEAR = 1,  /* position interpolation: inv[i] / factor */
+    SD_ROPE_LLAMA3 = 2,  /* Llama 3.1: wavelengths 2pi/inv[i] above original_context /
+                          * low_freq_factor are divided by factor, those below original_context /
+                          * high_freq_factor are kept, a linear blend in 1/wavelength between */
+    SD_ROPE_FACTORS = 3  /* inv[i] / f[i], the per-frequency divisors a GGUF file stores in
+                          * rope_freqs.weight (llama.cpp's form of llama3 scaling) */
+} sd_rope_scaling;
 
 /* Hyper-parameters, read from the file. */
 typedef struct {
     sd_arch arch;
-    char arch_name[32];  /* "llama", "qwen2" */
+    char arch_name[32];  /* "llama", "qwen2", "qwen3", "gemma3" (a GGUF file's own name) */
     int vocab_size;      /* V */
     int hidden_size;     /* D */
     int n_layers;        /* L */
     int n_heads;         /* H: query heads */
     int n_kv_heads;      /* Hkv: key/value heads, H % Hkv == 0 (grouped-query attention) */
-    int head_dim;        /* Dh: D == H * Dh for the supported architectures */
+    int head_dim;        /* Dh: usually D / H; qwen3 and others set it apart (H * Dh != D) */
     int ffn_size;        /* F: SwiGLU inner width */
     int context_length;  /* longest sequence the model was trained for */
     float rope_theta;    /* RoPE base frequency */
@@ -83,6 +101,19 @@ typedef struct {
     int tied_embeddings; /* 1: the output head is the token embedding matrix */
     int rope_neox;       /* 1: rotate-half pairs (i, i + Dh/2); 0: adjacent pairs (2i, 2i + 1) */
     int has_qkv_bias;    /* 1: q/k/v projections carry biases (qwen2) */
+    int has_qk_norm;     /* 1: per-head RMSNorm (weights of Dh) of q and k before RoPE (qwen3) */
+    int sliding_window;  /* > 0: the token at position p attends only to positions in
+                          * (p - sliding_window, p] (Mistral); 0: to every earlier position */
+    int swa_pattern;     /* with a window: 0 = on every layer; n = on layer l iff
+                          * l % n < n - 1 (Gemma 3: five local layers, then a global one) */
+    float rope_theta_local; /* swa_pattern > 0: the local layers' RoPE base (never scaled) */
+    float attn_scale;       /* > 0: the softmax scale of q.k; 0 = 1/sqrt(Dh) */
+    float final_softcap;    /* > 0: logits = c * tanh(logits / c) */
+    int rope_scaling;    /* sd_rope_scaling */
+    float rope_factor;   /* LINEAR and LLAMA3: how many times the original context */
+    float rope_low_freq_factor;  /* LLAMA3 */
+    float rope_high_freq_factor; /* LLAMA3 */
+    int rope_original_context;   /* LLAMA3: original_max_position_embeddings */
     int weight_type;     /* sd_type of the attention/MLP matrices (the first layer's wq) */
 } sd_config;
 

@@ -25,10 +25,9 @@ import numpy as np
 
 @dataclass(frozen=True)
 class RandomModelConfig:
-    """Shape and hyper-parameters of a random llama/qwen2 model."""
+    """Shape and hyper-parameters of a random llama/qwen2/qwen3 model."""
 
-
-    arch: str = "llama"  # "llama" or "qwen2"
+    arch: str = "llama"  # "llama", "qwen2", "qwen3" or "gemma3"
     vocab: int = 64
     dim: int = 32
     n_layers: int = 2
@@ -39,10 +38,15 @@ class RandomModelConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     tied: bool = False
+    head_size: int = 0  # explicit head dimension (qwen3 sets one apart); 0: dim // n_heads
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.arch in ("qwen3", "gemma3")
 
     @property
     def has_bias(self) -> bool:
@@ -60,7 +64,7 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
     scores visibly. The output head is scaled up (x2) so logits spread over a few units and the
     greedy argmax has a clear margin.
     """
-    assert cfg.dim % cfg.n_heads == 0 and cfg.head_dim % 2 == 0
+    assert (cfg.head_size or cfg.dim % cfg.n_heads == 0) and cfg.head_dim % 2 == 0
     assert cfg.n_heads % cfg.n_kv_heads == 0
     rng = np.random.default_rng(seed)
     D, F, V = cfg.dim, cfg.ffn, cfg.vocab
@@ -69,8 +73,11 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
     def mat(out_f, in_f, scale=1.0):
         return (rng.standard_normal((out_f, in_f)) * (scale / np.sqrt(in_f))).astype(np.float32)
 
+    # gemma3's norms scale by (1 + w): its stored weights are the small w
+    base = 0.0 if cfg.arch == "gemma3" else 1.0
+
     def norm(n):
-        return (1.0 + rng.uniform(-0.1, 0.1, size=n)).astype(np.float32)
+        return (base + rng.uniform(-0.1, 0.1, size=n)).astype(np.float32)
 
     w: dict[str, np.ndarray] = {}
     w["model.embed_tokens.weight"] = rng.standard_normal((V, D)).astype(np.float32)
@@ -85,10 +92,16 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
             w[p + "self_attn.k_proj.bias"] = (rng.standard_normal(Hkv * Dh) * 0.5).astype(np.float32)
             w[p + "self_attn.v_proj.bias"] = (rng.standard_normal(Hkv * Dh) * 0.5).astype(np.float32)
         w[p + "self_attn.o_proj.weight"] = mat(D, H * Dh)
+        if cfg.has_qk_norm:  # only qwen3 draws these: the other archs' weights are unchanged
+            w[p + "self_attn.q_norm.weight"] = norm(Dh)
+            w[p + "self_attn.k_norm.weight"] = norm(Dh)
         w[p + "post_attention_layernorm.weight"] = norm(D)
         w[p + "mlp.gate_proj.weight"] = mat(F, D)
         w[p + "mlp.up_proj.weight"] = mat(F, D)
         w[p + "mlp.down_proj.weight"] = mat(D, F)
+        if cfg.arch == "gemma3":  # sandwich norms (post_attention_layernorm is the post-norm)
+            w[p + "pre_feedforward_layernorm.weight"] = norm(D)
+            w[p + "post_feedforward_layernorm.weight"] = norm(D)
     w["model.norm.weight"] = norm(D)
     if not cfg.tied:
         w["lm_head.weight"] = mat(V, D, 2.0)
@@ -158,8 +171,10 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], dtype: str, metadata=None)
 
 def hf_config_dict(cfg: RandomModelConfig, dtype: str = "F32") -> dict:
     torch_dtype = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype]
+    arch_class = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}[cfg.arch]
     d = {
-        "architectures": ["LlamaForCausalLM" if cfg.arch == "llama" else "Qwen2ForCausalLM"],
+        "architectures": [arch_class],
         "model_type": cfg.arch,
         "hidden_size": cfg.dim,
         "intermediate_size": cfg.ffn,
@@ -178,11 +193,15 @@ def hf_config_dict(cfg: RandomModelConfig, dtype: str = "F32") -> dict:
         "initializer_range": 0.02,
         "use_cache": True,
     }
+    if cfg.head_size:
+        d["head_dim"] = cfg.head_size
     if cfg.arch == "llama":
         d["attention_bias"] = False
         d["mlp_bias"] = False
         d["rope_scaling"] = None
     else:
+        if cfg.arch == "qwen3":
+            d["attention_bias"] = False
         d["use_sliding_window"] = False
         d["sliding_window"] = cfg.context_length
         d["max_window_layers"] = cfg.n_layers
@@ -308,6 +327,8 @@ HF_TO_GGUF_LAYER = {
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -315,7 +336,16 @@ HF_TO_GGUF_LAYER = {
 }
 
 
-def gguf_name(hf_name: str) -> str:
+# gemma3's sandwich norms, as llama.cpp names them (its HF post_attention_layernorm is the
+# attention block's post-norm, not the MLP's pre-norm)
+GEMMA3_GGUF_LAYER = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf_name == "model.norm.weight":
@@ -324,16 +354,21 @@ def gguf_name(hf_name: str) -> str:
         return "output.weight"
     parts = hf_name.split(".")
     assert parts[0] == "model" and parts[1] == "layers", hf_name
-    return f"blk.{parts[2]}." + HF_TO_GGUF_LAYER[".".join(parts[3:])]
+    suffix = ".".join(parts[3:])
+    if arch == "gemma3" and suffix in GEMMA3_GGUF_LAYER:
+        return f"blk.{parts[2]}." + GEMMA3_GGUF_LAYER[suffix]
+    return f"blk.{parts[2]}." + HF_TO_GGUF_LAYER[suffix]
 
 
 def gguf_tensors(cfg: RandomModelConfig, weights: dict, dtype: str = "F32") -> list[tuple[str, np.ndarray, int]]:
     """(gguf name, float32 array in HF [out, in] layout after any llama permutation, ggml type)
-    in llama.cpp's order: token_embd, blocks, output_norm, output."""
+    in llama.cpp's order: token_embd, blocks, output_norm, output. gemma3's norms get the + 1
+    of HF's (1 + w) folded in, as llama.cpp's converter does."""
     order = ["model.embed_tokens.weight"]
     for i in range(cfg.n_layers):
-        for suffix in HF_TO_GGUF_LAYER:
-            order.append(f"model.layers.{i}.{suffix}")
+        for suffix in [*HF_TO_GGUF_LAYER, *GEMMA3_GGUF_LAYER]:
+            if f"model.layers.{i}.{suffix}" not in order:
+                order.append(f"model.layers.{i}.{suffix}")
     order += ["model.norm.weight", "lm_head.weight"]
     out = []
     for hf in order:
@@ -346,8 +381,10 @@ def gguf_tensors(cfg: RandomModelConfig, weights: dict, dtype: str = "F32") -> l
                 a = permute_qk(a, cfg.n_heads)
             elif hf.endswith("self_attn.k_proj.weight") or hf.endswith("self_attn.k_proj.bias"):
                 a = permute_qk(a, cfg.n_kv_heads)
+        if cfg.arch == "gemma3" and hf.endswith("norm.weight"):
+            a = a + np.float32(1.0)
         gtype = GGML_TYPE[dtype] if a.ndim >= 2 else GGML_F32
-        out.append((gguf_name(hf), a, gtype))
+        out.append((gguf_name(hf, cfg.arch), a, gtype))
     return out
 
 
@@ -372,6 +409,9 @@ def gguf_metadata(cfg: RandomModelConfig, arch: str | None = None, dtype: str = 
         (f"{a}.rope.freq_base", GGUF_F32, cfg.rope_theta),
         (f"{a}.attention.layer_norm_rms_epsilon", GGUF_F32, cfg.rms_eps),
     ]
+    if cfg.head_size:  # as llama.cpp's converter, only where config.json names a head_dim
+        kv += [(f"{a}.attention.key_length", GGUF_U32, cfg.head_dim),
+               (f"{a}.attention.value_length", GGUF_U32, cfg.head_dim)]
     return kv
 
 
@@ -407,14 +447,17 @@ def write_gguf(
     extra_kv: list | None = None,
     remove_kv: tuple | list | set = (),
     reverse_tensors: bool = False,
+    extra_tensors: list | None = None,
 ) -> GGUFLayout:
     """Write a GGUF file of `weights` (HF naming/layout; converted and, for llama, q/k-permuted
     here). Hooks: `magic`/`version` written as given; `arch` overrides general.architecture and
     the key prefix; `drop` removes tensors by GGUF name; `remove_kv`/`extra_kv` edit the metadata;
     `write_alignment_key` forces general.alignment in or out (default: only when != 32);
-    `reverse_tensors` writes the tensor infos and data in reverse order.
+    `reverse_tensors` writes the tensor infos and data in reverse order; `extra_tensors`
+    appends (GGUF name, array) pairs as F32 (e.g. rope_freqs.weight).
     Wrong shapes: pass modified `weights`."""
     tensors = [t for t in gguf_tensors(cfg, weights, dtype) if t[0] not in set(drop)]
+    tensors += [(n, np.asarray(a, dtype=np.float32), GGML_F32) for n, a in extra_tensors or []]
     if reverse_tensors:
         tensors = tensors[::-1]
     kv = [x for x in gguf_metadata(cfg, arch, dtype) if x[0] not in set(remove_kv)]

@@ -389,6 +389,11 @@ static sd_status lc_check(const sd_model *m) {
                             "(adjacent-pair RoPE, no biases) only, not for %s",
                             c->arch_name);
     }
+    if (c->rope_scaling != SD_ROPE_DEFAULT || c->sliding_window > 0) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "llama.cpp's float order is reproduced without RoPE scaling and "
+                            "sliding windows only");
+    }
     if (c->head_dim % 64 != 0 || c->hidden_size != c->n_heads * c->head_dim ||
         c->ffn_size % 32 != 0) {
         return sd_set_error(SD_ERR_UNSUPPORTED,

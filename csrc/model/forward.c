@@ -1,6 +1,6 @@
-/* forward.c — one forward pass of a llama/qwen2 decoder over a batch of T tokens at given
- * positions, writing K/V into given cache slots and attending through an explicit mask, so one
- * call serves prefill, single-token decode and the scoring of a whole draft tree. */
+/* forward.c — one forward pass of a llama/qwen2/qwen3/gemma3 decoder over a batch of T tokens at
+ * given positions, writing K/V into given cache slots and attending through an explicit mask, so
+ * one call serves prefill, single-token decode and the scoring of a whole draft tree. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +110,72 @@ static void build_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batch *b, 
     }
 }
 
+/* A sliding window W on top of a mask: only slots whose position lies in (pos[t] - W, pos[t]]
+ * stay visible, whatever built the mask (prefill, decode, a verify chain or tree): the cache
+ * keeps every slot and the window is a mask. slot_pos (n_attn) is scratch. Changes no state. */
+static sd_status window_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batch *b,
+                             const int32_t *pos, int old_len, int n_attn, int window,
+                             int32_t *slot_pos) {
+    const int T = b->n_tokens;
+    memcpy(slot_pos, kv->pos, (size_t)n_attn * sizeof(int32_t));
+    for (int u = 0; u < T; u++) {
+        int32_t s = b->slots != NULL ? b->slots[u] : old_len + u;
+        if (s < n_attn) {
+            slot_pos[s] = pos[u];
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        uint8_t *row = mask + (size_t)t * (size_t)n_attn;
+        int any = 0;
+        for (int s = 0; s < n_attn; s++) {
+            row[s] = row[s] && (int64_t)pos[t] - slot_pos[s] < window;
+            any |= row[s];
+        }
+        if (!any) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "mask row %d attends to no slot within the sliding window of %d", t,
+                                window);
+        }
+    }
+    return SD_OK;
+}
+
+/* Whether layer l attends through the window (Mistral: all; Gemma 3: the local ones). */
+static int layer_slides(const sd_config *c, int l) {
+    return c->sliding_window > 0 &&
+           (c->swa_pattern == 0 || l % c->swa_pattern < c->swa_pattern - 1);
+}
+
+/* cs (T, Dh): cos/sin of pos[t] * freq[i], in double so large positions keep their precision. */
+static void rope_angles(float *cs, const int32_t *pos, int T, int Dh, const double *freq) {
+    for (int t = 0; t < T; t++) {
+        float *r = cs + (size_t)t * (size_t)Dh;
+        for (int i = 0; i < Dh / 2; i++) {
+            double a = (double)pos[t] * freq[i];
+            r[2 * i] = (float)cos(a);
+            r[2 * i + 1] = (float)sin(a);
+        }
+    }
+}
+
+/* out = gelu(gate) * up (Gemma's GeGLU) with GELU's tanh form,
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+static void geglu(float *out, const float *gate, const float *up, size_t n) {
+    const double k = 0.79788456080286535588; /* sqrt(2/pi) */
+    for (size_t i = 0; i < n; i++) {
+        const double x = gate[i];
+        out[i] = (float)(0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x))) * up[i]);
+    }
+}
+
+/* x (T, D) += rmsnorm(y) * w: a block's output through its post-norm (Gemma's sandwich). */
+static void add_post_normed(float *x, float *y, const float *w, int T, int D, float eps) {
+    sd_rmsnorm(y, y, w, T, D, eps);
+    for (size_t i = 0; i < (size_t)T * (size_t)D; i++) {
+        x[i] += y[i];
+    }
+}
+
 #ifdef SD_WITH_CUDA
 /* The forward of a CUDA model: positions, slots and the mask are prepared here as for the CPU
  * (the cache's positions stay on the host), the layers run on the device. */
@@ -117,17 +183,27 @@ static sd_status forward_cuda(sd_model *m, sd_kv_cache *kv, const sd_batch *b, f
                               const int32_t *tokens_dev, int new_len, int n_attn) {
     const int T = b->n_tokens;
     const int old_len = kv->length;
-    int32_t *pos = calloc(1, (size_t)T * 2 * sizeof(int32_t) + (size_t)T * (size_t)n_attn);
+    int32_t *pos =
+        calloc(1, ((size_t)T * 2 + (size_t)n_attn) * sizeof(int32_t) + (size_t)T * (size_t)n_attn);
     if (pos == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
     }
     int32_t *slots = pos + T;
-    uint8_t *mask = (uint8_t *)(slots + T);
+    int32_t *slot_pos = slots + T;
+    uint8_t *mask = (uint8_t *)(slot_pos + n_attn);
     for (int t = 0; t < T; t++) {
         pos[t] = b->pos != NULL ? b->pos[t] : old_len + t;
         slots[t] = b->slots != NULL ? b->slots[t] : old_len + t;
     }
     build_mask(mask, kv, b, pos, old_len, n_attn);
+    sd_status st = SD_OK; /* a CUDA model has no local layers: one mask serves every layer */
+    if (m->cfg.sliding_window > 0) {
+        st = window_mask(mask, kv, b, pos, old_len, n_attn, m->cfg.sliding_window, slot_pos);
+    }
+    if (st != SD_OK) {
+        free(pos);
+        return st;
+    }
     for (int t = 0; t < T; t++) {
         kv->pos[slots[t]] = pos[t];
     }
@@ -142,7 +218,7 @@ static sd_status forward_cuda(sd_model *m, sd_kv_cache *kv, const sd_batch *b, f
     cb.n_attn = n_attn;
     cb.n_logits = b->n_logits;
     cb.n_layers = b->n_layers > 0 ? b->n_layers : m->cfg.n_layers;
-    const sd_status st = sd_cuda_forward(m->cuda, kv->cuda, &cb, logits);
+    st = sd_cuda_forward(m->cuda, kv->cuda, &cb, logits);
     free(pos);
     return st;
 }
@@ -189,7 +265,7 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
     const int old_len = kv->length;
 
     /* positions and slots of this batch (defaults: append at the end) */
-    int32_t *pos = calloc((size_t)T * 2, sizeof(int32_t));
+    int32_t *pos = calloc((size_t)T * 2 + (size_t)n_attn, sizeof(int32_t));
     if (pos == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
     }
@@ -198,21 +274,32 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         pos[t] = b->pos != NULL ? b->pos[t] : old_len + t;
         slots[t] = b->slots != NULL ? b->slots[t] : old_len + t;
     }
+    /* every layer's mask (Mistral: all windowed), or the global and the local ones (Gemma 3) */
     build_mask(s->mask, kv, b, pos, old_len, n_attn);
+    sd_status mst = SD_OK;
+    if (c->sliding_window > 0) {
+        uint8_t *wm = c->swa_pattern > 0 ? s->mask_local : s->mask;
+        if (wm != s->mask) {
+            memcpy(wm, s->mask, (size_t)T * (size_t)n_attn);
+        }
+        mst = window_mask(wm, kv, b, pos, old_len, n_attn, c->sliding_window, slots + T);
+    }
+    if (mst != SD_OK) {
+        free(pos);
+        return mst;
+    }
     for (int t = 0; t < T; t++) {
         kv->pos[slots[t]] = pos[t];
     }
     kv->length = new_len;
 
-    /* RoPE angles per token, in double so that large positions keep their precision */
-    for (int t = 0; t < T; t++) {
-        float *cs = s->rope_cs + (size_t)t * (size_t)Dh;
-        for (int i = 0; i < Dh / 2; i++) {
-            double a = (double)pos[t] * m->rope_freq[i];
-            cs[2 * i] = (float)cos(a);
-            cs[2 * i + 1] = (float)sin(a);
-        }
+    rope_angles(s->rope_cs, pos, T, Dh, m->rope_freq);
+    if (m->rope_freq_local != NULL) {
+        rope_angles(s->rope_cs_local, pos, T, Dh, m->rope_freq_local);
     }
+    const int gemma = c->arch == SD_ARCH_GEMMA3;
+    /* sd_attention scales q.k by 1/sqrt(Dh): another scale goes into q */
+    const float q_scale = c->attn_scale > 0.0f ? c->attn_scale * sqrtf((float)Dh) : 1.0f;
 
     /* embeddings */
     const sd_type_traits *et = sd_type_get(m->w.tok_embd.type);
@@ -222,12 +309,20 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
                          (size_t)b->tokens[t] * m->w.tok_embd.row_bytes,
                      D);
     }
+    if (gemma) { /* Gemma scales its embeddings by sqrt(D) */
+        const float e = (float)sqrt((double)D);
+        for (size_t i = 0; i < (size_t)T * (size_t)D; i++) {
+            s->x[i] *= e;
+        }
+    }
 
     const int n_layers = b->n_layers > 0 ? b->n_layers : c->n_layers;
     for (int l = 0; l < n_layers; l++) {
         const sd_layer *L = &m->w.layers[l];
         const void *kc = sd_kv_at(kv, kv->k, sd_kv_row(kv, l, 0, 0));
         const void *vc = sd_kv_at(kv, kv->v, sd_kv_row(kv, l, 0, 0));
+        const int local = c->swa_pattern > 0 && layer_slides(c, l);
+        const float *cs = local ? s->rope_cs_local : s->rope_cs;
 
         /* attention block: x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n), n = rmsnorm(x) */
         sd_matmul_job qkv[3] = {
@@ -236,11 +331,17 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
             {s->v, s->xb, &L->wv, L->bv, 0},
         };
         const int q_qkv = sd_matmul_wants_q8(qkv, 3); /* normalized and quantized at once */
-        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps,
-                        q_qkv ? s->xq : NULL);
+        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps, q_qkv ? s->xq : NULL);
         sd_matmul(m->pool, T, qkv, 3, s->xq, q_qkv);
-        sd_rope(s->q, s->rope_cs, T, H, Dh, c->rope_neox);
-        sd_rope(s->k, s->rope_cs, T, Hkv, Dh, c->rope_neox);
+        if (L->q_norm != NULL) { /* qwen3, gemma3: RMSNorm over each head's Dh before RoPE */
+            sd_rmsnorm(s->q, s->q, L->q_norm, T * H, Dh, c->rms_eps);
+            sd_rmsnorm(s->k, s->k, L->k_norm, T * Hkv, Dh, c->rms_eps);
+        }
+        sd_rope(s->q, cs, T, H, Dh, c->rope_neox);
+        sd_rope(s->k, cs, T, Hkv, Dh, c->rope_neox);
+        for (size_t i = 0; q_scale != 1.0f && i < (size_t)T * (size_t)H * (size_t)Dh; i++) {
+            s->q[i] *= q_scale;
+        }
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < Hkv; h++) {
                 const size_t src = (size_t)t * (size_t)KVD + (size_t)h * (size_t)Dh;
@@ -254,12 +355,17 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
                 }
             }
         }
-        sd_attention(m->pool, s->xb, s->q, kc, vc, kv->f16, sd_kv_row(kv, 0, 1, 0), s->mask, T,
-                     n_attn, H, Hkv, Dh, s->scores);
-        sd_matmul_job o = {s->x, s->xb, &L->wo, NULL, 1};
+        sd_attention(m->pool, s->xb, s->q, kc, vc, kv->f16, sd_kv_row(kv, 0, 1, 0),
+                     local ? s->mask_local : s->mask, T, n_attn, H, Hkv, Dh, s->scores);
+        /* gemma3: x += rmsnorm(Wo · attn) * post-norm */
+        sd_matmul_job o = {gemma ? s->xo : s->x, s->xb, &L->wo, NULL, !gemma};
         sd_matmul(m->pool, T, &o, 1, s->xq, 0);
+        if (gemma) {
+            add_post_normed(s->x, s->xo, L->attn_post_norm, T, D, c->rms_eps);
+        }
 
-        /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x) */
+        /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x); gemma3: gelu for
+         * silu, and the output through its post-norm */
         sd_matmul_job gu[2] = {
             {s->hb, s->xb, &L->w_gate, NULL, 0},
             {s->hb2, s->xb, &L->w_up, NULL, 0},
@@ -267,10 +373,16 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         const int q_gu = sd_matmul_wants_q8(gu, 2);
         sd_rmsnorm_rows(m->pool, s->xb, s->x, L->ffn_norm, T, D, c->rms_eps, q_gu ? s->xq : NULL);
         sd_matmul(m->pool, T, gu, 2, s->xq, q_gu);
-        sd_matmul_job down = {s->x, s->hb, &L->w_down, NULL, 1};
-        const int q_down = sd_matmul_wants_q8(&down, 1);
-        sd_swiglu_rows(m->pool, s->hb, s->hb, s->hb2, T, F, q_down ? s->xq : NULL);
-        sd_matmul(m->pool, T, &down, 1, s->xq, q_down);
+        sd_matmul_job down = {gemma ? s->xo : s->x, s->hb, &L->w_down, NULL, !gemma};
+        if (gemma) {
+            geglu(s->hb, s->hb, s->hb2, (size_t)T * (size_t)F);
+            sd_matmul(m->pool, T, &down, 1, s->xq, 0);
+            add_post_normed(s->x, s->xo, L->ffn_post_norm, T, D, c->rms_eps);
+        } else {
+            const int q_down = sd_matmul_wants_q8(&down, 1);
+            sd_swiglu_rows(m->pool, s->hb, s->hb, s->hb2, T, F, q_down ? s->xq : NULL);
+            sd_matmul(m->pool, T, &down, 1, s->xq, q_down);
+        }
     }
 
     if (b->n_logits > 0) {
@@ -279,6 +391,10 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
                    c->rms_eps);
         sd_matmul_job out = {logits, s->xb, &m->w.output, NULL, 0};
         sd_matmul(m->pool, b->n_logits, &out, 1, s->xq, 0);
+        const float cap = c->final_softcap;
+        for (size_t i = 0; cap > 0.0f && i < (size_t)b->n_logits * (size_t)c->vocab_size; i++) {
+            logits[i] = cap * tanhf(logits[i] / cap);
+        }
     }
     free(pos);
     return SD_OK;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "model/config.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/dispatch.h"
 #include "cpu/quant.h"
@@ -35,15 +36,35 @@ typedef enum {
     R_GATE,
     R_UP,
     R_DOWN,
+    R_Q_NORM,
+    R_K_NORM,
+    R_ROPE_FREQS,
+    R_ATTN_POST_NORM,
+    R_FFN_POST_NORM,
     R_COUNT
 } role;
 
 static const char *const g_gguf_names[R_COUNT] = {
-    "token_embd.weight",       "output_norm.weight",        "output.weight",
-    "blk.%d.attn_norm.weight", "blk.%d.attn_q.weight",      "blk.%d.attn_k.weight",
-    "blk.%d.attn_v.weight",    "blk.%d.attn_output.weight", "blk.%d.attn_q.bias",
-    "blk.%d.attn_k.bias",      "blk.%d.attn_v.bias",        "blk.%d.ffn_norm.weight",
-    "blk.%d.ffn_gate.weight",  "blk.%d.ffn_up.weight",      "blk.%d.ffn_down.weight",
+    "token_embd.weight",
+    "output_norm.weight",
+    "output.weight",
+    "blk.%d.attn_norm.weight",
+    "blk.%d.attn_q.weight",
+    "blk.%d.attn_k.weight",
+    "blk.%d.attn_v.weight",
+    "blk.%d.attn_output.weight",
+    "blk.%d.attn_q.bias",
+    "blk.%d.attn_k.bias",
+    "blk.%d.attn_v.bias",
+    "blk.%d.ffn_norm.weight",
+    "blk.%d.ffn_gate.weight",
+    "blk.%d.ffn_up.weight",
+    "blk.%d.ffn_down.weight",
+    "blk.%d.attn_q_norm.weight",
+    "blk.%d.attn_k_norm.weight",
+    "rope_freqs.weight",
+    "blk.%d.post_attention_norm.weight",
+    "blk.%d.post_ffw_norm.weight",
 };
 
 static const char *const g_hf_names[R_COUNT] = {
@@ -62,6 +83,12 @@ static const char *const g_hf_names[R_COUNT] = {
     "model.layers.%d.mlp.gate_proj.weight",
     "model.layers.%d.mlp.up_proj.weight",
     "model.layers.%d.mlp.down_proj.weight",
+    "model.layers.%d.self_attn.q_norm.weight",
+    "model.layers.%d.self_attn.k_norm.weight",
+    "", /* Hugging Face computes RoPE's factors from config.json */
+    /* gemma3's sandwich norms; its pre-MLP norm is pre_feedforward_layernorm (load_hf) */
+    "model.layers.%d.post_attention_layernorm.weight",
+    "model.layers.%d.post_feedforward_layernorm.weight",
 };
 
 typedef struct {
@@ -69,16 +96,54 @@ typedef struct {
     const char *const *names;
     size_t vec_used; /* floats of m->vectors handed out */
     size_t vec_cap;
+    unsigned char *used; /* (the file's tensor count) tensors found by role, or NULL */
+    float norm_shift;    /* added to every norm weight: HF's gemma3 norms scale by (1 + w) */
 } builder;
 
+/* The file's tensors, to tell which no role read (a random model has none of its own). */
+static const sd_tensor_info *file_tensors(const sd_model *m, int64_t *n) {
+    *n = m->gguf != NULL ? (int64_t)m->gguf->n_tensors : m->st != NULL ? m->st->n_tensors : 0;
+    return m->gguf != NULL ? m->gguf->tensors : m->st != NULL ? m->st->tensors : NULL;
+}
+
 static const sd_tensor_info *find_tensor(const builder *b, const char *name) {
+    const sd_tensor_info *t;
     if (b->m->gguf != NULL) {
-        return sd_gguf_find_tensor(b->m->gguf, name);
-    }
-    if (b->m->dummy != NULL) {
+        t = sd_gguf_find_tensor(b->m->gguf, name);
+    } else if (b->m->dummy != NULL) {
         return sd_dummy_find(b->m->dummy, name);
+    } else {
+        t = sd_st_find(b->m->st, name);
     }
-    return sd_st_find(b->m->st, name);
+    int64_t n = 0;
+    const sd_tensor_info *all = file_tensors(b->m, &n);
+    if (t != NULL && b->used != NULL && t >= all && t < all + n) {
+        b->used[t - all] = 1;
+    }
+    return t;
+}
+
+/* A tensor no role read would be silently ignored: refuse the model, naming it. Allowed: HF's
+ * saved rotary buffers (recomputed from config.json, as HF does) and an lm_head that
+ * tie_word_embeddings replaces (as HF does). */
+static sd_status check_all_read(const builder *b) {
+    int64_t n = 0;
+    const sd_tensor_info *all = file_tensors(b->m, &n);
+    for (int64_t i = 0; b->used != NULL && i < n; i++) {
+        const char *name = all[i].name;
+        const size_t len = strlen(name);
+        const char *inv = ".rotary_emb.inv_freq";
+        if (b->used[i] || (len >= strlen(inv) && strcmp(name + len - strlen(inv), inv) == 0) ||
+            (b->m->st != NULL && b->m->cfg.tied_embeddings &&
+             strcmp(name, "lm_head.weight") == 0)) {
+            continue;
+        }
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "tensor '%s' is not used by specdec's %s graph; refusing to load a "
+                            "model whose arithmetic it would change",
+                            name, b->m->cfg.arch_name);
+    }
+    return SD_OK;
 }
 
 static void role_name(char *buf, size_t n, const builder *b, role r, int layer) {
@@ -166,250 +231,105 @@ static sd_status get_vec(const float **out, builder *b, role r, int layer, int64
     }
     float *dst = b->m->vectors + b->vec_used;
     tr->to_float(dst, t->data, n);
+    const int norm = r == R_ATTN_NORM || r == R_FFN_NORM || r == R_OUT_NORM || r == R_Q_NORM ||
+                     r == R_K_NORM || r == R_ATTN_POST_NORM || r == R_FFN_POST_NORM;
+    for (int64_t i = 0; norm && b->norm_shift != 0.0f && i < n; i++) {
+        dst[i] += b->norm_shift;
+    }
     b->vec_used += (size_t)n;
     b->m->weight_bytes += (size_t)n * sizeof(float);
     *out = dst;
     return SD_OK;
 }
 
-/* ---- hyper-parameters ------------------------------------------------------------------------ */
-
-static sd_status set_arch(sd_config *c, const char *name, size_t len) {
-    if (len == 5 && memcmp(name, "llama", 5) == 0) {
-        c->arch = SD_ARCH_LLAMA;
-    } else if (len == 7 && memcmp(name, "mistral", 7) == 0) {
-        c->arch = SD_ARCH_LLAMA; /* same graph; sliding window handled by the caller */
-    } else if (len == 5 && memcmp(name, "qwen2", 5) == 0) {
-        c->arch = SD_ARCH_QWEN2;
-    } else {
-        return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "unknown architecture '%.*s' (supported: llama, mistral, qwen2)",
-                            (int)(len > 64 ? 64 : len), name);
-    }
-    snprintf(c->arch_name, sizeof(c->arch_name), "%s",
-             c->arch == SD_ARCH_QWEN2 ? "qwen2" : "llama");
-    c->has_qkv_bias = c->arch == SD_ARCH_QWEN2;
-    return SD_OK;
-}
-
-static sd_status check_config(const sd_config *c) {
-    if (c->hidden_size <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
-        c->ffn_size <= 0 || c->head_dim <= 0 || c->context_length <= 0 || c->vocab_size <= 0) {
-        return sd_set_error(SD_ERR_FORMAT,
-                            "invalid hyper-parameters: hidden %d, layers %d, heads %d, kv heads "
-                            "%d, ffn %d, head_dim %d, context length %d, vocab %d",
-                            c->hidden_size, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_size,
-                            c->head_dim, c->context_length, c->vocab_size);
-    }
-    if (c->n_heads % c->n_kv_heads != 0) {
-        return sd_set_error(SD_ERR_FORMAT, "%d attention heads are not a multiple of %d kv heads",
-                            c->n_heads, c->n_kv_heads);
-    }
-    if (c->head_dim % 2 != 0) {
-        return sd_set_error(SD_ERR_FORMAT, "head dimension %d is odd; RoPE needs pairs",
-                            c->head_dim);
-    }
-    if (c->head_dim > SD_MAX_HEAD_DIM) {
-        return sd_set_error(SD_ERR_UNSUPPORTED, "head dimension %d is larger than the %d supported",
-                            c->head_dim, SD_MAX_HEAD_DIM);
-    }
-    if (!(c->rms_eps > 0.0f) || !(c->rope_theta > 0.0f)) {
-        return sd_set_error(SD_ERR_FORMAT, "invalid rms epsilon %g or rope theta %g",
-                            (double)c->rms_eps, (double)c->rope_theta);
-    }
-    return SD_OK;
-}
-
-static int gguf_int(const sd_gguf *g, const sd_config *c, const char *suffix, int64_t *v) {
-    char key[128];
-    snprintf(key, sizeof(key), "%s.%s", c->arch_name, suffix);
-    return sd_gguf_get_int(g, key, v);
-}
-
-static sd_status config_from_gguf(sd_config *c, const sd_gguf *g) {
-    size_t len = 0;
-    const char *arch = sd_gguf_get_str(g, "general.architecture", &len);
-    if (arch == NULL) {
-        return sd_set_error(SD_ERR_FORMAT, "missing metadata 'general.architecture'");
-    }
-    SD_TRY(set_arch(c, arch, len));
-    /* GGUF keys use the architecture's own name */
-    snprintf(c->arch_name, sizeof(c->arch_name), "%.*s", (int)len, arch);
-    struct {
-        const char *suffix;
-        int *dst;
-    } req[] = {
-        {"embedding_length", &c->hidden_size},  {"block_count", &c->n_layers},
-        {"feed_forward_length", &c->ffn_size},  {"attention.head_count", &c->n_heads},
-        {"context_length", &c->context_length},
-    };
-    for (size_t i = 0; i < sizeof(req) / sizeof(req[0]); i++) {
-        int64_t v = 0;
-        if (!gguf_int(g, c, req[i].suffix, &v)) {
-            return sd_set_error(SD_ERR_FORMAT, "missing metadata '%s.%s'", c->arch_name,
-                                req[i].suffix);
-        }
-        if (v <= 0 || v > (1 << 30)) {
-            return sd_set_error(SD_ERR_FORMAT, "metadata '%s.%s' = %lld is out of range",
-                                c->arch_name, req[i].suffix, (long long)v);
-        }
-        *req[i].dst = (int)v;
-    }
-    int64_t v = 0;
-    c->n_kv_heads = gguf_int(g, c, "attention.head_count_kv", &v) ? (int)v : c->n_heads;
-    c->head_dim = gguf_int(g, c, "attention.key_length", &v) ? (int)v : c->hidden_size / c->n_heads;
-    if (gguf_int(g, c, "rope.dimension_count", &v) && v != c->head_dim) {
-        return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "partial rotary embeddings (rope.dimension_count %lld of head "
-                            "dimension %d) are not supported",
-                            (long long)v, c->head_dim);
-    }
-    char key[128];
-    double f = 0.0;
-    snprintf(key, sizeof(key), "%s.rope.freq_base", c->arch_name);
-    c->rope_theta = sd_gguf_get_float(g, key, &f) ? (float)f : 10000.0f;
-    snprintf(key, sizeof(key), "%s.attention.layer_norm_rms_epsilon", c->arch_name);
-    c->rms_eps = sd_gguf_get_float(g, key, &f) ? (float)f : 1e-5f;
-    snprintf(key, sizeof(key), "%s.rope.scaling.type", c->arch_name);
-    const char *scaling = sd_gguf_get_str(g, key, &len);
-    if (scaling != NULL && !(len == 4 && memcmp(scaling, "none", 4) == 0)) {
-        return sd_set_error(SD_ERR_UNSUPPORTED, "RoPE scaling '%.*s' is not supported yet",
-                            (int)(len > 32 ? 32 : len), scaling);
-    }
-    if (sd_gguf_find_tensor(g, "rope_freqs.weight") != NULL) {
-        return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "RoPE frequency factors (rope_freqs.weight, Llama 3.1 style "
-                            "scaling) are not supported yet");
-    }
-    const sd_tensor_info *emb = sd_gguf_find_tensor(g, "token_embd.weight");
-    if (emb == NULL) {
-        return sd_set_error(SD_ERR_FORMAT, "missing tensor 'token_embd.weight'");
-    }
-    c->vocab_size = emb->n_dims == 2 && emb->shape[0] < (1 << 30) ? (int)emb->shape[0] : 0;
-    /* llama.cpp's converter permutes llama q/k rows for adjacent-pair rotation; other
-     * architectures keep rotate-half (NeoX) pairing. */
-    c->rope_neox = c->arch != SD_ARCH_LLAMA;
-    c->tied_embeddings = sd_gguf_find_tensor(g, "output.weight") == NULL;
-    return check_config(c);
-}
-
-static sd_status json_int(const sd_json *cfg, const char *key, int *dst, int required,
-                          const char *path) {
-    int64_t v = 0;
-    if (!sd_json_get_int(cfg, key, &v)) {
-        if (required) {
-            return sd_set_error(SD_ERR_FORMAT, "%s: missing integer \"%s\"", path, key);
-        }
-        return SD_OK;
-    }
-    if (v <= 0 || v > (1 << 30)) {
-        return sd_set_error(SD_ERR_FORMAT, "%s: \"%s\" = %lld is out of range", path, key,
-                            (long long)v);
-    }
-    *dst = (int)v;
-    return SD_OK;
-}
-
-static sd_status config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
-                                const sd_st_set *st) {
-    const char *mt = sd_json_get_string(cfg, "model_type");
-    if (mt == NULL) {
-        return sd_set_error(SD_ERR_FORMAT,
-                            "%s: missing \"model_type\" (cannot tell the "
-                            "architecture)",
-                            path);
-    }
-    SD_TRY(set_arch(c, mt, strlen(mt)));
-    SD_TRY(json_int(cfg, "hidden_size", &c->hidden_size, 1, path));
-    SD_TRY(json_int(cfg, "intermediate_size", &c->ffn_size, 1, path));
-    SD_TRY(json_int(cfg, "num_hidden_layers", &c->n_layers, 1, path));
-    SD_TRY(json_int(cfg, "num_attention_heads", &c->n_heads, 1, path));
-    SD_TRY(json_int(cfg, "vocab_size", &c->vocab_size, 1, path));
-    SD_TRY(json_int(cfg, "max_position_embeddings", &c->context_length, 1, path));
-    c->n_kv_heads = c->n_heads;
-    SD_TRY(json_int(cfg, "num_key_value_heads", &c->n_kv_heads, 0, path));
-    c->head_dim = c->hidden_size / c->n_heads;
-    const sd_json *hd = sd_json_get(cfg, "head_dim");
-    if (hd != NULL && hd->type != SD_JSON_NULL) {
-        SD_TRY(json_int(cfg, "head_dim", &c->head_dim, 1, path));
-    }
-    double f = 0.0;
-    c->rms_eps = sd_json_get_double(cfg, "rms_norm_eps", &f) ? (float)f : 1e-6f;
-    c->rope_theta = sd_json_get_double(cfg, "rope_theta", &f) ? (float)f : 10000.0f;
-    const sd_json *rs = sd_json_get(cfg, "rope_scaling");
-    if (rs != NULL && rs->type != SD_JSON_NULL) {
-        return sd_set_error(SD_ERR_UNSUPPORTED, "%s: \"rope_scaling\" is not supported yet", path);
-    }
-    int flag = 0;
-    if ((sd_json_get_bool(cfg, "attention_bias", &flag) && flag && c->arch == SD_ARCH_LLAMA) ||
-        (sd_json_get_bool(cfg, "mlp_bias", &flag) && flag)) {
-        return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "%s: attention_bias/mlp_bias in a llama model are not supported", path);
-    }
-    /* A sliding window at least as long as the sequence is plain causal attention: cap the
-     * context at the window so results stay exact. */
-    int64_t window = 0;
-    int use_sw = c->arch == SD_ARCH_LLAMA;
-    sd_json_get_bool(cfg, "use_sliding_window", &use_sw);
-    if (use_sw && sd_json_get_int(cfg, "sliding_window", &window) && window > 0 &&
-        window < c->context_length) {
-        c->context_length = (int)window;
-    }
-    int tied = 0;
-    if (!sd_json_get_bool(cfg, "tie_word_embeddings", &tied)) {
-        tied = sd_st_find(st, "lm_head.weight") == NULL;
-    }
-    c->tied_embeddings = tied;
-    c->rope_neox = 1; /* HF checkpoints use rotate-half pairing */
-    return check_config(c);
-}
-
 /* ---- build ----------------------------------------------------------------------------------- */
 
-static sd_status build_weights(sd_model *m, const char *const *names) {
+/* Find every tensor by role: views of the matrices, f32 copies of the vectors (m->vectors), and
+ * RoPE's frequencies after the model's scaling. */
+static sd_status find_weights(sd_model *m, builder *b) {
     sd_config *c = &m->cfg;
     const int64_t D = c->hidden_size, V = c->vocab_size, F = c->ffn_size;
     const int64_t QD = (int64_t)c->n_heads * c->head_dim;
     const int64_t KVD = (int64_t)c->n_kv_heads * c->head_dim;
-    builder b = {m, names, 0, 0};
-    b.vec_cap = (size_t)(D * (2 * c->n_layers + 1) + (QD + 2 * KVD) * c->n_layers);
-    m->vectors = malloc(b.vec_cap * sizeof(float));
+    const int64_t Dh = c->head_dim;
+    b->vec_cap =
+        (size_t)(D * (4 * c->n_layers + 1) + (QD + 2 * KVD + 2 * Dh) * c->n_layers + Dh / 2);
+    m->vectors = malloc(b->vec_cap * sizeof(float));
     m->w.layers = calloc((size_t)c->n_layers, sizeof(sd_layer));
-    if (m->vectors == NULL || m->w.layers == NULL) {
+    m->rope_freq = malloc((size_t)(Dh / 2) * sizeof(double));
+    m->rope_freq_local = c->swa_pattern > 0 ? malloc((size_t)(Dh / 2) * sizeof(double)) : NULL;
+    if (m->vectors == NULL || m->w.layers == NULL || m->rope_freq == NULL ||
+        (c->swa_pattern > 0 && m->rope_freq_local == NULL)) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
     }
-    SD_TRY(get_mat(&m->w.tok_embd, &b, R_TOK_EMBD, 0, V, D, 1));
-    SD_TRY(get_vec(&m->w.out_norm, &b, R_OUT_NORM, 0, D, 1));
+    SD_TRY(get_mat(&m->w.tok_embd, b, R_TOK_EMBD, 0, V, D, 1));
+    SD_TRY(get_vec(&m->w.out_norm, b, R_OUT_NORM, 0, D, 1));
     if (c->tied_embeddings) {
         m->w.output = m->w.tok_embd;
         m->weight_bytes += (size_t)V * m->w.output.row_bytes;
     } else {
-        SD_TRY(get_mat(&m->w.output, &b, R_OUTPUT, 0, V, D, 1));
+        SD_TRY(get_mat(&m->w.output, b, R_OUTPUT, 0, V, D, 1));
     }
     for (int l = 0; l < c->n_layers; l++) {
         sd_layer *L = &m->w.layers[l];
-        SD_TRY(get_vec(&L->attn_norm, &b, R_ATTN_NORM, l, D, 1));
-        SD_TRY(get_mat(&L->wq, &b, R_WQ, l, QD, D, 1));
-        SD_TRY(get_mat(&L->wk, &b, R_WK, l, KVD, D, 1));
-        SD_TRY(get_mat(&L->wv, &b, R_WV, l, KVD, D, 1));
-        SD_TRY(get_mat(&L->wo, &b, R_WO, l, D, QD, 1));
-        SD_TRY(get_vec(&L->bq, &b, R_BQ, l, QD, c->has_qkv_bias));
-        SD_TRY(get_vec(&L->bk, &b, R_BK, l, KVD, c->has_qkv_bias));
-        SD_TRY(get_vec(&L->bv, &b, R_BV, l, KVD, c->has_qkv_bias));
-        SD_TRY(get_vec(&L->ffn_norm, &b, R_FFN_NORM, l, D, 1));
-        SD_TRY(get_mat(&L->w_gate, &b, R_GATE, l, F, D, 1));
-        SD_TRY(get_mat(&L->w_up, &b, R_UP, l, F, D, 1));
-        SD_TRY(get_mat(&L->w_down, &b, R_DOWN, l, D, F, 1));
+        SD_TRY(get_vec(&L->attn_norm, b, R_ATTN_NORM, l, D, 1));
+        SD_TRY(get_mat(&L->wq, b, R_WQ, l, QD, D, 1));
+        SD_TRY(get_mat(&L->wk, b, R_WK, l, KVD, D, 1));
+        SD_TRY(get_mat(&L->wv, b, R_WV, l, KVD, D, 1));
+        SD_TRY(get_mat(&L->wo, b, R_WO, l, D, QD, 1));
+        SD_TRY(get_vec(&L->bq, b, R_BQ, l, QD, c->has_qkv_bias));
+        SD_TRY(get_vec(&L->bk, b, R_BK, l, KVD, c->has_qkv_bias));
+        SD_TRY(get_vec(&L->bv, b, R_BV, l, KVD, c->has_qkv_bias));
+        if (c->has_qk_norm) {
+            SD_TRY(get_vec(&L->q_norm, b, R_Q_NORM, l, Dh, 1));
+            SD_TRY(get_vec(&L->k_norm, b, R_K_NORM, l, Dh, 1));
+        }
+        SD_TRY(get_vec(&L->ffn_norm, b, R_FFN_NORM, l, D, 1));
+        if (c->arch == SD_ARCH_GEMMA3) {
+            SD_TRY(get_vec(&L->attn_post_norm, b, R_ATTN_POST_NORM, l, D, 1));
+            SD_TRY(get_vec(&L->ffn_post_norm, b, R_FFN_POST_NORM, l, D, 1));
+        }
+        SD_TRY(get_mat(&L->w_gate, b, R_GATE, l, F, D, 1));
+        SD_TRY(get_mat(&L->w_up, b, R_UP, l, F, D, 1));
+        SD_TRY(get_mat(&L->w_down, b, R_DOWN, l, D, F, 1));
     }
     c->weight_type = m->w.layers[0].wq.type;
-    m->rope_freq = malloc((size_t)(c->head_dim / 2) * sizeof(double));
-    if (m->rope_freq == NULL) {
-        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
+    const float *factors = NULL;
+    if (c->rope_scaling == SD_ROPE_FACTORS) {
+        SD_TRY(get_vec(&factors, b, R_ROPE_FREQS, 0, Dh / 2, 1));
+        for (int64_t i = 0; i < Dh / 2; i++) {
+            if (!(factors[i] > 0.0f) || !isfinite(factors[i])) {
+                return sd_set_error(SD_ERR_FORMAT,
+                                    "tensor 'rope_freqs.weight' holds %g at %lld; RoPE "
+                                    "frequency divisors must be positive",
+                                    (double)factors[i], (long long)i);
+            }
+        }
     }
-    for (int i = 0; i < c->head_dim / 2; i++) {
-        m->rope_freq[i] = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    sd_config_rope_freq(m->rope_freq, c, factors);
+    if (m->rope_freq_local != NULL) { /* local layers: their own base, never scaled */
+        sd_config local = *c;
+        local.rope_theta = c->rope_theta_local;
+        local.rope_scaling = SD_ROPE_DEFAULT;
+        sd_config_rope_freq(m->rope_freq_local, &local, NULL);
     }
     return SD_OK;
+}
+
+/* find_weights, then refuse any tensor of the file that no role read. */
+static sd_status build_weights(sd_model *m, const char *const *names, float norm_shift) {
+    int64_t n_file = 0;
+    file_tensors(m, &n_file);
+    builder b = {m, names, 0, 0, calloc((size_t)n_file + 1, 1), norm_shift};
+    if (b.used == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
+    }
+    sd_status st = find_weights(m, &b);
+    if (st == SD_OK) {
+        st = check_all_read(&b);
+    }
+    free(b.used);
+    return st;
 }
 
 /* Keep 8-row interleaved copies of the quantized matrices the VNNI tiles read without
@@ -472,21 +392,27 @@ static sd_status load_hf(sd_model *m, const char *dir) {
         if (cfg->type != SD_JSON_OBJECT) {
             st = sd_set_error(SD_ERR_FORMAT, "%s is not a JSON object", cfg_path);
         } else {
-            st = config_from_hf(&m->cfg, cfg, cfg_path, m->st);
+            st = sd_config_from_hf(&m->cfg, cfg, cfg_path, m->st);
         }
     }
     sd_json_free(cfg);
     free(cfg_path);
     if (st == SD_OK) {
-        st = build_weights(m, g_hf_names);
+        const char *names[R_COUNT];
+        memcpy(names, g_hf_names, sizeof(names));
+        const int gemma = m->cfg.arch == SD_ARCH_GEMMA3;
+        if (gemma) {
+            names[R_FFN_NORM] = "model.layers.%d.pre_feedforward_layernorm.weight";
+        }
+        st = build_weights(m, names, gemma ? 1.0f : 0.0f);
     }
     return st;
 }
 
 static sd_status load_gguf(sd_model *m, const char *path) {
     SD_TRY(sd_gguf_open(&m->gguf, path));
-    SD_TRY(config_from_gguf(&m->cfg, m->gguf));
-    return build_weights(m, g_gguf_names);
+    SD_TRY(sd_config_from_gguf(&m->cfg, m->gguf));
+    return build_weights(m, g_gguf_names, 0.0f); /* llama.cpp's converter folds gemma's + 1 */
 }
 
 sd_model_params sd_model_default_params(void) {
@@ -525,6 +451,15 @@ static sd_status check_params(const sd_model_params *p) {
 static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     m->device = p->device;
     m->kv_f16 = p->device != SD_DEVICE_CUDA;
+    const sd_config *c = &m->cfg;
+    if (p->device == SD_DEVICE_CUDA &&
+        (c->has_qk_norm || c->arch == SD_ARCH_GEMMA3 || c->swa_pattern > 0 ||
+         c->attn_scale > 0.0f || c->final_softcap > 0.0f)) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "the CUDA backend has no %s layers yet (q/k norms, gemma3's sandwich "
+                            "norms, GeGLU, local layers and soft-cap): use the CPU",
+                            c->arch_name);
+    }
     if (p->device == SD_DEVICE_CUDA) {
 #ifdef SD_WITH_CUDA
         SD_TRY(sd_cuda_model_create(&m->cuda, m, p->gpu));
@@ -547,6 +482,10 @@ sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight
     }
     sd_config *c = &m->cfg;
     *c = *cfg;
+    /* the documented fields only: no window, RoPE scaling or scales from an unset struct */
+    c->sliding_window = c->swa_pattern = 0;
+    c->rope_scaling = SD_ROPE_DEFAULT;
+    c->attn_scale = c->final_softcap = 0.0f;
     sd_status st = SD_OK;
     if (cfg->arch != SD_ARCH_LLAMA && cfg->arch != SD_ARCH_QWEN2) {
         st = sd_set_error(SD_ERR_INVALID_ARG, "unknown architecture %d (0 = llama, 1 = qwen2)",
@@ -554,17 +493,17 @@ sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight
     }
     if (st == SD_OK) {
         const char *name = cfg->arch == SD_ARCH_QWEN2 ? "qwen2" : "llama";
-        st = set_arch(c, name, strlen(name));
+        st = sd_config_set_arch(c, name, strlen(name));
     }
     if (st == SD_OK) {
         c->rope_neox = c->arch != SD_ARCH_LLAMA; /* as a GGUF file of this architecture */
-        st = check_config(c);
+        st = sd_config_check(c);
     }
     if (st == SD_OK) {
         st = sd_dummy_create(&m->dummy, c, weight_type, seed, p.device != SD_DEVICE_CUDA);
     }
     if (st == SD_OK) {
-        st = build_weights(m, g_gguf_names);
+        st = build_weights(m, g_gguf_names, 0.0f);
     }
     if (st == SD_OK) {
         st = finish_model(m, &p);
@@ -619,6 +558,9 @@ static void scratch_free(sd_scratch *s) {
     free(s->hb);
     free(s->hb2);
     free(s->rope_cs);
+    free(s->rope_cs_local);
+    free(s->xo);
+    free(s->mask_local);
     free(s->mask);
     free(s->scores);
     free(s->xq);
@@ -635,6 +577,7 @@ void sd_model_free(sd_model *m) {
     free(m->vectors);
     free(m->packed);
     free(m->rope_freq);
+    free(m->rope_freq_local);
     free(m->pieces);
     free(m->piece_off);
     sd_gguf_close(m->gguf);
@@ -717,12 +660,15 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
         SD_TRY(grow(&s->hb, T * F * sizeof(float)));
         SD_TRY(grow(&s->hb2, T * F * sizeof(float)));
         SD_TRY(grow(&s->rope_cs, T * (size_t)c->head_dim * sizeof(float)));
+        SD_TRY(grow(&s->rope_cs_local, T * (size_t)c->head_dim * sizeof(float)));
+        SD_TRY(grow(&s->xo, T * D * sizeof(float)));
         SD_TRY(grow(&s->xq, SD_Q8_BATCH_BYTES(T, xbw > F ? xbw : F)));
         s->cap_tokens = n_tokens;
         s->cap_attn = 0; /* mask size depends on T too */
     }
     if (n_attn > s->cap_attn || s->scores == NULL) {
         SD_TRY(grow(&s->mask, (size_t)s->cap_tokens * (size_t)n_attn));
+        SD_TRY(grow(&s->mask_local, (size_t)s->cap_tokens * (size_t)n_attn));
         SD_TRY(grow(&s->scores, sd_attention_scratch(n_attn, c->head_dim, nt) * sizeof(float)));
         s->cap_attn = n_attn;
     }

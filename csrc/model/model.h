@@ -14,18 +14,22 @@
 #include "util/threadpool.h"
 
 typedef struct {
-    const float *attn_norm; /* (D) */
-    sd_mat wq;              /* (H*Dh, D) */
-    sd_mat wk;              /* (Hkv*Dh, D) */
-    sd_mat wv;              /* (Hkv*Dh, D) */
-    sd_mat wo;              /* (D, H*Dh) */
-    const float *bq;        /* (H*Dh) or NULL */
-    const float *bk;        /* (Hkv*Dh) or NULL */
-    const float *bv;        /* (Hkv*Dh) or NULL */
-    const float *ffn_norm;  /* (D) */
-    sd_mat w_gate;          /* (F, D) */
-    sd_mat w_up;            /* (F, D) */
-    sd_mat w_down;          /* (D, F) */
+    const float *attn_norm;      /* (D) */
+    sd_mat wq;                   /* (H*Dh, D) */
+    sd_mat wk;                   /* (Hkv*Dh, D) */
+    sd_mat wv;                   /* (Hkv*Dh, D) */
+    sd_mat wo;                   /* (D, H*Dh) */
+    const float *bq;             /* (H*Dh) or NULL */
+    const float *bk;             /* (Hkv*Dh) or NULL */
+    const float *bv;             /* (Hkv*Dh) or NULL */
+    const float *q_norm;         /* (Dh) per-head RMSNorm of q before RoPE (qwen3), or NULL */
+    const float *k_norm;         /* (Dh) the same for k, or NULL */
+    const float *attn_post_norm; /* (D) gemma3: RMSNorm of the attention output, or NULL */
+    const float *ffn_norm;       /* (D) */
+    const float *ffn_post_norm;  /* (D) gemma3: RMSNorm of the MLP output, or NULL */
+    sd_mat w_gate;               /* (F, D) */
+    sd_mat w_up;                 /* (F, D) */
+    sd_mat w_down;               /* (D, F) */
 } sd_layer;
 
 typedef struct {
@@ -37,20 +41,23 @@ typedef struct {
 
 /* Activations of one forward, grown on demand to the largest batch seen. */
 typedef struct {
-    int cap_tokens;    /* T the buffers hold */
-    int cap_attn;      /* attention columns the mask/score buffers hold */
-    float *x;          /* (T, D) residual stream */
-    float *xb;         /* (T, max(D, H*Dh)) normed input / attention output */
-    float *q;          /* (T, H*Dh) */
-    float *k;          /* (T, Hkv*Dh) */
-    float *v;          /* (T, Hkv*Dh) */
-    float *hb;         /* (T, F) gate, then SwiGLU product */
-    float *hb2;        /* (T, F) up */
-    float *rope_cs;    /* (T, Dh) cos/sin pairs per position */
-    uint8_t *mask;     /* (T, cap_attn) effective attention mask */
-    float *scores;     /* sd_attention_scratch(cap_attn, head_dim, n_threads) floats */
-    unsigned char *xq; /* T rows of SD_Q8_ROW_BYTES(max(D, H*Dh, F)): quantized activations */
-    float *rowbuf;     /* (n_threads, max row length) dequantized weight rows */
+    int cap_tokens;       /* T the buffers hold */
+    int cap_attn;         /* attention columns the mask/score buffers hold */
+    float *x;             /* (T, D) residual stream */
+    float *xb;            /* (T, max(D, H*Dh)) normed input / attention output */
+    float *q;             /* (T, H*Dh) */
+    float *k;             /* (T, Hkv*Dh) */
+    float *v;             /* (T, Hkv*Dh) */
+    float *hb;            /* (T, F) gate, then SwiGLU product */
+    float *hb2;           /* (T, F) up */
+    float *rope_cs;       /* (T, Dh) cos/sin pairs per position */
+    float *rope_cs_local; /* (T, Dh) the same at the local layers' frequencies (gemma3) */
+    float *xo;            /* (T, D) a block's output before its post-norm (gemma3) */
+    uint8_t *mask;        /* (T, cap_attn) effective attention mask */
+    uint8_t *mask_local;  /* (T, cap_attn) the mask of sliding-window layers when not all slide */
+    float *scores;        /* sd_attention_scratch(cap_attn, head_dim, n_threads) floats */
+    unsigned char *xq;    /* T rows of SD_Q8_ROW_BYTES(max(D, H*Dh, F)): quantized activations */
+    float *rowbuf;        /* (n_threads, max row length) dequantized weight rows */
 } sd_scratch;
 
 struct sd_cuda_model;
@@ -66,7 +73,8 @@ struct sd_model {
     struct sd_cuda_model *cuda; /* the device copy and state when device == SD_DEVICE_CUDA */
     float *vectors;             /* f32 copies of norms and biases (small; read every token) */
     void *packed;               /* one block holding the repacked matrices, or NULL */
-    double *rope_freq;          /* (Dh/2) inverse frequencies */
+    double *rope_freq;          /* (Dh/2) inverse frequencies, after any RoPE scaling */
+    double *rope_freq_local;    /* (Dh/2) those of the sliding-window layers (gemma3), or NULL */
     sd_threadpool *pool;
     sd_scratch s;
     char *pieces;      /* token piece bytes, back to back (sd_model_set_token_pieces) */

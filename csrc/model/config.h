@@ -1,0 +1,33 @@
+/* config.h — a model's hyper-parameters from GGUF metadata or a Hugging Face config.json, with
+ * every setting that changes the arithmetic either taken into sd_config or refused by name, and
+ * the RoPE frequencies those settings give. */
+#ifndef SD_CONFIG_H
+#define SD_CONFIG_H
+
+#include <stddef.h>
+
+#include "format/gguf.h"
+#include "format/safetensors.h"
+#include "specdec.h"
+
+/* Set c->arch, arch_name and the flags that follow from the architecture named name[0..len)
+ * ("llama", "mistral", "qwen2", "qwen3"); SD_ERR_UNSUPPORTED names any other. */
+sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len);
+
+/* Range checks of the sizes and the RoPE/norm constants. */
+sd_status sd_config_check(const sd_config *c);
+
+/* From GGUF metadata (keys "<arch>.<suffix>"). A rope_freqs.weight tensor sets SD_ROPE_FACTORS
+ * (the divisors are read with the weights). */
+sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g);
+
+/* From a parsed config.json (`path` names it in messages); `st` tells whether lm_head.weight
+ * exists when tie_word_embeddings is not given. */
+sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
+                            const sd_st_set *st);
+
+/* inv (Dh/2): RoPE's inverse frequencies after c's scaling; `factors` (Dh/2, each > 0) are the
+ * file's divisors for SD_ROPE_FACTORS and unused otherwise. */
+void sd_config_rope_freq(double *inv, const sd_config *c, const float *factors);
+
+#endif /* SD_CONFIG_H */

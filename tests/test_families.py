@@ -1,0 +1,241 @@
+"""Model families against Hugging Face transformers (issue 25): Llama's RoPE scaling (llama3 and
+linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim), Mistral's
+sliding window and Gemma 3 (local and global layers, sandwich norms, GeGLU), each a tiny random
+model whose logits transformers recorded (tools/record_families.py, tests/fixtures/families/).
+The Hugging Face directory is rebuilt here from the recorded config.json and the seed of its
+weights; the GGUF file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV cache, in prefill, in
+one-token decode and in a draft tree's verify forward; speculation keeps greedy output equal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specdec
+from specdec import testing
+from tinymodels import rel_err
+
+FIXTURES = Path(__file__).parent / "fixtures" / "families"
+NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3"]
+TOL = 1e-3
+
+
+def case(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def shape(c: dict) -> testing.RandomModelConfig:
+    return testing.RandomModelConfig(**c["weights"]["shape"])
+
+
+def write_dir(root: Path, name: str, config: dict | None = None, extra: dict | None = None) -> Path:
+    """The case's HF directory: its recorded config.json (or `config`) and its weights (plus
+    `extra` tensors)."""
+    c = case(name)
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(config if config is not None else c["config"]))
+    w = testing.random_weights(shape(c), c["weights"]["seed"])
+    w.update(extra or {})
+    (d / "model.safetensors").write_bytes(testing.safetensors_bytes(w, "F32"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {name: write_dir(root, name) for name in NAMES}
+
+
+def load(path, **kw):
+    return specdec.load(str(path), kv_dtype="f32", threads=2, **kw)
+
+
+# ---- logits against transformers ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hf_dir_matches_transformers(hf_dirs, name):
+    c = case(name)
+    got = load(hf_dirs[name]).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) <= TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_llamacpp_gguf_matches_transformers(name):
+    """llama.cpp's converter writes llama3 scaling as rope_freqs.weight, linear as
+    rope.scaling.*, qwen3's norms as attn_q_norm/attn_k_norm; it drops Mistral's window (the
+    file is the model without one: llama.cpp computes it so), which agrees with the windowed
+    model only while the sequence fits in the window."""
+    c = case(name)
+    got = load(FIXTURES / f"{name}.gguf").logits(c["tokens"])
+    if name == "mistral_window":
+        w = c["config"]["sliding_window"]
+        assert rel_err(got, c["logits_without_window"]) <= TOL
+        assert rel_err(got[:w], np.asarray(c["logits"])[:w]) <= TOL
+        assert rel_err(got, c["logits"]) > 0.05
+    else:
+        assert rel_err(got, c["logits"]) <= TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_token_decode_matches_transformers(hf_dirs, name):
+    """Prefill of 3, then one token per forward: the window and the scaled RoPE hold in decode."""
+    c = case(name)
+    m = load(hf_dirs[name])
+    cache = m.new_cache(len(c["tokens"]))
+    rows = [m.forward(cache, c["tokens"][:3])]
+    rows += [m.forward(cache, [t]) for t in c["tokens"][3:]]
+    assert rel_err(np.concatenate(rows), c["logits"]) <= TOL
+
+
+@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3"])
+def test_tree_verify_matches_transformers(hf_dirs, name):
+    """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
+    sibling sits before each of its nodes in the cache. Each branch node sits at position
+    P + depth - 1 and sees the prefix, its ancestors and itself (the window cutting in on top):
+    its logits are transformers' for the sequence."""
+    c = case(name)
+    tokens, ref = c["tokens"], np.asarray(c["logits"])
+    P = 10
+    branch = tokens[P:]
+    nodes, parents, depths = [], [], []
+    for i, t in enumerate(branch):  # decoy, then the branch node; both children of node i - 1
+        parent = 2 * i - 1 if i > 0 else -1
+        for tok in ((t + 1 + i) % len(ref[0]), t):
+            nodes.append(tok)
+            parents.append(parent)
+            depths.append(i + 1)
+    n = len(nodes)
+    mask = np.zeros((n, P + n), bool)
+    mask[:, :P] = True
+    for j in range(n):
+        k = j
+        while k >= 0:
+            mask[j, P + k] = True
+            k = parents[k]
+    m = load(hf_dirs[name])
+    cache = m.new_cache(P + n)
+    m.forward(cache, tokens[:P], n_logits=0)
+    got = m.forward(cache, nodes, positions=[P + d - 1 for d in depths], mask=mask)
+    assert rel_err(got[1::2], ref[P:]) <= TOL
+
+
+# ---- the RoPE field that transformers >= 5 writes -----------------------------------------
+
+
+def test_rope_parameters_ignored_would_fail(tmp_path):
+    """The fixture tells the scaled model from the unscaled one: dropping rope_parameters'
+    scaling (as specdec once did) moves the logits far beyond the tolerance."""
+    c = case("llama3_rope")
+    conf = dict(c["config"], rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    got = load(write_dir(tmp_path, "llama3_rope", conf)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.05
+
+
+@pytest.mark.parametrize("name", ["llama3_rope", "llama_linear_rope"])
+def test_rope_scaling_of_transformers_4_is_the_same(tmp_path, name):
+    """transformers < 5 wrote the same settings as "rope_scaling" with a top-level rope_theta."""
+    c = case(name)
+    conf = dict(c["config"])
+    rp = dict(conf.pop("rope_parameters"))
+    conf["rope_theta"] = rp.pop("rope_theta")
+    conf["rope_scaling"] = dict(rp, type=rp.pop("rope_type"))
+    got = load(write_dir(tmp_path, name, conf)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) <= TOL
+    # both given and agreeing is fine too
+    conf["rope_parameters"] = case(name)["config"]["rope_parameters"]
+    got = load(write_dir(tmp_path / "both", name, conf)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) <= TOL
+
+
+def test_rope_theta_inside_rope_parameters_is_read(tmp_path):
+    """qwen3's theta (1e6) is only inside rope_parameters: reading 10000 instead fails."""
+    c = case("qwen3")
+    assert "rope_theta" not in c["config"]
+    conf = dict(c["config"], rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    got = load(write_dir(tmp_path, "qwen3", conf)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.01
+
+
+def test_window_ignored_would_fail(tmp_path):
+    c = case("mistral_window")
+    conf = dict(c["config"], sliding_window=None)
+    got = load(write_dir(tmp_path, "mistral_window", conf)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.05
+
+
+def test_gemma3_config_of_transformers_4_is_the_same(tmp_path):
+    """transformers < 5 wrote Gemma 3's RoPE as rope_theta and rope_scaling (global layers) and
+    rope_local_base_freq, the pattern as sliding_window_pattern without layer_types."""
+    c = case("gemma3")
+    conf = dict(c["config"])
+    rp = conf.pop("rope_parameters")
+    conf.pop("layer_types")
+    conf.update(rope_theta=rp["full_attention"]["rope_theta"],
+                rope_scaling={"rope_type": "linear", "factor": rp["full_attention"]["factor"]},
+                rope_local_base_freq=rp["sliding_attention"]["rope_theta"],
+                sliding_window_pattern=6)
+    got = load(write_dir(tmp_path, "gemma3", conf)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) <= TOL
+
+
+@pytest.mark.parametrize("variant", ["query_pre_attn_scalar_32", "final_logit_softcapping_3"])
+def test_gemma3_variants_match_transformers(tmp_path, variant):
+    """The attention scale from query_pre_attn_scalar and the final soft-cap, each recorded with
+    its own transformers logits."""
+    c = case("gemma3")
+    v = c["variants"][variant]
+    got = load(write_dir(tmp_path, "gemma3", dict(c["config"], **v["config"]))).logits(c["tokens"])
+    assert rel_err(got, v["logits"]) <= TOL
+    assert rel_err(got, c["logits"]) > 0.01  # the variant is another model
+
+
+@pytest.mark.parametrize("change", ["no local base", "all global", "no norm shift"])
+def test_gemma3_breaks_would_fail(tmp_path, change):
+    """What would go unnoticed without the fixture: the local layers' RoPE base, the local
+    window's layer pattern, and HF's (1 + w) norms each move the logits far off."""
+    c = case("gemma3")
+    conf = json.loads(json.dumps(c["config"]))
+    extra = None
+    if change == "no local base":
+        conf["rope_parameters"]["sliding_attention"]["rope_theta"] = 1e6
+    elif change == "all global":
+        conf["sliding_window"] = 1000
+    else:  # what a loader without the + 1 would compute: weights that are 1 less
+        w = testing.random_weights(shape(c), c["weights"]["seed"])
+        extra = {k: v - 1.0 for k, v in w.items() if k.endswith("norm.weight")}
+    got = load(write_dir(tmp_path, "gemma3", conf, extra)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.01
+
+
+def test_mistral_sequence_longer_than_window_fits_the_context(hf_dirs):
+    """The window is a mask, not a cap on the context (specdec once refused such sequences)."""
+    m = load(hf_dirs["mistral_window"])
+    assert m.config.context_length == case("mistral_window")["config"]["max_position_embeddings"]
+    m.logits(list(range(40)) * 2)
+
+
+# ---- speculation --------------------------------------------------------------------------
+
+
+def prompt(vocab: int, seed: int) -> list[int]:
+    phrase = [int(x) for x in np.random.default_rng(seed).integers(0, vocab, 5)]
+    return phrase * 4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_speculators_keep_greedy_output(hf_dirs, name):
+    m = load(hf_dirs[name])
+    draft = load(hf_dirs[NAMES[(NAMES.index(name) + 1) % len(NAMES)]])  # same vocabulary
+    specs = [specdec.PromptLookup(k=4), specdec.DraftModel(draft, k=3, verify_slope=0),
+             specdec.LayerSkip(layers=1, k=3, verify_slope=0)]
+    for seed in range(2):
+        p = prompt(m.config.vocab_size, seed)
+        plain = specdec.generate(m, p, max_new_tokens=40, stop_tokens=[])
+        for s in specs:
+            g = specdec.generate(m, p, max_new_tokens=40, stop_tokens=[], speculator=s)
+            assert g.tokens == plain.tokens, (name, type(s).__name__)

@@ -1,0 +1,378 @@
+"""No silent ignoring (issue 25): every config.json key and GGUF key that changes a model's
+arithmetic in a way specdec does not implement is refused with a ValueError naming it, and so
+is any tensor of the file that the architecture's graph would not read. Neutral values of the
+same keys (what the model would compute anyway) load."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specdec
+import tinymodels as tm
+from specdec import testing
+from tinymodels import GGUF_ARRAY, GGUF_BOOL, GGUF_F32, GGUF_I32, GGUF_STRING, GGUF_U32, Arr
+
+LLAMA = tm.TinyConfig(arch="llama", vocab=48, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn=48)
+QWEN3 = tm.TinyConfig(arch="qwen3", vocab=48, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                      ffn=48, head_size=16)
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def hf(tmp_path, overrides=None, cfg=LLAMA, extra=None, drop=()):
+    w = tm.make_weights(cfg, 5)
+    w.update(extra or {})
+    return testing.write_hf(tmp_path / "m", cfg, w, config_overrides=overrides, drop=drop).dir
+
+
+def refused(path, *needles):
+    with pytest.raises(ValueError) as e:
+        specdec.load(str(path))
+    for n in needles:
+        assert n in str(e.value), str(e.value)
+    return str(e.value)
+
+
+# ---- config.json ----------------------------------------------------------------------------
+
+HF_REFUSED = [
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                         "original_max_position_embeddings": 16}, "yarn"),
+    ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0}, "dynamic"),
+    ("rope_scaling", {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}, "longrope"),
+    ("rope_parameters", dict(LLAMA3, attention_factor=2.0), "attention_factor"),
+    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "beta_fast": 32}, "beta_fast"),
+    ("rope_parameters", dict(LLAMA3, partial_rotary_factor=0.5), "partial_rotary_factor"),
+    ("rope_parameters", {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+     "full_attention"),
+    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0}, "low_freq_factor"),
+    ("rope_parameters", dict(LLAMA3, high_freq_factor=1.0), "high_freq_factor"),
+    ("rope_parameters", [1, 2], "rope_parameters"),
+    ("partial_rotary_factor", 0.5, "partial_rotary_factor"),
+    ("attn_logit_softcapping", 50.0, "attn_logit_softcapping"),
+    ("final_logit_softcapping", 30.0, "final_logit_softcapping"),
+    ("query_pre_attn_scalar", 256, "query_pre_attn_scalar"),
+    ("attention_multiplier", 0.015625, "attention_multiplier"),
+    ("embedding_multiplier", 12.0, "embedding_multiplier"),
+    ("logits_scaling", 8.0, "logits_scaling"),
+    ("residual_multiplier", 0.22, "residual_multiplier"),
+    ("hidden_act", "gelu_pytorch_tanh", "hidden_act"),
+    ("hidden_activation", "gelu", "hidden_activation"),
+    ("attention_bias", True, "attention_bias"),
+    ("mlp_bias", True, "mlp_bias"),
+    ("layer_types", ["full_attention", "sliding_attention"], "layer_types"),
+    ("num_local_experts", 8, "num_local_experts"),
+    ("num_experts", 4, "num_experts"),
+    ("quantization_config", {"quant_method": "gptq", "bits": 4}, "quantization_config"),
+    ("is_causal", False, "is_causal"),
+    ("use_qk_norm", True, "use_qk_norm"),
+    ("rope_local_base_freq", 10000.0, "rope_local_base_freq"),
+]
+
+
+@pytest.mark.parametrize("key,value,needle", HF_REFUSED,
+                         ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(HF_REFUSED)])
+def test_hf_key_refused_by_name(tmp_path, key, value, needle):
+    refused(hf(tmp_path, {key: value}), needle)
+
+
+def test_rope_theta_disagreeing_with_rope_parameters(tmp_path):
+    refused(hf(tmp_path, {"rope_theta": 500000.0, "rope_parameters": LLAMA3}), "rope_theta")
+
+
+def test_rope_scaling_disagreeing_with_rope_parameters(tmp_path):
+    old = {"type": "linear", "factor": 2.0}
+    refused(hf(tmp_path, {"rope_parameters": LLAMA3, "rope_scaling": old}), "disagree")
+
+
+def test_qwen_sliding_window_on_some_layers_refused(tmp_path):
+    over = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}
+    refused(hf(tmp_path, over, cfg=QWEN3), "use_sliding_window")
+
+
+NEUTRAL = {
+    "attn_logit_softcapping": None, "final_logit_softcapping": None,
+    "partial_rotary_factor": 1.0, "hidden_act": "silu", "mlp_bias": False,
+    "attention_bias": False, "num_experts": 0, "is_causal": True, "pretraining_tp": 1,
+    "layer_types": ["full_attention", "full_attention"], "sliding_window": None,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "rope_scaling": {"rope_type": "default"}, "embedding_multiplier": 1.0,
+}
+
+
+def test_neutral_values_load(tmp_path):
+    specdec.load(str(hf(tmp_path, NEUTRAL)))
+
+
+# ---- tensors that no role reads -------------------------------------------------------------
+
+@pytest.mark.parametrize("extra,name", [
+    ("model.layers.1.self_attn.o_proj.bias", "model.layers.1.self_attn.o_proj.bias"),
+    ("model.layers.0.mlp.down_proj.bias", "model.layers.0.mlp.down_proj.bias"),
+    ("model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.q_norm.weight"),
+    ("model.layers.0.pre_feedforward_layernorm.weight", "pre_feedforward_layernorm"),
+])
+def test_unread_hf_tensor_refused(tmp_path, extra, name):
+    refused(hf(tmp_path, extra={extra: np.ones(32, np.float32)}), name, "not used")
+
+
+def test_rotary_buffers_and_tied_head_are_not_unread(tmp_path):
+    """HF recomputes saved inv_freq buffers and replaces lm_head when tie_word_embeddings is
+    true: both are fine to leave unread."""
+    extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(4, np.float32)}
+    m = specdec.load(str(hf(tmp_path, {"tie_word_embeddings": True}, extra=extra)))
+    assert m.config.tied_embeddings
+
+
+def test_qwen3_without_its_norms_refused(tmp_path):
+    drop = ["model.layers.1.self_attn.k_norm.weight"]
+    refused(hf(tmp_path, cfg=QWEN3, drop=drop), "model.layers.1.self_attn.k_norm.weight")
+
+
+# ---- GGUF -----------------------------------------------------------------------------------
+
+def gguf(tmp_path, extra_kv=(), cfg=LLAMA, weights=None, **kw):
+    w = weights if weights is not None else tm.make_weights(cfg, 5)
+    p = tmp_path / "m.gguf"
+    tm.write_gguf(p, cfg, w, extra_kv=list(extra_kv), **kw)
+    return p
+
+
+GGUF_REFUSED = [
+    ("llama.attn_logit_softcapping", GGUF_F32, 50.0),
+    ("llama.final_logit_softcapping", GGUF_F32, 30.0),
+    ("llama.attention.scale", GGUF_F32, 0.125),
+    ("llama.embedding_scale", GGUF_F32, 12.0),
+    ("llama.logit_scale", GGUF_F32, 8.0),
+    ("llama.residual_scale", GGUF_F32, 0.22),
+    ("llama.expert_count", GGUF_U32, 8),
+    ("llama.attention.clamp_kqv", GGUF_F32, 8.0),
+    ("llama.attention.causal", GGUF_BOOL, False),
+    ("llama.attention.layer_norm_epsilon", GGUF_F32, 1e-5),
+    ("llama.rope.dimension_sections", GGUF_ARRAY, Arr(GGUF_I32, [2, 2, 0, 0])),
+    ("llama.rope.freq_base_swa", GGUF_F32, 10000.0),
+    ("llama.attention.sliding_window_pattern", GGUF_U32, 6),
+    ("llama.rope.scaling.attn_factor", GGUF_F32, 2.0),
+    ("llama.rope.scaling.alpha", GGUF_F32, 1000.0),
+    ("llama.rope.scaling.type", GGUF_STRING, "yarn"),
+    ("llama.rope.scaling.type", GGUF_STRING, "longrope"),
+    ("llama.attention.value_length", GGUF_U32, 4),
+]
+
+
+@pytest.mark.parametrize("key,vtype,value", GGUF_REFUSED,
+                         ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(GGUF_REFUSED)])
+def test_gguf_key_refused_by_name(tmp_path, key, vtype, value):
+    refused(gguf(tmp_path, [(key, vtype, value)]), key)
+
+
+def test_gguf_linear_without_factor_refused(tmp_path):
+    refused(gguf(tmp_path, [("llama.rope.scaling.type", GGUF_STRING, "linear")]),
+            "llama.rope.scaling.factor")
+
+
+def test_gguf_factor_with_type_none_refused(tmp_path):
+    kv = [("llama.rope.scaling.type", GGUF_STRING, "none"),
+          ("llama.rope.scaling.factor", GGUF_F32, 4.0)]
+    refused(gguf(tmp_path, kv), "llama.rope.scaling.factor")
+
+
+def test_gguf_neutral_values_load(tmp_path):
+    kv = [("llama.attn_logit_softcapping", GGUF_F32, 0.0), ("llama.expert_count", GGUF_U32, 0),
+          ("llama.attention.causal", GGUF_BOOL, True),
+          ("llama.rope.scaling.type", GGUF_STRING, "none"),
+          ("llama.rope.scaling.attn_factor", GGUF_F32, 1.0),
+          ("llama.attention.value_length", GGUF_U32, LLAMA.head_dim)]
+    specdec.load(str(gguf(tmp_path, kv)))
+
+
+def test_unread_gguf_tensor_refused(tmp_path):
+    """A llama file with q/k norm tensors (a qwen3 layer under the wrong name) is refused."""
+    w = tm.make_weights(LLAMA, 5)
+    w["model.layers.0.self_attn.q_norm.weight"] = np.ones(LLAMA.head_dim, np.float32)
+    refused(gguf(tmp_path, weights=w), "blk.0.attn_q_norm.weight", "not used")
+
+
+def test_gguf_qwen3_loads_and_refuses_missing_norm(tmp_path):
+    p = gguf(tmp_path, cfg=QWEN3)
+    c = specdec.load(str(p)).config
+    assert c.arch == "qwen3" and c.head_dim == 16 and c.n_heads * c.head_dim != c.hidden_size
+    refused(gguf(tmp_path, cfg=QWEN3, drop=["blk.0.attn_k_norm.weight"]),
+            "blk.0.attn_k_norm.weight")
+
+
+def test_gguf_linear_factor_without_type_is_linear(tmp_path):
+    """llama.cpp reads rope.scaling.factor as linear when no type is given: so does specdec
+    (checked against transformers' linear-scaled logits of the families fixture)."""
+    fx = fixture("llama_linear_rope")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    p = tmp_path / "lin.gguf"
+    testing.write_gguf(p, cfg, w, extra_kv=[("llama.rope.scaling.factor", GGUF_F32, 4.0)])
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
+    assert tm.rel_err(got, fx["logits"]) <= 1e-3
+
+
+def fixture(name):
+    path = Path(__file__).parent / "fixtures" / "families" / f"{name}.json"
+    return json.loads(path.read_text())
+
+
+def llama3_divisors(rp, head_dim):
+    """Per-frequency divisors of llama3 scaling, from the formula (Llama 3.1's reference code):
+    wavelengths above original / low_freq_factor are divided by factor, below original /
+    high_freq_factor kept, blended in between."""
+    out = []
+    for i in range(head_dim // 2):
+        inv = rp["rope_theta"] ** (-2.0 * i / head_dim)
+        wl = 2 * math.pi / inv
+        old, lo, hi, f = (rp["original_max_position_embeddings"], rp["low_freq_factor"],
+                          rp["high_freq_factor"], rp["factor"])
+        if wl < old / hi:
+            out.append(1.0)
+        elif wl > old / lo:
+            out.append(f)
+        else:
+            s = (old / wl - lo) / (hi - lo)
+            out.append(1.0 / ((1 - s) / f + s))
+    return np.array(out, np.float32)
+
+
+def test_gguf_rope_freqs_divide_the_frequencies(tmp_path):
+    """rope_freqs.weight written here from the llama3 formula gives transformers' logits."""
+    fx = fixture("llama3_rope")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    f = llama3_divisors(fx["config"]["rope_parameters"], cfg.head_dim)
+    p = tmp_path / "f.gguf"
+    testing.write_gguf(p, cfg, w, extra_tensors=[("rope_freqs.weight", f)])
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
+    assert tm.rel_err(got, fx["logits"]) <= 1e-3
+    # and without the tensor the file is another model
+    testing.write_gguf(p, cfg, w)
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
+    assert tm.rel_err(got, fx["logits"]) > 0.05
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf")])
+def test_gguf_rope_freqs_must_be_positive(tmp_path, bad):
+    f = np.ones(LLAMA.head_dim // 2, np.float32)
+    f[1] = bad
+    p = gguf(tmp_path, extra_tensors=[("rope_freqs.weight", f)])
+    refused(p, "rope_freqs.weight")
+
+
+def test_gguf_rope_freqs_with_linear_factor_refused(tmp_path):
+    f = np.ones(LLAMA.head_dim // 2, np.float32)
+    p = gguf(tmp_path, [("llama.rope.scaling.factor", GGUF_F32, 2.0)],
+             extra_tensors=[("rope_freqs.weight", f)])
+    refused(p, "rope_freqs.weight")
+
+
+def test_gguf_rope_freqs_of_wrong_length_refused(tmp_path):
+    p = gguf(tmp_path, extra_tensors=[("rope_freqs.weight", np.ones(3, np.float32))])
+    refused(p, "rope_freqs.weight")
+
+
+def test_gguf_window_of_qwen_refused(tmp_path):
+    qwen2 = LLAMA.replace(arch="qwen2")
+    refused(gguf(tmp_path, [("qwen2.attention.sliding_window", GGUF_U32, 8)], cfg=qwen2),
+            "qwen2.attention.sliding_window")
+
+
+def test_gguf_llama_window_holds(tmp_path):
+    """A llama GGUF that states a window gets it (the Mistral fixture's, against transformers),
+    although llama.cpp's llama graph would not read the key."""
+    fx = fixture("mistral_window")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    p = tmp_path / "w.gguf"
+    window = fx["config"]["sliding_window"]
+    testing.write_gguf(p, cfg, w, extra_kv=[("llama.attention.sliding_window", GGUF_U32, window)])
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
+    assert tm.rel_err(got, fx["logits"]) <= 1e-3
+
+
+# ---- gemma3 ---------------------------------------------------------------------------------
+
+
+def gemma3_dir(tmp_path, change):
+    fx = fixture("gemma3")
+    conf = json.loads(json.dumps(fx["config"]))
+    change(conf)
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    d = tmp_path / "g"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(conf))
+    (d / "model.safetensors").write_bytes(testing.safetensors_bytes(w, "F32"))
+    return d
+
+
+GEMMA3_REFUSED = {
+    "hidden_activation": (lambda c: c.update(hidden_activation="gelu"), "hidden_activation"),
+    "layer_types": (lambda c: c["layer_types"].reverse(), "layer_types"),
+    "model_type": (lambda c: c.update(model_type="gemma3"), "gemma3_text"),
+    "no window": (lambda c: c.update(sliding_window=None), "sliding_window"),
+    "scaled local": (lambda c: c["rope_parameters"]["sliding_attention"].update(
+        rope_type="linear", factor=2.0), "sliding_attention"),
+    "other layer type": (lambda c: c["rope_parameters"].update(chunked_attention={}),
+                         "chunked_attention"),
+    "attn softcap": (lambda c: c.update(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    "bidirectional": (lambda c: c.update(use_bidirectional_attention=True),
+                      "use_bidirectional_attention"),
+}
+
+
+@pytest.mark.parametrize("what", list(GEMMA3_REFUSED))
+def test_gemma3_hf_refusals(tmp_path, what):
+    change, needle = GEMMA3_REFUSED[what]
+    refused(gemma3_dir(tmp_path, change), needle)
+
+
+def gemma3_gguf(tmp_path, extra_kv=()):
+    fx = fixture("gemma3")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    p = tmp_path / "g.gguf"
+    cfg = cfg.replace(rope_theta=1e6)  # the global layers' base
+    kv = [("gemma3.attention.sliding_window", GGUF_U32, 4),
+          ("gemma3.rope.freq_base_swa", GGUF_F32, 10000.0),
+          ("gemma3.rope.scaling.type", GGUF_STRING, "linear"),
+          ("gemma3.rope.scaling.factor", GGUF_F32, 4.0)]
+    testing.write_gguf(p, cfg, w, extra_kv=kv + list(extra_kv))
+    return p, fx
+
+
+def test_gemma3_gguf_written_here_agrees(tmp_path):
+    """This writer's gemma3 GGUF (norms + 1, llama.cpp's names) computes transformers' logits
+    as the converter's file does, so the refusals below are tested on a working file."""
+    p, fx = gemma3_gguf(tmp_path)
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
+    assert tm.rel_err(got, fx["logits"]) <= 1e-3
+
+
+@pytest.mark.parametrize("key,vtype,value", [
+    ("gemma3.attention.sliding_window_pattern", GGUF_ARRAY, Arr(GGUF_BOOL, [True] * 6)),
+    ("gemma3.attention.sliding_window_pattern", GGUF_U32, 1),
+    ("gemma3.attn_logit_softcapping", GGUF_F32, 50.0),
+])
+def test_gemma3_gguf_refusals(tmp_path, key, vtype, value):
+    refused(gemma3_gguf(tmp_path, [(key, vtype, value)])[0], key)
+
+
+def test_llamacpp_float_order_refuses_scaled_rope_and_windows(tmp_path):
+    """Model.llamacpp_logits reproduces llama.cpp's plain llama graph: a model with scaled RoPE
+    or a window is refused rather than computed without them."""
+    p = Path(__file__).parent / "fixtures" / "families" / "llama3_rope.gguf"
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        specdec.load(str(p)).llamacpp_logits([1, 2, 3])
+    w = gguf(tmp_path, [("llama.attention.sliding_window", GGUF_U32, 8)])
+    with pytest.raises(ValueError, match="sliding windows"):
+        specdec.load(str(w)).llamacpp_logits([1, 2, 3])
