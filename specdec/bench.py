@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> dict:
             draft_cost["draft"] = draft.weight_bytes / model.weight_bytes
         elif name == "recycling":
             widths = tuple(int(w) for w in args.tree_widths.split(","))
-            methods["recycling"] = specdec.TokenRecycling(nodes=args.tree_nodes, widths=widths)
+            methods["recycling"] = specdec.TokenRecycling(nodes=args.tree_nodes, widths=widths,
+                                                          adaptive=not args.tree_whole)
             draft_cost["recycling"] = 0.0
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup, layerskip, draft, "
@@ -219,6 +220,9 @@ def main(argv=None) -> int:
                    help="recycling: the most nodes of a step's tree")
     p.add_argument("--tree-widths", default="4,2,2,1,1,1",
                    help="recycling: children per node at each depth, comma-separated")
+    p.add_argument("--tree-whole", action="store_true",
+                   help="recycling: draft the whole template every step (default: the nodes "
+                        "that pay at the measured verify costs)")
     p.add_argument("--k", type=int, default=16, help="lookup: the most drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--verify-slope", type=float, default=0.2,
