@@ -76,7 +76,7 @@ static char *dup_n(const char *s, size_t n) {
     return d;
 }
 
-static size_t scalar_size(uint32_t type) {
+size_t sd_gguf_scalar_size(uint32_t type) {
     switch (type) {
     case SD_GGUF_U8:
     case SD_GGUF_I8:
@@ -93,9 +93,70 @@ static size_t scalar_size(uint32_t type) {
     }
 }
 
+sd_gguf_scalar sd_gguf_scalar_at(uint32_t type, const unsigned char *v) {
+    sd_gguf_scalar x;
+    memset(&x, 0, sizeof(x));
+    x.kind = SD_GGUF_KIND_UINT;
+    switch (type) {
+    case SD_GGUF_U8: x.u = v[0]; break;
+    case SD_GGUF_BOOL:
+        x.kind = SD_GGUF_KIND_BOOL;
+        x.u = v[0] != 0;
+        break;
+    case SD_GGUF_U16: {
+        uint16_t t;
+        memcpy(&t, v, 2);
+        x.u = t;
+        break;
+    }
+    case SD_GGUF_U32: {
+        uint32_t t;
+        memcpy(&t, v, 4);
+        x.u = t;
+        break;
+    }
+    case SD_GGUF_U64: memcpy(&x.u, v, 8); break;
+    case SD_GGUF_I8:
+        x.kind = SD_GGUF_KIND_INT;
+        x.i = (int8_t)v[0];
+        break;
+    case SD_GGUF_I16: {
+        int16_t t;
+        memcpy(&t, v, 2);
+        x.kind = SD_GGUF_KIND_INT;
+        x.i = t;
+        break;
+    }
+    case SD_GGUF_I32: {
+        int32_t t;
+        memcpy(&t, v, 4);
+        x.kind = SD_GGUF_KIND_INT;
+        x.i = t;
+        break;
+    }
+    case SD_GGUF_I64:
+        x.kind = SD_GGUF_KIND_INT;
+        memcpy(&x.i, v, 8);
+        break;
+    case SD_GGUF_F32: {
+        float t;
+        memcpy(&t, v, 4);
+        x.kind = SD_GGUF_KIND_FLOAT;
+        x.f = t;
+        break;
+    }
+    case SD_GGUF_F64:
+        x.kind = SD_GGUF_KIND_FLOAT;
+        memcpy(&x.f, v, 8);
+        break;
+    default: x.kind = SD_GGUF_KIND_NONE; break;
+    }
+    return x;
+}
+
 /* Skip over one value of `type`, validating it (arrays recursively). */
 static sd_status skip_value(cursor *c, uint32_t type, int depth) {
-    size_t sz = scalar_size(type);
+    size_t sz = sd_gguf_scalar_size(type);
     if (sz != 0) {
         return skip(c, sz);
     }
@@ -113,7 +174,7 @@ static sd_status skip_value(cursor *c, uint32_t type, int depth) {
         uint64_t n = 0;
         SD_TRY(rd_u32(c, &et));
         SD_TRY(rd_u64(c, &n));
-        size_t esz = scalar_size(et);
+        size_t esz = sd_gguf_scalar_size(et);
         if (esz != 0) {
             if (n > (c->size - c->off) / esz) {
                 return truncated(c, (size_t)(n > SIZE_MAX / esz ? SIZE_MAX : n * esz));
@@ -335,70 +396,25 @@ const sd_gguf_kv *sd_gguf_find(const sd_gguf *g, const char *key) {
 
 int sd_gguf_get_int(const sd_gguf *g, const char *key, int64_t *out) {
     const sd_gguf_kv *kv = sd_gguf_find(g, key);
-    if (kv == NULL) {
+    if (kv == NULL || sd_gguf_scalar_size(kv->type) == 0) {
         return 0;
     }
-    const unsigned char *v = kv->value;
-    switch (kv->type) {
-    case SD_GGUF_U8: *out = *(const uint8_t *)v; return 1;
-    case SD_GGUF_I8: *out = *(const int8_t *)v; return 1;
-    case SD_GGUF_U16: {
-        uint16_t x;
-        memcpy(&x, v, 2);
-        *out = x;
+    const sd_gguf_scalar x = sd_gguf_scalar_at(kv->type, kv->value);
+    if (x.kind == SD_GGUF_KIND_INT) {
+        *out = x.i;
         return 1;
     }
-    case SD_GGUF_I16: {
-        int16_t x;
-        memcpy(&x, v, 2);
-        *out = x;
+    if ((x.kind == SD_GGUF_KIND_UINT || x.kind == SD_GGUF_KIND_BOOL) && x.u <= INT64_MAX) {
+        *out = (int64_t)x.u;
         return 1;
     }
-    case SD_GGUF_U32: {
-        uint32_t x;
-        memcpy(&x, v, 4);
-        *out = x;
-        return 1;
-    }
-    case SD_GGUF_I32: {
-        int32_t x;
-        memcpy(&x, v, 4);
-        *out = x;
-        return 1;
-    }
-    case SD_GGUF_U64: {
-        uint64_t x;
-        memcpy(&x, v, 8);
-        if (x > (uint64_t)INT64_MAX) {
-            return 0;
-        }
-        *out = (int64_t)x;
-        return 1;
-    }
-    case SD_GGUF_I64: {
-        int64_t x;
-        memcpy(&x, v, 8);
-        *out = x;
-        return 1;
-    }
-    case SD_GGUF_BOOL: *out = *v != 0; return 1;
-    default: return 0;
-    }
+    return 0;
 }
 
 int sd_gguf_get_float(const sd_gguf *g, const char *key, double *out) {
     const sd_gguf_kv *kv = sd_gguf_find(g, key);
-    if (kv == NULL) {
-        return 0;
-    }
-    if (kv->type == SD_GGUF_F32) {
-        float x;
-        memcpy(&x, kv->value, 4);
-        *out = x;
-        return 1;
-    }
-    if (kv->type == SD_GGUF_F64) {
-        memcpy(out, kv->value, 8);
+    if (kv != NULL && (kv->type == SD_GGUF_F32 || kv->type == SD_GGUF_F64)) {
+        *out = sd_gguf_scalar_at(kv->type, kv->value).f;
         return 1;
     }
     int64_t i;

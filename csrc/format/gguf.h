@@ -45,6 +45,24 @@ sd_status sd_gguf_open(sd_gguf **out, const char *path);
 void sd_gguf_close(sd_gguf *g);
 
 const sd_gguf_kv *sd_gguf_find(const sd_gguf *g, const char *key);
+
+/* Scalar values: the bytes one of `type` takes (0 for strings, arrays and unknown types), and
+ * the value at v (validated by the reader) with its kind. */
+typedef enum {
+    SD_GGUF_KIND_NONE,
+    SD_GGUF_KIND_INT,   /* i */
+    SD_GGUF_KIND_UINT,  /* u */
+    SD_GGUF_KIND_FLOAT, /* f */
+    SD_GGUF_KIND_BOOL   /* u: 0 or 1 */
+} sd_gguf_kind;
+typedef struct {
+    sd_gguf_kind kind;
+    int64_t i;
+    uint64_t u;
+    double f;
+} sd_gguf_scalar;
+size_t sd_gguf_scalar_size(uint32_t type);
+sd_gguf_scalar sd_gguf_scalar_at(uint32_t type, const unsigned char *v);
 /* Getters: 1 and the value when `key` exists with a compatible scalar type, else 0. */
 int sd_gguf_get_int(const sd_gguf *g, const char *key, int64_t *out);
 int sd_gguf_get_float(const sd_gguf *g, const char *key, double *out);

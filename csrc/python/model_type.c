@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "check/llamacpp_order.h"
+#include "format/gguf.h"
 
 /* A new Model object owning m (freed on failure). */
 PyObject *sd_py_model_wrap(sd_model *m) {
@@ -338,63 +339,23 @@ static PyObject *model_set_token_pieces(sd_py_Model *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* One GGUF value at *p (validated by the loader), advancing *p past it. Strings that are not
- * valid UTF-8 come back as bytes rather than being altered. */
+/* One GGUF value at *p (validated by the loader), advancing *p past it: scalars as the reader
+ * decodes them; strings that are not valid UTF-8 come back as bytes rather than altered. */
 static PyObject *gguf_value(int type, const unsigned char **p, int depth) {
     const unsigned char *v = *p;
     uint64_t n = 0;
+    const size_t size = sd_gguf_scalar_size((uint32_t)type);
+    if (size > 0) {
+        const sd_gguf_scalar x = sd_gguf_scalar_at((uint32_t)type, v);
+        *p += size;
+        switch (x.kind) {
+        case SD_GGUF_KIND_INT: return PyLong_FromLongLong((long long)x.i);
+        case SD_GGUF_KIND_FLOAT: return PyFloat_FromDouble(x.f);
+        case SD_GGUF_KIND_BOOL: return PyBool_FromLong((long)x.u);
+        default: return PyLong_FromUnsignedLongLong((unsigned long long)x.u);
+        }
+    }
     switch (type) {
-    case SD_GGUF_U8: *p += 1; return PyLong_FromLong(v[0]);
-    case SD_GGUF_I8: *p += 1; return PyLong_FromLong((int8_t)v[0]);
-    case SD_GGUF_BOOL: *p += 1; return PyBool_FromLong(v[0] != 0);
-    case SD_GGUF_U16: {
-        uint16_t x;
-        memcpy(&x, v, 2);
-        *p += 2;
-        return PyLong_FromLong(x);
-    }
-    case SD_GGUF_I16: {
-        int16_t x;
-        memcpy(&x, v, 2);
-        *p += 2;
-        return PyLong_FromLong(x);
-    }
-    case SD_GGUF_U32: {
-        uint32_t x;
-        memcpy(&x, v, 4);
-        *p += 4;
-        return PyLong_FromUnsignedLong(x);
-    }
-    case SD_GGUF_I32: {
-        int32_t x;
-        memcpy(&x, v, 4);
-        *p += 4;
-        return PyLong_FromLong(x);
-    }
-    case SD_GGUF_F32: {
-        float x;
-        memcpy(&x, v, 4);
-        *p += 4;
-        return PyFloat_FromDouble(x);
-    }
-    case SD_GGUF_U64: {
-        uint64_t x;
-        memcpy(&x, v, 8);
-        *p += 8;
-        return PyLong_FromUnsignedLongLong(x);
-    }
-    case SD_GGUF_I64: {
-        int64_t x;
-        memcpy(&x, v, 8);
-        *p += 8;
-        return PyLong_FromLongLong(x);
-    }
-    case SD_GGUF_F64: {
-        double x;
-        memcpy(&x, v, 8);
-        *p += 8;
-        return PyFloat_FromDouble(x);
-    }
     case SD_GGUF_STRING: {
         memcpy(&n, v, 8);
         *p += 8 + n;
