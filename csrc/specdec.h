@@ -87,34 +87,34 @@ typedef enum {
 /* Hyper-parameters, read from the file. */
 typedef struct {
     sd_arch arch;
-    char arch_name[32];  /* "llama", "qwen2", "qwen3", "gemma3" (a GGUF file's own name) */
-    int vocab_size;      /* V */
-    int hidden_size;     /* D */
-    int n_layers;        /* L */
-    int n_heads;         /* H: query heads */
-    int n_kv_heads;      /* Hkv: key/value heads, H % Hkv == 0 (grouped-query attention) */
-    int head_dim;        /* Dh: usually D / H; qwen3 and others set it apart (H * Dh != D) */
-    int ffn_size;        /* F: SwiGLU inner width */
-    int context_length;  /* longest sequence the model was trained for */
-    float rope_theta;    /* RoPE base frequency */
-    float rms_eps;       /* RMSNorm epsilon */
-    int tied_embeddings; /* 1: the output head is the token embedding matrix */
-    int rope_neox;       /* 1: rotate-half pairs (i, i + Dh/2); 0: adjacent pairs (2i, 2i + 1) */
-    int has_qkv_bias;    /* 1: q/k/v projections carry biases (qwen2) */
-    int has_qk_norm;     /* 1: per-head RMSNorm (weights of Dh) of q and k before RoPE (qwen3) */
-    int sliding_window;  /* > 0: the token at position p attends only to positions in
-                          * (p - sliding_window, p] (Mistral); 0: to every earlier position */
-    int swa_pattern;     /* with a window: 0 = on every layer; n = on layer l iff
-                          * l % n < n - 1 (Gemma 3: five local layers, then a global one) */
+    char arch_name[32];     /* "llama", "qwen2", "qwen3", "gemma3" (a GGUF file's own name) */
+    int vocab_size;         /* V */
+    int hidden_size;        /* D */
+    int n_layers;           /* L */
+    int n_heads;            /* H: query heads */
+    int n_kv_heads;         /* Hkv: key/value heads, H % Hkv == 0 (grouped-query attention) */
+    int head_dim;           /* Dh: usually D / H; qwen3 and others set it apart (H * Dh != D) */
+    int ffn_size;           /* F: SwiGLU inner width */
+    int context_length;     /* longest sequence the model was trained for */
+    float rope_theta;       /* RoPE base frequency */
+    float rms_eps;          /* RMSNorm epsilon */
+    int tied_embeddings;    /* 1: the output head is the token embedding matrix */
+    int rope_neox;          /* 1: rotate-half pairs (i, i + Dh/2); 0: adjacent pairs (2i, 2i + 1) */
+    int has_qkv_bias;       /* 1: q/k/v projections carry biases (qwen2) */
+    int has_qk_norm;        /* 1: per-head RMSNorm (weights of Dh) of q and k before RoPE (qwen3) */
+    int sliding_window;     /* > 0: the token at position p attends only to positions in
+                             * (p - sliding_window, p] (Mistral); 0: to every earlier position */
+    int swa_pattern;        /* with a window: 0 = on every layer; n = on layer l iff
+                             * l % n < n - 1 (Gemma 3: five local layers, then a global one) */
     float rope_theta_local; /* swa_pattern > 0: the local layers' RoPE base (never scaled) */
     float attn_scale;       /* > 0: the softmax scale of q.k; 0 = 1/sqrt(Dh) */
     float final_softcap;    /* > 0: logits = c * tanh(logits / c) */
-    int rope_scaling;    /* sd_rope_scaling */
-    float rope_factor;   /* LINEAR and LLAMA3: how many times the original context */
+    int rope_scaling;       /* sd_rope_scaling */
+    float rope_factor;      /* LINEAR and LLAMA3: how many times the original context */
     float rope_low_freq_factor;  /* LLAMA3 */
     float rope_high_freq_factor; /* LLAMA3 */
     int rope_original_context;   /* LLAMA3: original_max_position_embeddings */
-    int weight_type;     /* sd_type of the attention/MLP matrices (the first layer's wq) */
+    int weight_type;             /* sd_type of the attention/MLP matrices (the first layer's wq) */
 } sd_config;
 
 typedef struct sd_model sd_model;
@@ -165,6 +165,15 @@ int sd_model_threads(const sd_model *model);
  * (SD_ERR_UNSUPPORTED). A cache keeps the type it was created with. */
 sd_status sd_model_set_kv_f16(sd_model *model, int f16);
 int sd_model_kv_f16(const sd_model *model);
+/* Prefix reuse (CPU models): the model keeps the KV caches of its last n finished requests
+ * (sequences) with the tokens they hold; a new request whose prompt starts with some of those
+ * tokens (a chat's next turn, a shared system prompt) starts from their keys and values instead
+ * of computing them again, with the same output bits. n in [0, SD_PREFIX_CACHE_MAX]; 0 frees
+ * what is kept and turns it off; default SD_PREFIX_CACHE_DEFAULT on the CPU, 0 on CUDA. */
+#define SD_PREFIX_CACHE_MAX 64
+#define SD_PREFIX_CACHE_DEFAULT 4
+sd_status sd_model_set_prefix_cache(sd_model *model, int n);
+int sd_model_prefix_cache(const sd_model *model);
 /* Bytes of weights one forward reads per token: every matrix and norm and the output head; not
  * the embedding table, of which a forward reads only its tokens' rows. */
 size_t sd_model_weight_bytes(const sd_model *model);
@@ -437,6 +446,8 @@ int sd_sequence_done(const sd_sequence *seq);
 sd_finish_reason sd_sequence_finish_reason(const sd_sequence *seq);
 /* The output so far ((*n) tokens, valid until the next step or the free). */
 const int32_t *sd_sequence_tokens(const sd_sequence *seq, int *n);
+/* How many prompt tokens the sequence took from a finished request's cache (prefix reuse). */
+int sd_sequence_reused(const sd_sequence *seq);
 /* A speculative sequence's statistics so far (time_total_s since its creation); NULL for plain
  * decoding. */
 const sd_spec_stats *sd_sequence_stats(const sd_sequence *seq);

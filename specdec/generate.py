@@ -24,6 +24,8 @@ class Generation:
     finish_reason: str = "length"     # "length", "stop_token", "stop_string" or "cancelled"
     time_s: float = 0.0               # wall time of decoding (prefill included, tokenizing not)
     stats: Optional[SpecStats] = None  # speculative runs: drafts, acceptance, timings
+    prefix_reused: int = 0            # prompt tokens whose keys and values a finished request's
+    #                                   cache gave (Model.prefix_cache), not computed again
 
     @property
     def tokens_per_s(self) -> float:
@@ -99,7 +101,7 @@ class _Call:
     def result(self, tokens: List[int], reason: str) -> Generation:
         """The Generation of these tokens; frees the sequence."""
         elapsed = time.perf_counter() - self.t0
-        core_stats = self.seq.stats
+        core_stats, reused = self.seq.stats, self.seq.reused
         self.seq.close()
         text = None
         if self.tok is not None:
@@ -113,7 +115,8 @@ class _Call:
                 text = text[:cut]
         stats = None if core_stats is None else SpecStats.from_core(core_stats, len(tokens))
         return Generation(tokens=tokens, prompt_tokens=[int(t) for t in self.ids], text=text,
-                          finish_reason=reason, time_s=elapsed, stats=stats)
+                          finish_reason=reason, time_s=elapsed, stats=stats,
+                          prefix_reused=reused)
 
 
 def _run(seq: Any, on_token: Optional[Callable[[int], Any]]) -> Tuple[List[int], str]:

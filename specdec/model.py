@@ -109,6 +109,19 @@ class Model:
         self._core.threads = _int("threads", n)  # the core checks the range
 
     @property
+    def prefix_cache(self) -> int:
+        """How many finished requests' KV caches the model keeps for prefix reuse (settable, 0
+        to 64; default 4 on the CPU, 0 on CUDA, which does not reuse yet). A request whose
+        prompt starts with tokens one of them holds (the next turn of a chat, a shared system
+        prompt) takes their keys and values instead of computing them again, with the same
+        output; ``Generation.prefix_reused`` counts the tokens. 0 frees what is kept."""
+        return self._core.prefix_cache
+
+    @prefix_cache.setter
+    def prefix_cache(self, n: int) -> None:
+        self._core.prefix_cache = _int("prefix_cache", n)  # the core checks the range
+
+    @property
     def kv_dtype(self) -> str:
         """Element type of the KV caches this model creates from now on (settable):
         ``"f16"``, IEEE halves, the default on the CPU (half the memory, and half the bytes

@@ -62,8 +62,22 @@ def test_steps_give_the_whole_loops_tokens(model, spec, prompt):
         if stats is not None and spec != "recycling":
             assert seq.stats["accepted"] == stats["accepted"]
             assert seq.stats["steps"] == stats["steps"]
-        if prompt is LONG:  # the prompt went in over several steps that emitted nothing
-            assert steps[0] == []
+        # the whole-loop call just ran the same prompt: its cache gave all of the prompt but the
+        # last token (prefix reuse), with the same output
+        assert seq.reused == len(prompt) - 1
+
+
+def test_a_long_prompt_is_fed_over_several_steps(model):
+    model.prefix_cache = 0  # nothing reused: the prompt is computed
+    try:
+        for spec in ("plain", "lookup"):
+            s = SPECULATORS[spec](model)
+            steps, seq = steps_of(model, LONG, None if s is None else s.drafter(),
+                                  max_new_tokens=5, stop_ids=[])
+            assert seq.reused == 0
+            assert steps[0] == [], spec  # the first step fed part of the prompt, emitting nothing
+    finally:
+        model.prefix_cache = 4
 
 
 def test_a_sequence_ends_and_closes(model):
@@ -136,6 +150,9 @@ CTRL_C = r"""
 import json, os, signal, sys, threading, time
 import specdec
 from specdec.dummy import dummy_model
+# Python raises KeyboardInterrupt on SIGINT unless it started with SIGINT ignored (as a
+# background job of a non-interactive shell does): make it so here whatever the parent did
+signal.signal(signal.SIGINT, signal.default_int_handler)
 m = dummy_model("smollm2-135m", dtype="q4_1", n_layers=int(sys.argv[3]), threads=2)
 mode, what = sys.argv[1], sys.argv[2]
 prompt = list(range(1, 6001)) if what == "prefill" else [1, 2, 3]

@@ -1,6 +1,7 @@
 /* kv_cache.c — the slot-addressed KV cache: per layer, the post-RoPE key and the value of each
  * slot, plus the RoPE position written there. Rollback is setting the length; accepting a path
  * of a draft tree is copying its slots together. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,4 +117,182 @@ sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
     }
     kv->pos[dst] = kv->pos[src];
     return SD_OK;
+}
+
+/* ---- prefix reuse: the caches of finished requests ------------------------------------------ */
+
+typedef struct {
+    sd_kv_cache *kv;
+    int32_t *toks; /* (kv->length) the tokens its slots hold */
+    uint64_t used; /* when it was put, for least-recently-used eviction */
+} pool_entry;
+
+struct sd_kv_pool {
+    pthread_mutex_t lock; /* guards everything below */
+    int max;              /* the most entries kept (the model's prefix_cache) */
+    pool_entry e[SD_PREFIX_CACHE_MAX];
+    int n;
+    uint64_t clock;
+};
+
+static void entry_free(pool_entry *e) {
+    sd_kv_cache_free(e->kv);
+    free(e->toks);
+    memset(e, 0, sizeof(*e));
+}
+
+sd_status sd_kv_pool_create(struct sd_kv_pool **out, int max) {
+    struct sd_kv_pool *pool = calloc(1, sizeof(*pool));
+    if (pool == NULL || pthread_mutex_init(&pool->lock, NULL) != 0) {
+        free(pool);
+        *out = NULL;
+        return sd_set_error(SD_ERR_NOMEM, "out of memory making the prefix cache");
+    }
+    pool->max = max;
+    *out = pool;
+    return SD_OK;
+}
+
+/* The least recently used entry (pool->n > 0). */
+static int lru(const struct sd_kv_pool *pool) {
+    int at = 0;
+    for (int i = 1; i < pool->n; i++) {
+        at = pool->e[i].used < pool->e[at].used ? i : at;
+    }
+    return at;
+}
+
+/* Removes entry i, moving the last into its place. */
+static void remove_entry(struct sd_kv_pool *pool, int i) {
+    pool->e[i] = pool->e[--pool->n];
+    memset(&pool->e[pool->n], 0, sizeof(pool->e[pool->n]));
+}
+
+void sd_kv_pool_resize(struct sd_kv_pool *pool, int max) {
+    pthread_mutex_lock(&pool->lock);
+    pool->max = max;
+    while (pool->n > max) {
+        const int at = lru(pool);
+        entry_free(&pool->e[at]);
+        remove_entry(pool, at);
+    }
+    pthread_mutex_unlock(&pool->lock);
+}
+
+int sd_kv_pool_max(struct sd_kv_pool *pool) {
+    pthread_mutex_lock(&pool->lock);
+    const int max = pool->max;
+    pthread_mutex_unlock(&pool->lock);
+    return max;
+}
+
+void sd_kv_pool_free(struct sd_kv_pool *pool) {
+    if (pool == NULL) {
+        return;
+    }
+    for (int i = 0; i < pool->n; i++) {
+        entry_free(&pool->e[i]);
+    }
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
+}
+
+/* Copies slots [0, n) of src into dst (the same model's caches): each KV head's values row by
+ * row, its keys as whole tiles (a tile's layout does not depend on the cache's size). */
+static void copy_prefix(sd_kv_cache *dst, const sd_kv_cache *src, int n) {
+    const size_t Dh = (size_t)src->head_dim, elt = sd_kv_elt(src);
+    const size_t tiles = ((size_t)n + SD_KV_TILE - 1) / SD_KV_TILE;
+    for (int l = 0; l < src->n_layers; l++) {
+        for (int h = 0; h < src->n_kv_heads; h++) {
+            memcpy(sd_kv_at(dst, dst->k, sd_kv_row(dst, l, h, 0)),
+                   sd_kv_at(src, src->k, sd_kv_row(src, l, h, 0)), tiles * SD_KV_TILE * Dh * elt);
+            memcpy(sd_kv_at(dst, dst->v, sd_kv_row(dst, l, h, 0)),
+                   sd_kv_at(src, src->v, sd_kv_row(src, l, h, 0)), (size_t)n * Dh * elt);
+        }
+    }
+    memcpy(dst->pos, src->pos, (size_t)n * sizeof(int32_t));
+    dst->length = n;
+}
+
+sd_status sd_kv_pool_put(sd_model *m, sd_kv_cache *kv, const int32_t *toks) {
+    struct sd_kv_pool *pool = m->prefix;
+    if (pool == NULL || kv->cuda != NULL || kv->length == 0) {
+        sd_kv_cache_free(kv);
+        return SD_OK;
+    }
+    int32_t *copy = malloc((size_t)kv->length * sizeof(int32_t));
+    if (copy == NULL) {
+        sd_kv_cache_free(kv);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory keeping a cache for prefix reuse");
+    }
+    memcpy(copy, toks, (size_t)kv->length * sizeof(int32_t));
+    pool_entry old = {0};
+    pthread_mutex_lock(&pool->lock);
+    if (pool->max > 0) {
+        int at = pool->n;
+        if (pool->n >= pool->max) { /* full: the least recently used goes */
+            at = lru(pool);
+            old = pool->e[at];
+        } else {
+            pool->n++;
+        }
+        pool->e[at].kv = kv;
+        pool->e[at].toks = copy;
+        pool->e[at].used = ++pool->clock;
+        kv = NULL;
+        copy = NULL;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    entry_free(&old); /* outside the lock */
+    sd_kv_cache_free(kv);
+    free(copy);
+    return SD_OK;
+}
+
+sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse, int capacity,
+                          sd_kv_cache **out, int *reused) {
+    *out = NULL;
+    *reused = 0;
+    struct sd_kv_pool *pool = m->prefix;
+    if (pool == NULL || max_reuse <= 0) {
+        return SD_OK;
+    }
+    pthread_mutex_lock(&pool->lock);
+    int best = -1, best_len = 0;
+    for (int i = 0; i < pool->n; i++) {
+        const pool_entry *e = &pool->e[i];
+        const int lim = e->kv->length < n ? e->kv->length : n;
+        int j = 0;
+        while (j < lim && e->toks[j] == toks[j]) {
+            j++;
+        }
+        if (j > best_len && e->kv->f16 == m->kv_f16) {
+            best = i;
+            best_len = j;
+        }
+    }
+    pool_entry e = {0};
+    if (best >= 0) { /* it leaves the pool: the request owns it */
+        e = pool->e[best];
+        remove_entry(pool, best);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (best < 0) {
+        return SD_OK;
+    }
+    const int keep = best_len < max_reuse ? best_len : max_reuse;
+    free(e.toks);
+    sd_status st = SD_OK;
+    if (e.kv->capacity >= capacity) {
+        e.kv->length = keep;
+        *out = e.kv;
+    } else {
+        st = sd_kv_cache_create(out, m, capacity);
+        if (st == SD_OK) {
+            copy_prefix(*out, e.kv, keep);
+        }
+        sd_kv_cache_free(e.kv);
+    }
+    *reused = st == SD_OK ? keep : 0;
+    return st;
 }

@@ -451,6 +451,9 @@ static sd_status check_params(const sd_model_params *p) {
 static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     m->device = p->device;
     m->kv_f16 = p->device != SD_DEVICE_CUDA;
+    if (p->device != SD_DEVICE_CUDA) {
+        SD_TRY(sd_kv_pool_create(&m->prefix, SD_PREFIX_CACHE_DEFAULT));
+    }
     const sd_config *c = &m->cfg;
     if (p->device == SD_DEVICE_CUDA &&
         (c->has_qk_norm || c->arch == SD_ARCH_GEMMA3 || c->swa_pattern > 0 ||
@@ -571,6 +574,7 @@ void sd_model_free(sd_model *m) {
     if (m == NULL) {
         return;
     }
+    sd_kv_pool_free(m->prefix);
     sd_threadpool_free(m->pool);
     scratch_free(&m->s);
     free(m->w.layers);
@@ -599,6 +603,24 @@ size_t sd_model_weight_bytes(const sd_model *m) {
 
 int sd_model_threads(const sd_model *m) {
     return sd_threadpool_size(m->pool);
+}
+
+sd_status sd_model_set_prefix_cache(sd_model *m, int n) {
+    if (n < 0 || n > SD_PREFIX_CACHE_MAX) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "prefix_cache must be in [0, %d], got %d",
+                            SD_PREFIX_CACHE_MAX, n);
+    }
+    if (m->prefix == NULL) {
+        return n == 0 ? SD_OK
+                      : sd_set_error(SD_ERR_UNSUPPORTED,
+                                     "prefix reuse is for CPU models only so far (prefix_cache=0)");
+    }
+    sd_kv_pool_resize(m->prefix, n);
+    return SD_OK;
+}
+
+int sd_model_prefix_cache(const sd_model *m) {
+    return m->prefix != NULL ? sd_kv_pool_max(m->prefix) : 0;
 }
 
 int sd_model_kv_f16(const sd_model *m) {

@@ -81,6 +81,8 @@ struct sd_model {
     size_t *piece_off; /* (V + 1) offsets into pieces, or NULL */
     size_t weight_bytes;
     int kv_f16; /* caches created from now on keep keys and values as IEEE halves (CPU only) */
+    struct sd_kv_pool *prefix; /* caches of finished requests, for prefix reuse (kv_cache.c);
+                                * NULL for a CUDA model */
 };
 
 struct sd_kv_cache {
@@ -115,6 +117,26 @@ static inline size_t sd_kv_elt(const sd_kv_cache *kv) {
 static inline void *sd_kv_at(const sd_kv_cache *kv, void *p, size_t off) {
     return (char *)p + off * sd_kv_elt(kv);
 }
+
+/* Prefix reuse: a model keeps the caches of its last prefix_max finished requests, each with
+ * the tokens its slots hold, so that a request starting with the same tokens (a chat's next
+ * turn, a shared system prompt) takes their keys and values instead of computing them again:
+ * a token's keys and values do not depend on the batch that wrote them, so the bits are the
+ * same. Safe from several threads (the pool has its own lock). CPU models only. */
+/* A pool keeping at most max caches (its size changed by sd_kv_pool_resize, which frees the
+ * least recently used beyond it). */
+sd_status sd_kv_pool_create(struct sd_kv_pool **out, int max);
+void sd_kv_pool_resize(struct sd_kv_pool *pool, int max);
+int sd_kv_pool_max(struct sd_kv_pool *pool);
+/* Gives `kv`, whose slots [0, kv->length) hold toks[0 .. kv->length), to m's pool (which owns
+ * it from now on; it is freed when the pool is off, or a CUDA model's). */
+sd_status sd_kv_pool_put(sd_model *m, sd_kv_cache *kv, const int32_t *toks);
+/* The pooled cache sharing the longest prefix with toks[0 .. n), at most max_reuse tokens of
+ * it: *out receives a cache of at least `capacity` slots holding that prefix (*reused tokens;
+ * the pool's own when large enough, else a copy) and leaves the pool; or NULL and 0. */
+sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse, int capacity,
+                          sd_kv_cache **out, int *reused);
+void sd_kv_pool_free(struct sd_kv_pool *pool);
 
 /* Grow scratch buffers for a batch of n_tokens attending n_attn columns. */
 sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn);

@@ -439,6 +439,32 @@ static PyMethodDef model_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *model_get_prefix_cache(sd_py_Model *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(sd_model_prefix_cache(self->model));
+}
+
+static int model_set_prefix_cache(sd_py_Model *self, PyObject *value, void *closure) {
+    (void)closure;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete prefix_cache");
+        return -1;
+    }
+    const long n = PyLong_AsLong(value);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    /* the core checks the range; a long beyond int saturates (and is out of it) */
+    const sd_status st = sd_model_set_prefix_cache(self->model, n > INT_MAX   ? INT_MAX
+                                                                : n < INT_MIN ? INT_MIN
+                                                                              : (int)n);
+    if (st != SD_OK) {
+        sd_py_raise(st);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *model_get_kv_dtype(sd_py_Model *self, void *closure) {
     (void)closure;
     return PyUnicode_FromString(sd_model_kv_f16(self->model) ? "f16" : "f32");
@@ -471,6 +497,8 @@ static int model_set_kv_dtype(sd_py_Model *self, PyObject *value, void *closure)
 static PyGetSetDef model_getset[] = {
     {"config", (getter)model_config, NULL, "hyper-parameters as a dict", NULL},
     {"threads", (getter)model_get_threads, (setter)model_set_threads, "worker threads", NULL},
+    {"prefix_cache", (getter)model_get_prefix_cache, (setter)model_set_prefix_cache,
+     "finished requests' caches kept for prefix reuse", NULL},
     {"kv_dtype", (getter)model_get_kv_dtype, (setter)model_set_kv_dtype,
      "element type of the KV caches created from now on: 'f16' or 'f32'", NULL},
     {"weight_bytes", (getter)model_weight_bytes, NULL, "bytes of weights one forward reads", NULL},

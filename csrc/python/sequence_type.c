@@ -136,6 +136,14 @@ static PyObject *sequence_tokens(sd_py_Sequence *self, void *closure) {
     return sd_py_token_list(toks, n);
 }
 
+static PyObject *sequence_reused(sd_py_Sequence *self, void *closure) {
+    (void)closure;
+    if (usable(self) == NULL) {
+        return NULL;
+    }
+    return PyLong_FromLong(sd_sequence_reused(self->seq));
+}
+
 static PyObject *sequence_stats(sd_py_Sequence *self, void *closure) {
     (void)closure;
     if (usable(self) == NULL) {
@@ -163,6 +171,8 @@ static PyGetSetDef sequence_getset[] = {
     {"finish_reason", (getter)sequence_finish_reason, NULL,
      "'length', 'stop_token', 'stop_string' or 'cancelled' once done, else None", NULL},
     {"tokens", (getter)sequence_tokens, NULL, "the output so far", NULL},
+    {"reused", (getter)sequence_reused, NULL,
+     "prompt tokens taken from a finished request's cache (prefix reuse)", NULL},
     {"stats", (getter)sequence_stats, NULL, "a speculative sequence's statistics, else None", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

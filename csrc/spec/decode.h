@@ -69,10 +69,12 @@ typedef struct {
     sd_emitter e;
 } sd_plain;
 
-/* Checks nothing (sd_decode_check has) and computes nothing: allocates P's buffers and cache.
- * On failure P still needs sd_plain_end. */
+/* Checks nothing (sd_decode_check has) and computes nothing: allocates P's buffers and cache,
+ * or takes `kv` (owned from now on; NULL: a new one), whose first `reused` slots hold the
+ * prompt's first tokens. On failure P still needs sd_plain_end. */
 sd_status sd_plain_begin(sd_plain *P, sd_model *m, const int32_t *prompt, int n_prompt,
-                         const sd_generate_params *p, const sd_sampling *s, int32_t *out);
+                         const sd_generate_params *p, const sd_sampling *s, int32_t *out,
+                         sd_kv_cache *kv, int reused);
 /* One step: a part of the prompt, or (once it is all in) one token emitted. */
 sd_status sd_plain_step(sd_plain *P);
 void sd_plain_end(sd_plain *P);

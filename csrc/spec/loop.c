@@ -107,9 +107,12 @@ sd_status sd_spec_check_cache(sd_model *m, const sd_kv_cache *kv, const int32_t 
 
 sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt, int n_prompt,
                              const sd_generate_params *p, const sd_sampling *s, int K, int ctx,
-                             int draft_rows, int32_t *out, sd_spec_stats *ss, double t_start) {
+                             int draft_rows, int32_t *out, sd_spec_stats *ss, double t_start,
+                             sd_kv_cache *kv, int reused) {
     const int V = m->cfg.vocab_size;
     memset(L, 0, sizeof(*L));
+    L->kv = kv;
+    L->pf.fed = reused;
     L->m = m;
     L->s = *s;
     L->seed = p->seed;
@@ -150,10 +153,15 @@ sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt
             return sd_set_error(SD_ERR_NOMEM, "out of memory");
         }
     }
-    const int total = n_prompt + p->max_new_tokens;
-    SD_TRY(sd_kv_cache_create(&L->kv, m, total + K < ctx ? total + K : ctx));
     memcpy(L->hist, prompt, (size_t)n_prompt * sizeof(int32_t));
-    return SD_OK;
+    return kv != NULL ? SD_OK
+                      : sd_kv_cache_create(&L->kv, m,
+                                           sd_spec_capacity(n_prompt, p->max_new_tokens, K, ctx));
+}
+
+int sd_spec_capacity(int n_prompt, int max_new_tokens, int K, int ctx) {
+    const int total = n_prompt + max_new_tokens;
+    return total + K < ctx ? total + K : ctx;
 }
 
 sd_status sd_spec_prefill(sd_spec_loop *L, int *ready) {
@@ -575,7 +583,7 @@ sd_status sd_bench_synthetic(int32_t *out, int *n_out, sd_spec_stats *stats, sd_
     const int V = m->cfg.vocab_size;
     sd_spec_loop L;
     sd_status st = sd_spec_loop_begin(&L, m, prompt, n_prompt, &p, &s, k, m->cfg.context_length, 0,
-                                      out, ss, t_start);
+                                      out, ss, t_start, NULL, 0);
     for (int ready = 0; st == SD_OK && !ready;) {
         st = sd_spec_prefill(&L, &ready);
     }

@@ -54,11 +54,15 @@ typedef struct sd_spec_loop {
 } sd_spec_loop;
 
 /* Allocates a sequence for drafts of up to K tokens (with rows for their distributions when
- * draft_rows) over a target cache of prompt + output + K slots, at most ctx; computes nothing.
- * On failure the sequence still needs sd_spec_loop_end. */
+ * draft_rows) over a target cache of prompt + output + K slots, at most ctx (sd_spec_capacity),
+ * or takes `kv` (owned from now on), whose first `reused` slots hold the prompt's first tokens;
+ * computes nothing. On failure the sequence still needs sd_spec_loop_end. */
 sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt, int n_prompt,
                              const sd_generate_params *p, const sd_sampling *s, int K, int ctx,
-                             int draft_rows, int32_t *out, sd_spec_stats *ss, double t_start);
+                             int draft_rows, int32_t *out, sd_spec_stats *ss, double t_start,
+                             sd_kv_cache *kv, int reused);
+/* The target cache's slots a sequence needs. */
+int sd_spec_capacity(int n_prompt, int max_new_tokens, int K, int ctx);
 /* One step of the prefill of all of the prompt but its last token (decode.h's sd_prefill);
  * *ready once it is all in, when the drafter L->d (if any) begins its request. */
 sd_status sd_spec_prefill(sd_spec_loop *L, int *ready);

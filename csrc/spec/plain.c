@@ -14,9 +14,12 @@
 #include "util/status.h"
 
 sd_status sd_plain_begin(sd_plain *P, sd_model *m, const int32_t *prompt, int n_prompt,
-                         const sd_generate_params *p, const sd_sampling *s, int32_t *out) {
+                         const sd_generate_params *p, const sd_sampling *s, int32_t *out,
+                         sd_kv_cache *kv, int reused) {
     const int V = m->cfg.vocab_size;
     memset(P, 0, sizeof(*P));
+    P->kv = kv;
+    P->pf.fed = reused;
     P->m = m;
     P->prompt = prompt;
     P->n_prompt = n_prompt;
@@ -31,7 +34,7 @@ sd_status sd_plain_begin(sd_plain *P, sd_model *m, const int32_t *prompt, int n_
         }
     }
     /* the last emitted token is never fed back, so one slot fewer suffices */
-    return sd_kv_cache_create(&P->kv, m, n_prompt + p->max_new_tokens - 1);
+    return kv != NULL ? SD_OK : sd_kv_cache_create(&P->kv, m, n_prompt + p->max_new_tokens - 1);
 }
 
 void sd_plain_end(sd_plain *P) {

@@ -25,6 +25,8 @@ struct sd_sequence {
     double t_start;
     int started; /* the loop's state below exists */
     int ended;   /* done, or a step failed */
+    int failed;  /* a step failed: the caches may be half written */
+    int reused;  /* prompt tokens whose keys and values came from the prefix pool */
     sd_spec_stats ss;
     sd_plain P;     /* plain decoding's state */
     sd_spec_loop L; /* the speculative loop's */
@@ -77,11 +79,40 @@ static sd_status copy_params(sd_sequence *q, const int32_t *prompt, int n_prompt
     return SD_OK;
 }
 
+/* Gives the target cache to the model's prefix pool with the tokens its slots hold (the prompt,
+ * then the output), detaching it from the loop. */
+static void keep_cache(sd_sequence *q) {
+    sd_kv_cache **kv = q->d != NULL ? &q->L.kv : &q->P.kv;
+    if (*kv == NULL || q->m->prefix == NULL) {
+        return;
+    }
+    const int n = sd_kv_cache_length(*kv);
+    int32_t *toks = q->d != NULL ? q->L.hist : malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (toks == NULL) {
+        return; /* no memory to keep it: it is freed with the loop */
+    }
+    if (q->d == NULL) { /* plain: the prompt, then the output fed back */
+        for (int i = 0; i < n; i++) {
+            toks[i] = i < q->n_prompt ? q->prompt[i] : q->out[i - q->n_prompt];
+        }
+    }
+    (void)sd_kv_pool_put(q->m, *kv, toks); /* it owns the cache now, also on failure */
+    *kv = NULL;
+    if (q->d == NULL) {
+        free(toks);
+    }
+}
+
 void sd_sequence_free(sd_sequence *q) {
     if (q == NULL) {
         return;
     }
     if (q->started) {
+        /* between steps the target cache holds exactly the text's first tokens: the model
+         * keeps it for a later request that starts the same way */
+        if (!q->failed) {
+            keep_cache(q);
+        }
         int n_out = 0;
         if (q->d != NULL) {
             (void)sd_spec_loop_end(&q->L, SD_OK, &n_out, NULL);
@@ -118,14 +149,25 @@ sd_status sd_sequence_create(sd_sequence **out, sd_model *m, const sd_drafter *d
         q->ended = 1; /* nothing to do: a finished sequence with no tokens */
         sd_emitter_init(&q->P.e, m, &q->p, q->out);
     } else if (st == SD_OK) {
-        q->started = 1;
-        if (d != NULL) {
-            const int ctx = m->cfg.context_length < d->context ? m->cfg.context_length : d->context;
-            st = sd_spec_loop_begin(&q->L, m, q->prompt, n_prompt, &q->p, &s, d->max_nodes, ctx,
-                                    d->wants_q, q->out, &q->ss, q->t_start);
-            q->L.d = d;
-        } else {
-            st = sd_plain_begin(&q->P, m, q->prompt, n_prompt, &q->p, &s, q->out);
+        const int ctx =
+            d == NULL || m->cfg.context_length < d->context ? m->cfg.context_length : d->context;
+        const int capacity = d != NULL
+                                 ? sd_spec_capacity(n_prompt, p->max_new_tokens, d->max_nodes, ctx)
+                                 : n_prompt + p->max_new_tokens - 1;
+        /* a finished request's cache that holds the prompt's first tokens (all but the last,
+         * which both loops feed themselves) */
+        sd_kv_cache *kv = NULL;
+        st = sd_kv_pool_take(m, q->prompt, n_prompt, n_prompt - 1, capacity, &kv, &q->reused);
+        if (st == SD_OK) {
+            q->started = 1;
+            if (d != NULL) {
+                st = sd_spec_loop_begin(&q->L, m, q->prompt, n_prompt, &q->p, &s, d->max_nodes, ctx,
+                                        d->wants_q, q->out, &q->ss, q->t_start, kv, q->reused);
+                q->L.d = d;
+            } else {
+                st =
+                    sd_plain_begin(&q->P, m, q->prompt, n_prompt, &q->p, &s, q->out, kv, q->reused);
+            }
         }
     }
     if (st != SD_OK) {
@@ -153,9 +195,8 @@ sd_status sd_sequence_step(sd_sequence *q, int *n_new) {
     }
     q->ss.time_total_s = sd_now_s() - q->t_start;
     *n_new = emitter(q)->n - before;
-    if (st != SD_OK || emitter(q)->done) {
-        q->ended = 1;
-    }
+    q->failed = st != SD_OK;
+    q->ended = q->failed || emitter(q)->done;
     return st;
 }
 
@@ -170,6 +211,10 @@ sd_finish_reason sd_sequence_finish_reason(const sd_sequence *q) {
 const int32_t *sd_sequence_tokens(const sd_sequence *q, int *n) {
     *n = emitter(q)->n;
     return q->out;
+}
+
+int sd_sequence_reused(const sd_sequence *q) {
+    return q->reused;
 }
 
 const sd_spec_stats *sd_sequence_stats(const sd_sequence *q) {
