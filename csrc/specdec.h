@@ -321,7 +321,14 @@ typedef struct {
      * drafts; starting at 0.5, or near 1 for matches reaching 16 or more tokens back) and
      * verify_slope the cost of one more token in a verify batch relative to one token. */
     float verify_slope;
+    /* 1: one chain. b > 1: a tree whose sibling branches are the continuations of up to b
+     * occurrences whose first tokens differ (the best one the chain's; then by n-gram size, by
+     * how far back they agree, the latest), each of the chain's length; verified in one forward
+     * by the tree rule. 1 <= b <= SD_LOOKUP_MAX_BRANCHES, k * b <= SD_MAX_TREE_NODES. CPU
+     * targets only for b > 1 (tree verification). */
+    int branching;
 } sd_prompt_lookup;
+#define SD_LOOKUP_MAX_BRANCHES 8
 
 /* What a speculative run did, for users and for the benchmarks. */
 typedef struct {

@@ -56,12 +56,18 @@ class PromptLookup(Speculator):
     #: 16 or 32 tokens back, where the text repeats itself and a long draft is tried first).
     #: 0 = always draft up to k.
     verify_slope: float = 0.2
+    #: 1: one chain. b > 1: a tree of up to b sibling branches, the continuations of other
+    #: earlier occurrences that start with other tokens (the best match's first), verified in
+    #: one forward; pays where a verify batch of many tokens costs little more than one (AVX-512,
+    #: AMX, GPUs). ``k * branching`` <= 64. CPU models only for b > 1.
+    branching: int = 1
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = _core.prompt_lookup(_int("k", self.k), _int("max_ngram", self.max_ngram),
                                 _int("min_ngram", self.min_ngram),
-                                _number("verify_slope", self.verify_slope))
+                                _number("verify_slope", self.verify_slope),
+                                _int("branching", self.branching))
         object.__setattr__(self, "_drafter", d)
 
 

@@ -14,6 +14,15 @@
 #include "../cuda/sd_cuda.h"
 #endif
 
+sd_status sd_check_token(const sd_model *m, int32_t tok, int index) {
+    if (tok < 0 || tok >= m->cfg.vocab_size) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "token id %d at index %d is out of range [0, %d) (vocab size)", tok,
+                            index, m->cfg.vocab_size);
+    }
+    return SD_OK;
+}
+
 /* Check everything about the batch before any state changes (token ids only when they are
  * on the host). */
 static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_batch *b,
@@ -33,12 +42,7 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
     }
     int len = kv->length;
     for (int t = 0; t < T; t++) {
-        int32_t tok = dev_tokens ? 0 : b->tokens[t];
-        if (tok < 0 || tok >= c->vocab_size) {
-            return sd_set_error(SD_ERR_INVALID_ARG,
-                                "token id %d at index %d is out of range [0, %d) (vocab size)", tok,
-                                t, c->vocab_size);
-        }
+        SD_TRY(sd_check_token(m, dev_tokens ? 0 : b->tokens[t], t));
         int32_t p = b->pos != NULL ? b->pos[t] : kv->length + t;
         if (p < 0 || p >= c->context_length) {
             return sd_set_error(SD_ERR_INVALID_ARG,

@@ -11,4 +11,8 @@
 sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *logits,
                         const int32_t *tokens_dev);
 
+/* SD_ERR_INVALID_ARG unless 0 <= tok < the vocabulary size (index: where it stands, for the
+ * message): the one check of a token id. */
+sd_status sd_check_token(const sd_model *m, int32_t tok, int index);
+
 #endif /* SD_FORWARD_H */

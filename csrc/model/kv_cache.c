@@ -121,6 +121,8 @@ sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
 
 /* ---- prefix reuse: the caches of finished requests ------------------------------------------ */
 
+#define SD_PREFIX_MIN 8 /* the shortest prefix worth taking a pooled cache for */
+
 typedef struct {
     sd_kv_cache *kv;
     int32_t *toks; /* (kv->length) the tokens its slots hold */
@@ -169,14 +171,19 @@ static void remove_entry(struct sd_kv_pool *pool, int i) {
 }
 
 void sd_kv_pool_resize(struct sd_kv_pool *pool, int max) {
+    pool_entry gone[SD_PREFIX_CACHE_MAX];
+    int n_gone = 0;
     pthread_mutex_lock(&pool->lock);
     pool->max = max;
     while (pool->n > max) {
         const int at = lru(pool);
-        entry_free(&pool->e[at]);
+        gone[n_gone++] = pool->e[at];
         remove_entry(pool, at);
     }
     pthread_mutex_unlock(&pool->lock);
+    for (int i = 0; i < n_gone; i++) { /* freed outside the lock, as in put */
+        entry_free(&gone[i]);
+    }
 }
 
 int sd_kv_pool_max(struct sd_kv_pool *pool) {
@@ -271,6 +278,11 @@ sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse
             best_len = j;
         }
     }
+    /* a short match (a shared start-of-text token) would cost another conversation its cache
+     * for little: only a prefix of SD_PREFIX_MIN tokens, or all the request can reuse */
+    if (best_len < SD_PREFIX_MIN && best_len < max_reuse) {
+        best = -1;
+    }
     pool_entry e = {0};
     if (best >= 0) { /* it leaves the pool: the request owns it */
         e = pool->e[best];
@@ -282,17 +294,17 @@ sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse
     }
     const int keep = best_len < max_reuse ? best_len : max_reuse;
     free(e.toks);
-    sd_status st = SD_OK;
     if (e.kv->capacity >= capacity) {
         e.kv->length = keep;
         *out = e.kv;
-    } else {
-        st = sd_kv_cache_create(out, m, capacity);
-        if (st == SD_OK) {
-            copy_prefix(*out, e.kv, keep);
-        }
-        sd_kv_cache_free(e.kv);
+        *reused = keep;
+        return SD_OK;
     }
-    *reused = st == SD_OK ? keep : 0;
-    return st;
+    /* into a larger cache; without the memory for both, no reuse (a fresh cache may fit) */
+    if (sd_kv_cache_create(out, m, capacity) == SD_OK) {
+        copy_prefix(*out, e.kv, keep);
+        *reused = keep;
+    }
+    sd_kv_cache_free(e.kv);
+    return SD_OK;
 }

@@ -43,13 +43,15 @@ int sd_py_model_enter(sd_py_Model *self) {
         return -1;
     }
     const unsigned long me = PyThread_get_thread_ident();
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        if (self->owner == me) {
-            PyErr_SetString(PyExc_RuntimeError,
-                            "this model is already running a call in this thread: a callback "
-                            "of a call cannot use the model that calls it");
-            return -1;
-        }
+    if (self->owner == me) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this model is already running a call in this thread: a callback "
+                        "of a call cannot use the model that calls it");
+        return -1;
+    }
+    if (self->waiting > 0 || !PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        self->waiting++;
+        int interrupted = 0;
         for (;;) { /* wait for the running call, noticing signals (Ctrl-C) */
             PyLockStatus r;
             Py_BEGIN_ALLOW_THREADS r = PyThread_acquire_lock_timed(self->lock, -1, 1);
@@ -57,8 +59,13 @@ int sd_py_model_enter(sd_py_Model *self) {
                 break;
             }
             if (PyErr_CheckSignals() < 0) {
-                return -1;
+                interrupted = 1;
+                break;
             }
+        }
+        self->waiting--;
+        if (interrupted) {
+            return -1;
         }
     }
     self->owner = me;

@@ -50,13 +50,16 @@ PyTypeObject sd_py_DrafterType = {
     .tp_getset = drafter_getset,
 };
 
-/* prompt_lookup(k, max_ngram, min_ngram, verify_slope) -> Drafter */
+/* prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1) -> Drafter */
 static PyObject *py_prompt_lookup(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"k", "max_ngram", "min_ngram", "verify_slope", NULL};
-    sd_prompt_lookup pl = {0, 0, 0, 0.0f};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiif:prompt_lookup", kwlist, &pl.k, &pl.max_ngram,
-                                     &pl.min_ngram, &pl.verify_slope)) {
+    static char *kwlist[] = {"k", "max_ngram", "min_ngram", "verify_slope", "branching", NULL};
+    sd_prompt_lookup pl;
+    memset(&pl, 0, sizeof(pl));
+    pl.branching = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiif|i:prompt_lookup", kwlist, &pl.k,
+                                     &pl.max_ngram, &pl.min_ngram, &pl.verify_slope,
+                                     &pl.branching)) {
         return NULL;
     }
     sd_drafter *d = NULL;
@@ -180,7 +183,8 @@ static PyObject *py_drafter_set_costs(PyObject *mod, PyObject *args) {
 
 PyMethodDef sd_py_drafter_methods[] = {
     {"prompt_lookup", (PyCFunction)(void (*)(void))py_prompt_lookup, METH_VARARGS | METH_KEYWORDS,
-     "prompt_lookup(k, max_ngram, min_ngram, verify_slope) -> Drafter (sd_prompt_lookup)"},
+     "prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1) -> Drafter "
+     "(sd_prompt_lookup)"},
     {"draft_model", (PyCFunction)(void (*)(void))py_draft_model, METH_VARARGS | METH_KEYWORDS,
      "draft_model(model, k, p_min, verify_slope) -> Drafter (sd_draft_params)"},
     {"layerskip", (PyCFunction)(void (*)(void))py_layerskip, METH_VARARGS | METH_KEYWORDS,

@@ -19,6 +19,7 @@ PyObject *sd_py_model_wrap(sd_model *m) {
     }
     self->model = m;
     self->owner = 0;
+    self->waiting = 0;
     if ((self->lock = PyThread_allocate_lock()) == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();

@@ -27,6 +27,8 @@ typedef struct {
     PyObject_HEAD sd_model *model;
     PyThread_type_lock lock;
     unsigned long owner; /* the thread holding `lock` (read and written under the GIL), or 0 */
+    int waiting;         /* threads waiting for `lock` (under the GIL): the holder, coming back
+                          * for its next step, queues behind them instead of taking it first */
 } sd_py_Model;
 
 typedef struct {

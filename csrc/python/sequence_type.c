@@ -83,10 +83,11 @@ static PyObject *sequence_step(sd_py_Sequence *self, PyObject *unused) {
     if (seq == NULL) {
         return NULL;
     }
+    self->stepping = 1; /* before the wait: no other thread steps or closes it meanwhile */
     if (sd_py_models_enter(self->model, draft_of(self)) < 0) {
+        self->stepping = 0;
         return NULL;
     }
-    self->stepping = 1;
     int n_new = 0;
     sd_status st;
     Py_BEGIN_ALLOW_THREADS st = sd_sequence_step(seq, &n_new);

@@ -62,6 +62,9 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
     if (n_prompt < 1 || prompt == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG, "the prompt must hold at least one token");
     }
+    for (int i = 0; i < n_prompt; i++) { /* before a drafter reads one (a table indexed by id) */
+        SD_TRY(sd_check_token(m, prompt[i], i));
+    }
     if (p->max_new_tokens < 0) {
         return sd_set_error(SD_ERR_INVALID_ARG, "max_new_tokens must be >= 0, got %d",
                             p->max_new_tokens);

@@ -18,7 +18,9 @@ sd_status sd_drafter_alloc(sd_drafter **out, const sd_drafter_ops *ops, int max_
     if (d == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
     }
-    if ((d->cost = calloc(1, sizeof(*d->cost))) == NULL) {
+    if ((d->cost = calloc(1, sizeof(*d->cost))) == NULL ||
+        pthread_mutex_init(&d->cost->lock, NULL) != 0) {
+        free(d->cost);
         free(d);
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
     }
@@ -34,7 +36,8 @@ void sd_drafter_free(sd_drafter *d) {
     if (d != NULL && d->ops->destroy != NULL) {
         d->ops->destroy(d);
     }
-    if (d != NULL) {
+    if (d != NULL && d->cost != NULL) {
+        pthread_mutex_destroy(&d->cost->lock);
         free(d->cost);
     }
     free(d);
@@ -129,12 +132,35 @@ static sd_status time_forward(double *best, sd_model *m, sd_kv_cache *kv, const 
     return SD_OK;
 }
 
+static sd_status measure(sd_cost_curve *c, sd_model *m, int max_T);
+
 sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T) {
     max_T = max_T < 1 ? 1 : max_T > SD_MAX_TREE_NODES + 1 ? SD_MAX_TREE_NODES + 1 : max_T;
     const int threads = sd_model_threads(m);
-    if (c->threads < 0 || (c->threads == threads && c->max_T >= max_T)) {
-        return SD_OK;
+    pthread_mutex_lock(&c->lock);
+    sd_status st = SD_OK;
+    if (c->threads >= 0 && (c->threads != threads || c->asked < max_T)) {
+        st = measure(c, m, max_T);
+        if (st == SD_OK) {
+            c->asked = max_T;
+            c->threads = threads;
+        }
     }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+void sd_cost_curve_get(sd_cost_curve *c, sd_cost_curve *copy) {
+    pthread_mutex_lock(&c->lock);
+    copy->threads = c->threads;
+    copy->asked = c->asked;
+    copy->max_T = c->max_T;
+    memcpy(copy->rel, c->rel, sizeof(c->rel));
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* The measurement of sd_cost_curve_measure (c's lock held). */
+static sd_status measure(sd_cost_curve *c, sd_model *m, int max_T) {
     const int V = m->cfg.vocab_size;
     int ctx = m->cfg.context_length - max_T < 64 ? m->cfg.context_length - max_T : 64;
     ctx = ctx < 1 ? 1 : ctx;
@@ -179,7 +205,8 @@ sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T) {
             }
             const int k = j + 1 < n_pts ? j + 1 : j;
             const double w = Ts[k] > Ts[j] ? (double)(T - Ts[j]) / (double)(Ts[k] - Ts[j]) : 0.0;
-            c->rel[T] = (float)((at[j] + w * (at[k] - at[j])) / at[0]);
+            /* a clock too coarse for one forward must not divide by zero */
+            c->rel[T] = (float)((at[j] + w * (at[k] - at[j])) / (at[0] > 1e-9 ? at[0] : 1e-9));
         }
         c->rel[0] = 0.0f;
         c->rel[1] = 1.0f;
@@ -187,7 +214,6 @@ sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T) {
             c->rel[T] = c->rel[T] > c->rel[T - 1] ? c->rel[T] : c->rel[T - 1];
         }
         c->max_T = max_T;
-        c->threads = threads;
     }
     sd_kv_cache_free(kv);
     free(tok);
@@ -219,11 +245,13 @@ int sd_tree_size(const float *p, int n, const sd_cost_curve *c, int *order) {
 }
 
 int sd_drafter_costs(const sd_drafter *d, float *rel, int cap) {
-    const int n = d->cost->threads != 0 ? d->cost->max_T : 0;
+    sd_cost_curve c;
+    sd_cost_curve_get(d->cost, &c);
+    const int n = c.threads != 0 ? c.max_T : 0;
     for (int T = 1; T <= n && T <= cap; T++) {
-        rel[T - 1] = d->cost->rel[T];
+        rel[T - 1] = c.rel[T];
     }
-    return n;
+    return n < cap ? n : cap;
 }
 
 sd_status sd_drafter_set_costs(sd_drafter *d, const float *rel, int n) {
@@ -239,10 +267,12 @@ sd_status sd_drafter_set_costs(sd_drafter *d, const float *rel, int n) {
                                 i, (double)rel[i]);
         }
     }
+    pthread_mutex_lock(&d->cost->lock);
     for (int T = 1; T <= n; T++) {
         d->cost->rel[T] = rel[T - 1] / rel[0];
     }
     d->cost->max_T = n;
     d->cost->threads = -1;
+    pthread_mutex_unlock(&d->cost->lock);
     return SD_OK;
 }

@@ -15,6 +15,7 @@
 #ifndef SD_DRAFTER_H
 #define SD_DRAFTER_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "specdec.h"
@@ -67,8 +68,10 @@ typedef struct sd_drafter_ops {
  * their trees by it, since it differs by machine far more than by model (8 tokens cost about 3
  * tokens' time with AVX2 alone, 1.3-1.6 with AVX-512 or AMX, about 1 on a GPU). */
 typedef struct {
-    int threads; /* the model's thread count when measured; 0: not measured; -1: given */
-    int max_T;   /* rel holds T = 1 .. max_T */
+    pthread_mutex_t lock; /* guards what follows: requests of one drafter measure and read it */
+    int threads;          /* the model's thread count when measured; 0: not measured; -1: given */
+    int asked;            /* the largest size a measurement was asked for */
+    int max_T;            /* rel holds T = 1 .. max_T */
     float rel[SD_MAX_TREE_NODES + 2]; /* rel[T]: a tree-masked forward of T tokens over one */
 } sd_cost_curve;
 
@@ -80,7 +83,7 @@ struct sd_drafter {
     int context;         /* the longest text the drafter can follow (a draft model's context) */
     sd_model *model;     /* a drafter's own model (not owned), or NULL */
     void *shared;        /* state every request of the drafter shares (ops->destroy frees it) */
-    sd_cost_curve *cost; /* (owned) a tree drafter's verify costs, guarded by its own lock */
+    sd_cost_curve *cost; /* (owned) a tree drafter's verify costs, with their own lock */
     union {
         sd_prompt_lookup lookup;
         sd_token_recycling recycling;
@@ -115,6 +118,9 @@ int sd_model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double 
  * them (a fraction of a second on a small CPU model). Nothing is measured when c already holds
  * a curve for this thread count and size, or one that was given (sd_drafter_set_costs). */
 sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T);
+
+/* A copy of the curve, taken under its lock (for sd_tree_size). */
+void sd_cost_curve_get(sd_cost_curve *c, sd_cost_curve *copy);
 
 /* Of n candidate nodes with p[i] the chance that node i is on the accepted path (the nodes
  * ordered so that a parent comes first and p[child] <= p[parent]), how many of the most likely

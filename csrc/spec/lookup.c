@@ -48,3 +48,52 @@ int sd_lookup_draft(int32_t *draft, int *n_match, int *extent, const int32_t *h,
     }
     return 0;
 }
+
+/* The continuation of the occurrence ending at `from` (< len), periodic past the text's end. */
+static void continuation(int32_t *draft, const int32_t *h, int len, int from, int k) {
+    const int p = len - from; /* >= 1 */
+    for (int j = 0; j < k; j++) {
+        draft[j] = j < p ? h[from + j] : draft[j - p];
+    }
+}
+
+int sd_lookup_branches(int32_t *draft, int *lens, int *n_match, int *extent, const int32_t *h,
+                       int len, int max_ngram, int min_ngram, int k, int b) {
+    int found = sd_lookup_draft(draft, n_match, extent, h, len, max_ngram, min_ngram, k) > 0;
+    if (!found) {
+        return 0;
+    }
+    lens[0] = k;
+    /* each further branch: one pass over the occurrences, the best whose first continuation
+     * token is new (n first, then extent, then the latest) */
+    while (found < b) {
+        int best = -1, best_n = 0, best_e = 0;
+        for (int n = max_ngram; n >= min_ngram && best < 0; n--) {
+            if (n >= len) {
+                continue;
+            }
+            const int32_t *tail = h + len - n;
+            for (int i = len - n - 1; i >= 0; i--) {
+                if (h[i] != tail[0] || memcmp(h + i, tail, (size_t)n * sizeof(int32_t)) != 0) {
+                    continue;
+                }
+                int fresh = 1;
+                for (int j = 0; j < found && fresh; j++) {
+                    fresh = draft[(size_t)j * (size_t)k] != h[i + n];
+                }
+                const int e = fresh ? extent_of(h, len, i + n, n) : 0;
+                if (fresh && e > best_e) {
+                    best = i;
+                    best_n = n;
+                    best_e = e;
+                }
+            }
+        }
+        if (best < 0) {
+            break;
+        }
+        continuation(draft + (size_t)found * (size_t)k, h, len, best + best_n, k);
+        lens[found++] = k;
+    }
+    return found;
+}

@@ -21,4 +21,13 @@
 int sd_lookup_draft(int32_t *draft, int *n_match, int *extent, const int32_t *h, int len,
                     int max_ngram, int min_ngram, int k);
 
+/* Up to b drafts of up to k tokens each, for sibling branches of a tree: draft 0 is
+ * sd_lookup_draft's; each next one follows the best remaining occurrence (the larger n, then the
+ * longer extent, then the later) whose continuation starts with a token no earlier draft starts
+ * with, so the branches differ from their first token on. draft is (b, k); lens[j] receives
+ * draft j's length (k each); returns the number of drafts (0 without a match), and sets
+ * *n_match and *extent as sd_lookup_draft does for draft 0. */
+int sd_lookup_branches(int32_t *draft, int *lens, int *n_match, int *extent, const int32_t *h,
+                       int len, int max_ngram, int min_ngram, int k, int b);
+
 #endif /* SD_LOOKUP_H */

@@ -113,6 +113,7 @@ sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt
     memset(L, 0, sizeof(*L));
     L->kv = kv;
     L->pf.fed = reused;
+    L->capacity = sd_spec_capacity(n_prompt, p->max_new_tokens, K, ctx);
     L->m = m;
     L->s = *s;
     L->seed = p->seed;
@@ -205,14 +206,14 @@ int sd_spec_room(const sd_spec_loop *L) {
     const int K = L->max_nodes;
     int k = L->p->max_new_tokens - L->e.n - 1;
     k = k < K ? k : K;
-    k = k < L->kv->capacity - L->len ? k : L->kv->capacity - L->len;
+    k = k < L->capacity - L->len ? k : L->capacity - L->len;
     return k < 0 ? 0 : k;
 }
 
 int sd_spec_tree_room(const sd_spec_loop *L, int *depth) {
     int d = L->p->max_new_tokens - L->e.n - 1;
     *depth = d < 0 ? 0 : d;
-    int n = L->max_nodes < L->kv->capacity - L->len ? L->max_nodes : L->kv->capacity - L->len;
+    int n = L->max_nodes < L->capacity - L->len ? L->max_nodes : L->capacity - L->len;
     /* The nodes take slots len .. len + n - 1, their ranks among the slots a node sees are
      * len .. len + depth - 1; both must lie in the same run of SD_ATTN_CHUNK slots for the
      * attention to give a node the bits of a sequence (ops_cpu.h), so no run starts inside. */

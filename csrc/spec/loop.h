@@ -26,6 +26,8 @@ struct sd_cuda_spec;
 typedef struct sd_spec_loop {
     sd_model *m;
     sd_kv_cache *kv; /* holds hist[0 .. len - 2]: all but the last token */
+    int capacity;    /* the slots the sequence may use (sd_spec_capacity): kv (a reused cache
+                      * may be larger) and a drafter's own cache */
     sd_sampling s;
     uint64_t seed;
     int n_prompt;

@@ -147,7 +147,7 @@ sd_status sd_sequence_create(sd_sequence **out, sd_model *m, const sd_drafter *d
     sd_status st = copy_params(q, prompt, n_prompt, p);
     if (st == SD_OK && p->max_new_tokens == 0) {
         q->ended = 1; /* nothing to do: a finished sequence with no tokens */
-        sd_emitter_init(&q->P.e, m, &q->p, q->out);
+        sd_emitter_init(d != NULL ? &q->L.e : &q->P.e, m, &q->p, q->out);
     } else if (st == SD_OK) {
         const int ctx =
             d == NULL || m->cfg.context_length < d->context ? m->cfg.context_length : d->context;
@@ -171,6 +171,7 @@ sd_status sd_sequence_create(sd_sequence **out, sd_model *m, const sd_drafter *d
         }
     }
     if (st != SD_OK) {
+        q->failed = 1; /* a half-made loop's cache is not the prompt's: not for the pool */
         sd_sequence_free(q);
         return st;
     }

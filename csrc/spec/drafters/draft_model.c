@@ -44,10 +44,10 @@ static sd_status draft_check(const sd_drafter *d, const sd_model *m, int n_promp
     return SD_OK;
 }
 
-/* The draft's own cache, as large as the target's. */
+/* The draft's own cache, of the sequence's size (sd_spec_loop.capacity). */
 static sd_status draft_begin(const sd_drafter *d, void **state, sd_spec_loop *L) {
     sd_kv_cache *dkv = NULL;
-    SD_TRY(sd_kv_cache_create(&dkv, d->model, sd_kv_cache_capacity(L->kv)));
+    SD_TRY(sd_kv_cache_create(&dkv, d->model, L->capacity));
     *state = dkv;
     return SD_OK;
 }

@@ -1,6 +1,7 @@
 /* prompt_lookup.c — the prompt-lookup drafter: the continuation of an earlier occurrence of the
  * text's last n-gram (lookup.h), as deterministic drafts, with an adaptive draft length whose
- * acceptance is counted apart for each kind of match. */
+ * acceptance is counted apart for each kind of match; with branching > 1, the continuations of
+ * other occurrences that start with other tokens as sibling branches of a tree. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,10 @@ typedef struct {
     double *acc_n; /* (max_ngram + 3) accepted tokens per bucket */
     double *rej_n; /* (max_ngram + 3) rejected drafts per bucket */
     int bucket;    /* the bucket of the step in flight */
+    /* a tree step's branches: node j of branch i is tokens[start[i] + j] */
+    int n_branches;
+    int start[SD_LOOKUP_MAX_BRANCHES + 1], blen[SD_LOOKUP_MAX_BRANCHES];
+    int32_t tokens[SD_MAX_TREE_NODES], parent[SD_MAX_TREE_NODES];
 } lookup_state;
 
 static sd_status lookup_check(const sd_drafter *d, const sd_model *target, int n_prompt,
@@ -55,6 +60,45 @@ static sd_status lookup_begin(const sd_drafter *d, void **state, sd_spec_loop *L
     return SD_OK;
 }
 
+/* The tree of up to pl->branching branches of k tokens (draft 0 the chain already in out),
+ * within the tree's room; a single branch stays the chain. */
+static void branch_out(lookup_state *s, sd_spec_loop *L, const sd_prompt_lookup *pl, int k,
+                       sd_draft *out) {
+    int depth_room = 0, n = 0, extent = 0;
+    const int tree_room = sd_spec_tree_room(L, &depth_room);
+    const int kb = k < depth_room ? k : depth_room;
+    if (kb < 1 || (size_t)pl->branching * (size_t)kb > SD_MAX_TREE_NODES) {
+        return;
+    }
+    int32_t drafts[SD_MAX_TREE_NODES];
+    int lens[SD_LOOKUP_MAX_BRANCHES];
+    const int nb = sd_lookup_branches(drafts, lens, &n, &extent, L->hist, L->len, pl->max_ngram,
+                                      pl->min_ngram, kb, pl->branching);
+    if (nb < 2) {
+        return;
+    }
+    int total = 0;
+    s->n_branches = 0;
+    for (int i = 0; i < nb && total < tree_room; i++) {
+        const int m = lens[i] < tree_room - total ? lens[i] : tree_room - total;
+        s->start[i] = total;
+        s->blen[i] = m;
+        for (int j = 0; j < m; j++) {
+            s->tokens[total + j] = drafts[(size_t)i * (size_t)kb + (size_t)j];
+            s->parent[total + j] = j == 0 ? -1 : total + j - 1;
+        }
+        total += m;
+        s->n_branches++;
+    }
+    if (s->n_branches < 2) { /* no room for a second branch: the chain */
+        s->n_branches = 1;
+        return;
+    }
+    out->n = total;
+    out->tokens = s->tokens;
+    out->parent = s->parent;
+}
+
 static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
                                 sd_draft *out) {
     const sd_prompt_lookup *pl = &d->u.lookup;
@@ -73,9 +117,13 @@ static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *
                           k, L->ss->steps);
     }
     s->bucket = b;
+    s->n_branches = 1;
     out->n = k;
     out->tokens = L->batch + 1;
     out->parent = L->chain;
+    if (pl->branching > 1 && k > 0) {
+        branch_out(s, L, pl, k, out);
+    }
     return SD_OK;
 }
 
@@ -85,8 +133,14 @@ static sd_status lookup_commit(const sd_drafter *d, void *state, sd_spec_loop *L
     (void)L;
     (void)next;
     lookup_state *s = state;
+    /* a tree: the branch taken is the one starting with the first accepted token (siblings
+     * differ), and its tokens after the path's end were rejected */
+    int n = draft->n;
+    for (int i = 0; s->n_branches > 1 && i < s->n_branches; i++) {
+        n = n_acc > 0 && s->tokens[s->start[i]] == L->batch[1] ? s->blen[i] : n;
+    }
     s->acc_n[s->bucket] += n_acc;
-    s->rej_n[s->bucket] += n_acc < draft->n ? 1.0 : 0.0;
+    s->rej_n[s->bucket] += n_acc < n ? 1.0 : 0.0;
     return SD_OK;
 }
 
@@ -128,7 +182,16 @@ sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *pl)
         return sd_set_error(SD_ERR_INVALID_ARG, "max_ngram must be <= %d, got %d",
                             SD_LOOKUP_MAX_NGRAM, pl->max_ngram);
     }
-    SD_TRY(sd_drafter_alloc(out, &lookup_ops, pl->k, 0));
+    if (pl->branching < 1 || pl->branching > SD_LOOKUP_MAX_BRANCHES) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "branching must be in [1, %d], got %d",
+                            SD_LOOKUP_MAX_BRANCHES, pl->branching);
+    }
+    if (pl->branching > 1 && pl->k * pl->branching > SD_MAX_TREE_NODES) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "k * branching must be <= %d (the nodes of a tree), got %d * %d",
+                            SD_MAX_TREE_NODES, pl->k, pl->branching);
+    }
+    SD_TRY(sd_drafter_alloc(out, &lookup_ops, pl->k * pl->branching, 0));
     (*out)->u.lookup = *pl;
     return SD_OK;
 }

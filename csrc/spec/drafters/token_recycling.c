@@ -128,7 +128,9 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
     }
     int keep = n;
     if (d->u.recycling.adaptive) {
-        keep = sd_tree_size(p, n, d->cost, order);
+        sd_cost_curve cost;
+        sd_cost_curve_get(d->cost, &cost);
+        keep = sd_tree_size(p, n, &cost, order);
         keep = keep == 0 && n > 0 && L->ss->steps % 4 == 0 ? 1 : keep;
     }
     pthread_mutex_unlock(&t->lock);
