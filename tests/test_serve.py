@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -14,7 +15,7 @@ import time
 import pytest
 
 import specdec
-from helpers import write_text_model
+from helpers import HERE, child_env, write_text_model
 
 httpx = pytest.importorskip("httpx", reason="the test extra (httpx) is not installed")
 openai = pytest.importorskip("openai", reason="the test extra (openai) is not installed")
@@ -288,3 +289,41 @@ def test_smollm2_chat_equals_generate(smollm2_path):
                                       stream=True)
         streamed = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
     assert r.choices[0].message.content == streamed == want.text and len(want.tokens) > 5
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_serve_command(text_model):
+    """`specdec serve --model M --port P` in a child process serves the model under the name it
+    was given, with prompt lookup by default, until it is terminated."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--model", text_model.path,
+                             "--port", str(port), "--log-level", "warning"], cwd=HERE,
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        with httpx.Client(trust_env=False) as h:
+            while True:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the server did not come up"
+                try:
+                    if h.get(url + "/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+        c = client(url)
+        assert [m.id for m in c.models.list().data] == [text_model.path]
+        r = c.chat.completions.create(model=text_model.path, messages=CHAT, max_tokens=20,
+                                      temperature=0)
+        assert r.choices[0].message.content == generated(text_model, CHAT, 20).text
+        assert r.model_extra["specdec"]["speculator"].startswith("PromptLookup(")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "speculator PromptLookup(" in err
