@@ -17,13 +17,14 @@ except ImportError as e:  # pragma: no cover - only in a source tree without a b
         "`pip install .`; if you run from the source tree, run from another directory so that "
         "the installed package is imported, or build in place with "
         "`python setup.py build_ext --inplace`.") from e
+from .aio import AsyncStream, agenerate, astream
 from .dummy import dummy_model
 from .generate import Generation, generate, stream
 from .model import Model, ModelConfig, load
 from .speculators import (DraftModel, LayerSkip, PromptLookup, SpecStats, Speculator,
                           TokenRecycling)
 
-__all__ = ["DraftModel", "Generation", "KVCache", "LayerSkip", "Model", "ModelConfig",
-           "PromptLookup", "SpecStats", "Speculator", "TokenRecycling", "dummy_model", "generate",
-           "load", "stream"]
+__all__ = ["AsyncStream", "DraftModel", "Generation", "KVCache", "LayerSkip", "Model",
+           "ModelConfig", "PromptLookup", "SpecStats", "Speculator", "TokenRecycling", "agenerate",
+           "astream", "dummy_model", "generate", "load", "stream"]
 __version__ = "0.1.0"

@@ -1,7 +1,8 @@
-"""Command line: ``specdec chat``, ``specdec demo``, ``specdec run``, ``specdec info`` (or
-``python -m specdec ...``).
+"""Command line: ``specdec chat``, ``specdec serve``, ``specdec demo``, ``specdec run``,
+``specdec info`` (or ``python -m specdec ...``).
 
-``chat`` answers a prompt with a chat model (default: SmolLM2-135M-Instruct, fetched once).
+``chat`` talks with a chat model (default: SmolLM2-135M-Instruct, fetched once), streaming its
+answers and speculating (prompt lookup by default); ``serve`` runs an OpenAI-compatible server.
 
 ``demo`` writes a model with random weights of a named shape to a temporary directory, loads it
 and decodes greedily: the whole pipeline (GGUF writing and loading, the C forward pass, the
@@ -28,24 +29,135 @@ def _print_generation(model, prompt: List[int], gen) -> None:
           f"{gen.tokens_per_s:.1f} tokens/s (prefill included, {model.threads} threads)")
 
 
+SPECULATOR_NAMES = ("prompt-lookup (n-gram lookup in the conversation), token-recycling, "
+                   "layerskip:N (the model's first N layers draft), draft:MODEL (a small model "
+                   "with the same tokenizer), none (plain decoding)")
+
+
+def speculator_from_name(name: str, model, threads: Optional[int] = None):
+    """The speculator a command line names (see SPECULATOR_NAMES), or None for "none"."""
+    import specdec
+
+    kind, _, arg = name.partition(":")
+    if kind == "none" and not arg:
+        return None
+    if kind == "prompt-lookup" and not arg:
+        return specdec.PromptLookup()
+    if kind == "token-recycling" and not arg:
+        return specdec.TokenRecycling()
+    if kind == "layerskip" and arg.isdigit():
+        return specdec.LayerSkip(int(arg))
+    if kind == "draft" and arg:
+        return specdec.DraftModel(specdec.load(arg, threads=threads))
+    raise ValueError(f"unknown speculator {name!r}; known: {SPECULATOR_NAMES}")
+
+
+def plain_step_s(model) -> float:
+    """Seconds one plain decoding step takes on `model` after a short prompt: the time from the
+    first new token (which comes with the prefill) to the 33rd, over 32 (the best of two)."""
+    import specdec
+
+    prompt = model.require_tokenizer().encode("Hello, how are you?", add_special=True)
+    best = float("inf")
+    for _ in range(2):
+        times: List[float] = []
+        specdec.generate(model, prompt, max_new_tokens=33, stop_tokens=[],
+                         on_token=lambda t: times.append(time.perf_counter()))
+        best = min(best, (times[-1] - times[0]) / (len(times) - 1))
+    return best
+
+
+def closing_line(gen, plain_s: Optional[float]) -> str:
+    """Tokens/s, and for a speculative turn its acceptance and estimated speed-up."""
+    line = (f"[{len(gen.tokens)} new tokens in {gen.time_s:.2f} s = {gen.tokens_per_s:.1f} tokens/s "
+            f"(prefill included)")
+    st = gen.stats
+    if st is not None:
+        line += (f"; drafts accepted {st.accepted}/{st.drafted} "
+                 f"({100 * st.acceptance_rate:.0f} %), {st.mean_accepted_tokens:.2f} tokens "
+                 f"per forward")
+        decode_s = st.time_draft_s + st.time_verify_s
+        if plain_s is not None and decode_s > 0 and len(gen.tokens) > 1:
+            # the first token comes with the prefill, which plain decoding pays the same
+            line += (f"; ~{(len(gen.tokens) - 1) * plain_s / decode_s:.2f}x plain decoding "
+                     f"(estimated from a plain step timed at start)")
+    return line + f"; finish: {gen.finish_reason}]"
+
+
+def _answer(model, messages, args, speculator, seed: Optional[int]):
+    """Streams one answer to stdout; its Generation."""
+    import specdec
+
+    s = specdec.stream(model, messages, max_new_tokens=args.max_new_tokens,
+                       temperature=args.temperature, top_p=args.top_p, seed=seed,
+                       speculator=speculator)
+    while True:
+        try:
+            print(next(s), end="", flush=True)
+        except StopIteration as e:
+            print()
+            return e.value
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     import specdec
 
     t0 = time.perf_counter()
     model = specdec.load(args.model, threads=args.threads)
-    tok = model.require_tokenizer()
-    load_s = time.perf_counter() - t0
-    messages = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    messages.append({"role": "user", "content": args.prompt})
-    gen = specdec.generate(model, messages, max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, seed=args.seed)
-    print(gen.text)
-    print(f"\n[{os.path.basename(model.path)}: {len(gen.prompt_tokens)} prompt tokens, "
-          f"{len(gen.tokens)} new tokens in {gen.time_s:.2f} s = {gen.tokens_per_s:.1f} tokens/s "
-          f"(prefill included), {model.threads} threads, finish: {gen.finish_reason}; "
-          f"load {load_s:.2f} s, tokenizer vocab {tok.vocab_size}]", file=sys.stderr)
+    model.require_tokenizer()
+    speculator = speculator_from_name(args.speculator, model, args.threads)
+    plain_s = plain_step_s(model) if speculator is not None else None
+    print(f"[{os.path.basename(model.path)}, {model.threads} threads, speculator: "
+          f"{speculator!r}, temperature {args.temperature}; ready in "
+          f"{time.perf_counter() - t0:.1f} s]", file=sys.stderr)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = args.prompt is None
+    if interactive:
+        print("[an empty line or Ctrl-D ends the chat; Ctrl-C stops an answer]",
+              file=sys.stderr)
+    turn = 0
+    while True:
+        if interactive:
+            try:
+                text = input("> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return 0
+            if not text:
+                return 0
+        else:
+            text = args.prompt
+        messages.append({"role": "user", "content": text})
+        seed = None if args.seed is None else args.seed + turn
+        try:
+            gen = _answer(model, messages, args, speculator, seed)
+        except KeyboardInterrupt:
+            if not interactive:
+                raise
+            print("\n[stopped]", file=sys.stderr)
+            messages.pop()
+            continue
+        messages.append({"role": "assistant", "content": gen.text})
+        print(closing_line(gen, plain_s), file=sys.stderr)
+        turn += 1
+        if not interactive:
+            return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import specdec
+
+    try:
+        from specdec import serve
+    except ImportError as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+    model = specdec.load(args.model, threads=args.threads)
+    speculator = speculator_from_name(args.speculator, model, args.threads)
+    print(f"specdec serve: {model}, speculator {speculator!r}, on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve.serve(model, speculator, host=args.host, port=args.port, name=args.model,
+                log_level=args.log_level)
     return 0
 
 
@@ -106,16 +218,34 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    c = sub.add_parser("chat", help="answer a prompt with a chat model")
-    c.add_argument("prompt", help="the user message")
+    c = sub.add_parser("chat", help="chat with a model, speculating (a prompt loop when no "
+                       "prompt is given)")
+    c.add_argument("prompt", nargs="?", default=None,
+                   help="one user message to answer; without it, an interactive chat")
     c.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"a model alias, .gguf file or HF directory (default: {DEFAULT_MODEL})")
+    c.add_argument("--speculator", default="prompt-lookup",
+                   help=f"where drafts come from: {SPECULATOR_NAMES} (default: prompt-lookup)")
     c.add_argument("--system", default=None, help="a system message")
-    c.add_argument("--max-new-tokens", type=int, default=256)
-    c.add_argument("--temperature", type=float, default=0.0)
-    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--max-new-tokens", type=int, default=512)
+    c.add_argument("--temperature", type=float, default=0.6,
+                   help="sampling temperature (default 0.6; 0 decodes greedily)")
+    c.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass (default 0.9)")
+    c.add_argument("--seed", type=int, default=None,
+                   help="makes the answers reproducible (turn i uses seed + i)")
     c.add_argument("--threads", type=int, default=None)
     c.set_defaults(func=cmd_chat)
+
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs specdec[serve])")
+    v.add_argument("--model", required=True, help="a model alias, .gguf file or HF directory")
+    v.add_argument("--speculator", default="prompt-lookup",
+                   help=f"{SPECULATOR_NAMES} (default: prompt-lookup)")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--threads", type=int, default=None)
+    v.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    v.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="decode with a random model of a named shape (no download)")
     d.add_argument("--shape", default="tiny", help="tiny | smollm2-135m (default: tiny)")

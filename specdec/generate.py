@@ -119,6 +119,56 @@ class _Call:
                           prefix_reused=reused)
 
 
+class _Pieces:
+    """What :func:`stream` (and :func:`specdec.astream`) yield for a call's new tokens: token ids
+    for a model without a tokenizer; otherwise pieces of text, a character held back until its
+    UTF-8 bytes are complete, and text that could start a stop string until it is known not to.
+
+    Text is decoded incrementally (each token costs the same however long the output is):
+    ``pending`` is final text not yet yielded, ``tail`` the last ``hold`` characters yielded, so
+    that a stop string spanning both is found."""
+
+    def __init__(self, call: _Call) -> None:
+        self.stop, self.stop_ids = call.stop, call.stop_ids
+        self.dec = call.tok.incremental_decoder() if call.tok is not None else None
+        self.hold = max((len(s) for s in call.stop), default=1) - 1
+        self.sent: List[str] = []
+        self.pending = self.tail = ""
+        self.stopped = False
+
+    def push(self, tokens: Sequence[int]) -> List[Union[str, int]]:
+        """The pieces (or ids) that these new tokens release, in order."""
+        if self.dec is None:
+            return list(tokens)
+        out: List[Union[str, int]] = []
+        for t in tokens:
+            if t in self.stop_ids or self.stopped:
+                continue  # a stop token ends the text without adding to it
+            self.pending += self.dec.push(t)
+            if not self.pending:
+                continue
+            window = self.tail + self.pending
+            safe = len(window) - self.hold
+            for s in self.stop:  # never past a stop string, even one the byte match missed
+                i = window.find(s)
+                if i >= 0:
+                    safe, self.stopped = min(safe, i), True
+            piece = self.pending[:max(0, safe - len(self.tail))]
+            if piece:
+                out.append(piece)
+                self.sent.append(piece)
+                self.pending = self.pending[len(piece):]
+                self.tail = (self.tail + piece)[-self.hold:] if self.hold else ""
+        return out
+
+    def rest(self, g: Generation) -> str:
+        """The end of ``g.text`` not yielded yet (text held back until the end); "" if none."""
+        sent = "".join(self.sent)
+        if g.text is not None and g.text.startswith(sent) and len(g.text) > len(sent):
+            return g.text[len(sent):]
+        return ""
+
+
 def _run(seq: Any, on_token: Optional[Callable[[int], Any]]) -> Tuple[List[int], str]:
     """Steps a core sequence to its end in this thread, calling on_token with each new token (a
     true result cancels after that token); the tokens and the finish reason."""
@@ -203,41 +253,14 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
     """
     call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
                  min_p, speculator)
-    seq, dec = call.seq, (call.tok.incremental_decoder() if call.tok is not None else None)
-    hold = max((len(s) for s in call.stop), default=1) - 1
-    # Text is decoded incrementally (each token costs the same however long the output is):
-    # `pending` is final text not yet yielded, `tail` the last `hold` characters yielded, so
-    # that a stop string spanning both is found.
-    pieces: List[str] = []
-    pending = tail = ""
-    stopped = False
+    seq, text = call.seq, _Pieces(call)
     try:
         while not seq.done:
-            for t in seq.step():
-                if dec is None:
-                    yield t
-                    continue
-                if t in call.stop_ids or stopped:
-                    continue  # a stop token ends the text without adding to it
-                pending += dec.push(t)
-                if not pending:
-                    continue
-                window = tail + pending
-                safe = len(window) - hold
-                for s in call.stop:  # never past a stop string, even one the byte match missed
-                    i = window.find(s)
-                    if i >= 0:
-                        safe, stopped = min(safe, i), True
-                piece = pending[:max(0, safe - len(tail))]
-                if piece:
-                    yield piece
-                    pieces.append(piece)
-                    pending = pending[len(piece):]
-                    tail = (tail + piece)[-hold:] if hold else ""
+            yield from text.push(seq.step())
         g = call.result(seq.tokens, seq.finish_reason)
     finally:
         seq.close()  # also when the consumer stops early: decoding ends with this step
-    sent = "".join(pieces)
-    if g.text is not None and g.text.startswith(sent) and len(g.text) > len(sent):
-        yield g.text[len(sent):]
+    rest = text.rest(g)
+    if rest:
+        yield rest
     return g

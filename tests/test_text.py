@@ -103,7 +103,7 @@ def test_cli_chat_on_a_model_file(text_model):
     from helpers import HERE, child_env
 
     res = subprocess.run([sys.executable, "-m", "specdec", "chat", "--model", text_model.path,
-                          "--max-new-tokens", "6", "hello there"],
+                          "--max-new-tokens", "6", "--temperature", "0", "hello there"],
                          capture_output=True, text=True, timeout=120, env=child_env(), cwd=HERE)
     assert res.returncode == 0, res.stderr
     g = specdec.generate(text_model, [{"role": "user", "content": "hello there"}],

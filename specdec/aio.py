@@ -1,0 +1,191 @@
+"""asyncio: :func:`agenerate` and :func:`astream`, the decoding of :func:`specdec.generate` and
+:func:`specdec.stream` awaited instead of run in the caller's thread.
+
+Each decoding step (the C call that runs with the GIL released) runs in a worker thread while
+the event loop goes on; between steps the request is back in the loop, so cancelling the task
+that awaits it (or closing the stream) ends decoding there: the step in flight, if any, is the
+last, and the sequence and its caches are freed as soon as it returns. Requests on one model
+take turns step by step, as threads do with :func:`specdec.generate`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Deque, List, Optional, Sequence, Union
+
+from .generate import Generation, Prompt, _Call, _Pieces
+from .model import Model
+from .speculators import Speculator
+
+#: the most decoding steps (and prompt encodings) that run at once in worker threads, over all
+#: requests and models of the process; more wait their turn in the executor's queue
+MAX_WORKERS = 64
+
+_executor: Optional[ThreadPoolExecutor] = None
+_executor_lock = threading.Lock()
+
+
+def _workers() -> ThreadPoolExecutor:
+    """The process's pool of stepping threads (made on first use; threads start as needed)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="specdec-step")
+        return _executor
+
+
+class _Request:
+    """One awaited request: the call made in a worker thread (argument checks, prompt encoding,
+    sequence creation), then its steps, one at a time, each in a worker thread. close() frees
+    the sequence now, or, when a step is still running (its awaiting task was cancelled), as
+    soon as that step returns."""
+
+    def __init__(self, args: tuple) -> None:
+        self.args = args
+        self.call: Optional[_Call] = None
+        self.inflight: Optional[Future] = None  # the call being made or the step being run
+        self.closed = False
+
+    async def start(self) -> _Call:
+        if self.closed:
+            raise ValueError("the request is closed")
+        if self.call is None:
+            self.call = await self._run(_Call, *self.args)
+        return self.call
+
+    async def step(self) -> List[int]:
+        call = await self.start()
+        return await self._run(call.seq.step)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self.inflight = fut = _workers().submit(fn, *args)
+        try:
+            result = await asyncio.wrap_future(fut)
+        except BaseException:
+            self.close()  # cancelled, or the step failed: no further step
+            raise
+        self.inflight = None
+        return result
+
+    def close(self) -> None:
+        self.closed = True
+        fut, self.inflight = self.inflight, None
+        if fut is not None:
+            # runs now if the thread is done (or never started it), else when it returns
+            fut.add_done_callback(self._free)
+        elif self.call is not None:
+            self.call.seq.close()
+
+    def _free(self, fut: Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            if self.call is not None:
+                self.call.seq.close()
+            return
+        result = fut.result()
+        (result if isinstance(result, _Call) else self.call).seq.close()
+
+
+async def agenerate(model: Model, prompt: Prompt, max_new_tokens: int = 16,
+                    temperature: float = 0.0, seed: Optional[int] = None,
+                    stop_tokens: Optional[Sequence[int]] = None,
+                    stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
+                    min_p: float = 0.0, speculator: Optional[Speculator] = None,
+                    on_token: Optional[Callable[[int], Any]] = None) -> Generation:
+    """:func:`specdec.generate` for asyncio: the same arguments and the same
+    :class:`~specdec.Generation`, without blocking the event loop (each decoding step runs in a
+    worker thread). ``on_token`` is called in the event loop's thread, between steps.
+    Cancelling the awaiting task ends decoding after the step in flight and frees the
+    sequence."""
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
+    req = _Request((model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k,
+                    top_p, min_p, speculator))
+    try:
+        call = await req.start()
+        seq, n = call.seq, 0
+        while not seq.done:
+            new = await req.step()
+            if on_token is not None:
+                for i, t in enumerate(new):
+                    if on_token(t):
+                        return call.result(seq.tokens[:n + i + 1], "cancelled")
+            n += len(new)
+        return call.result(seq.tokens, seq.finish_reason)
+    finally:
+        req.close()
+
+
+class AsyncStream:
+    """What :func:`astream` returns: an async iterator of the output's pieces (text, or token
+    ids for a model without a tokenizer), exactly those :func:`specdec.stream` yields, and
+    then ``generation``, the :class:`~specdec.Generation`.
+
+    ``async for piece in specdec.astream(model, prompt): ...`` decodes as the loop asks for
+    pieces: stopping the loop stops decoding (no step runs while the consumer holds a piece),
+    and :meth:`close` (or ``async with``) frees the sequence at once rather than when the stream
+    is garbage. Cancelling a task that awaits a piece ends decoding after the step in flight."""
+
+    def __init__(self, args: tuple) -> None:
+        self._req = _Request(args)
+        self._text: Optional[_Pieces] = None
+        self._ready: Deque[Union[str, int]] = collections.deque()
+        #: the Generation, once the stream is exhausted (None before)
+        self.generation: Optional[Generation] = None
+
+    async def start(self) -> "AsyncStream":
+        """Check the arguments, encode the prompt and create the sequence now (their errors are
+        raised here rather than at the first piece); nothing is decoded yet."""
+        if self._text is None:
+            self._text = _Pieces(await self._req.start())
+        return self
+
+    def __aiter__(self) -> "AsyncStream":
+        return self
+
+    async def __anext__(self) -> Union[str, int]:
+        while not self._ready:
+            if self._req.closed:  # exhausted, or closed by the consumer
+                raise StopAsyncIteration
+            await self.start()
+            call = self._req.call
+            assert call is not None and self._text is not None
+            if call.seq.done:
+                g = call.result(call.seq.tokens, call.seq.finish_reason)
+                rest = self._text.rest(g)
+                if rest:
+                    self._ready.append(rest)
+                self.generation = g
+                self._req.close()
+                continue
+            self._ready.extend(self._text.push(await self._req.step()))
+        return self._ready.popleft()
+
+    def close(self) -> None:
+        """Stop decoding and free the sequence (after the step in flight, if any)."""
+        self._req.close()
+        self._ready.clear()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "AsyncStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def astream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: float = 0.0,
+            seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
+            stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
+            min_p: float = 0.0, speculator: Optional[Speculator] = None) -> AsyncStream:
+    """:func:`specdec.stream` for asyncio: ``async for piece in astream(...)`` yields the same
+    pieces without blocking the event loop, and the stream's ``generation`` is the
+    :class:`~specdec.Generation` once it is exhausted. Arguments as for
+    :func:`specdec.generate`; their errors are raised at the first piece (or by ``await
+    stream.start()``). See :class:`AsyncStream` for stopping and cancelling."""
+    return AsyncStream((model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop,
+                        top_k, top_p, min_p, speculator))

@@ -1,0 +1,337 @@
+"""An OpenAI-compatible HTTP server over one loaded model: ``specdec serve --model MODEL``, or
+:func:`create_app` for an ASGI app to mount elsewhere. Needs the ``serve`` extra
+(``pip install "specdec[serve]"``: Starlette and uvicorn).
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming or not),
+``GET /v1/models``, ``GET /health``. Requests decode concurrently (each step of each request in
+a worker thread, :mod:`specdec.aio`); a client that disconnects cancels its request after the
+step in flight.
+
+Parameters: ``max_tokens`` (chat also ``max_completion_tokens``; default: the rest of the
+context), ``temperature`` (default 1, as OpenAI's; 0 is greedy), ``top_p``, ``seed``, ``stop``
+(a string or a list), ``stream``, ``stream_options.include_usage``, and the extras ``top_k`` and
+``min_p``. ``n`` must be 1; logprobs, penalties, logit_bias, tools and a non-text
+response_format are refused with a 400 rather than ignored. Other fields are ignored.
+
+Every response (in a stream: the chunk with the ``finish_reason``) carries a ``specdec`` object:
+``speculator`` (its repr, or null for plain decoding), ``drafted`` and ``accepted`` (draft
+tokens), ``acceptance_rate`` and ``mean_accepted_tokens`` (new tokens per target forward after
+the prefill; both null for plain decoding), ``time_s`` and ``tokens_per_s`` (prefill included).
+
+Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx
+status for a bad request (400; 404 for an unknown model or path, 405 for a wrong method).
+``usage.completion_tokens`` counts every generated token, a final stop token included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+
+try:
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+except ImportError as e:  # pragma: no cover - only without the extra
+    raise ImportError("specdec's server needs Starlette and uvicorn: "
+                      "pip install \"specdec[serve]\"") from e
+
+from .aio import AsyncStream, astream
+from .generate import Generation, encode_prompt
+from .model import Model
+from .speculators import Speculator
+
+FINISH = {"length": "length", "stop_token": "stop", "stop_string": "stop"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# fields whose effect this server cannot give: refused unless absent or at their no-op value
+UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+               "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+               "tools": (None, []), "functions": (None, []), "echo": (None, False),
+               "best_of": (None, 1), "suffix": (None, "")}
+
+
+class BadRequest(Exception):
+    """A request the server refuses: answered with an OpenAI-style JSON error."""
+
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
+                 code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: Optional[str] = None,
+               code: Optional[str] = None) -> Dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _error(status: int, message: str, param: Optional[str] = None,
+           code: Optional[str] = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+
+def _typed(body: Dict[str, Any], name: str, types: Tuple[type, ...], what: str) -> Any:
+    """body[name] if absent/null or of `types` (never a bool for numbers); BadRequest else."""
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+        raise BadRequest(f"{name} must be {what}, got {json.dumps(v)}", name)
+    return v
+
+
+class _Job:
+    """One request's parameters, checked for their JSON types (the C core checks ranges)."""
+
+    def __init__(self, body: Dict[str, Any], ids: List[int], context_length: int) -> None:
+        for name, neutral in UNSUPPORTED.items():
+            if name in body and body[name] not in neutral:
+                raise BadRequest(f"{name} is not supported by this server", name)
+        if _typed(body, "n", (int,), "an integer") not in (None, 1):
+            raise BadRequest("only n=1 is supported", "n")
+        fmt = _typed(body, "response_format", (dict,), "an object")
+        if fmt is not None and fmt.get("type", "text") != "text":
+            raise BadRequest("only the text response_format is supported", "response_format")
+        self.ids = ids
+        max_tokens = _typed(body, "max_tokens", (int,), "an integer")
+        if max_tokens is None:
+            max_tokens = _typed(body, "max_completion_tokens", (int,), "an integer")
+        if max_tokens is None:
+            max_tokens = max(context_length - len(ids), 0)
+        temperature = _typed(body, "temperature", (int, float), "a number")
+        stop = _typed(body, "stop", (str, list), "a string or a list of strings")
+        if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
+            raise BadRequest("stop must be a string or a list of strings", "stop")
+        self.kwargs = dict(
+            max_new_tokens=max_tokens, temperature=1.0 if temperature is None else temperature,
+            seed=_typed(body, "seed", (int,), "an integer"), stop=stop or None,
+            top_k=_typed(body, "top_k", (int,), "an integer") or 0,
+            top_p=_number_or(body, "top_p", 1.0), min_p=_number_or(body, "min_p", 0.0))
+        self.stream = bool(_typed(body, "stream", (bool,), "a boolean"))
+        options = _typed(body, "stream_options", (dict,), "an object") or {}
+        self.include_usage = bool(options.get("include_usage"))
+
+
+def _number_or(body: Dict[str, Any], name: str, default: float) -> float:
+    v = _typed(body, name, (int, float), "a number")
+    return default if v is None else v
+
+
+def _text_content(content: Any, i: int) -> str:
+    """A message's content as text: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and
+                                         isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise BadRequest(f"messages[{i}].content must be a string or a list of text parts",
+                     f"messages[{i}].content")
+
+
+def chat_messages(body: Dict[str, Any]) -> List[Dict[str, str]]:
+    """The request's messages as the chat template takes them (roles system, user, assistant)."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise BadRequest("messages must be a non-empty list of messages", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest(f"messages[{i}] must be an object whose role is one of "
+                             f"{', '.join(ROLES)}", f"messages[{i}].role")
+        out.append({"role": ROLES[m["role"]], "content": _text_content(m.get("content"), i)})
+    return out
+
+
+def completion_prompt(body: Dict[str, Any]) -> Any:
+    """A completion's prompt: a string or a list of token ids (or a list of one of either)."""
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)
+                                         for t in p):
+        return p
+    raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)",
+                     "prompt")
+
+
+class _Server:
+    """The endpoints over one model and speculator."""
+
+    def __init__(self, model: Model, speculator: Optional[Speculator], name: str) -> None:
+        model.require_tokenizer()
+        self.model, self.speculator, self.name = model, speculator, name
+        self.created = int(time.time())
+
+    def spec_field(self, g: Generation) -> Dict[str, Any]:
+        st = g.stats
+        return {"speculator": None if self.speculator is None else repr(self.speculator),
+                "drafted": st.drafted if st else 0, "accepted": st.accepted if st else 0,
+                "acceptance_rate": st.acceptance_rate if st else None,
+                "mean_accepted_tokens": st.mean_accepted_tokens if st else None,
+                "time_s": g.time_s, "tokens_per_s": g.tokens_per_s}
+
+    @staticmethod
+    def usage(g: Generation) -> Dict[str, int]:
+        p, c = len(g.prompt_tokens), len(g.tokens)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.name, "object": "model", "created": self.created, "owned_by": "specdec"}]})
+
+    async def chat(self, request: Request) -> Response:
+        return await self.complete(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self.complete(request, chat=False)
+
+    async def complete(self, request: Request, chat: bool) -> Response:
+        try:
+            body = await _json_body(request)
+            model = body.get("model")
+            if model is not None and model != self.name:
+                raise BadRequest(f"the model {model!r} does not exist; this server serves "
+                                 f"{self.name!r}", "model", 404, "model_not_found")
+            prompt = chat_messages(body) if chat else completion_prompt(body)
+            ids = await asyncio.to_thread(encode_prompt, self.model, prompt)
+            job = _Job(body, [int(t) for t in ids], self.model.config.context_length)
+            s = await astream(self.model, job.ids, speculator=self.speculator,
+                              **job.kwargs).start()
+        except BadRequest as e:
+            return _error(e.status, str(e), e.param, e.code)
+        except (ValueError, TypeError) as e:  # the core's range checks name the parameter
+            return _error(400, str(e))
+        kind = "chat.completion" if chat else "text_completion"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        head = {"id": rid, "object": kind, "created": int(time.time()), "model": self.name}
+        if job.stream:
+            return StreamingResponse(self.events(s, head, chat, job.include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
+        g = await _unless_disconnected(request, _drain(s))
+        if g is None:
+            return Response(status_code=499)  # nobody is there to read it
+        choice: Dict[str, Any] = {"index": 0, "finish_reason": FINISH[g.finish_reason]}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": g.text}
+        else:
+            choice.update(text=g.text, logprobs=None)
+        return JSONResponse(dict(head, choices=[choice], usage=self.usage(g),
+                                 specdec=self.spec_field(g)))
+
+    async def events(self, s: AsyncStream, head: Dict[str, Any], chat: bool,
+                     include_usage: bool) -> AsyncIterator[str]:
+        """The SSE events of a streamed completion, ending with ``data: [DONE]``."""
+        head = dict(head, object="chat.completion.chunk" if chat else "text_completion")
+        extra = {"usage": None} if include_usage else {}
+
+        def chunk(piece: Optional[str], finish: Optional[str], **more: Any) -> str:
+            if chat:
+                delta = {} if piece is None else {"content": piece}
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": piece or "", "logprobs": None,
+                          "finish_reason": finish}
+            return _event(dict(head, choices=[choice], **extra, **more))
+
+        try:
+            if chat:
+                first = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                         "finish_reason": None}
+                yield _event(dict(head, choices=[first], **extra))
+            async for piece in s:
+                yield chunk(str(piece), None)
+            g = s.generation
+            assert g is not None
+            yield chunk(None, FINISH[g.finish_reason], specdec=self.spec_field(g))
+            if include_usage:
+                yield _event(dict(head, choices=[], usage=self.usage(g)))
+        except Exception as e:  # the response has started: the error goes in the stream
+            yield _event(error_body(f"decoding failed: {e}", "server_error"))
+        finally:
+            s.close()  # a disconnect (cancellation) or an error: stop decoding
+        yield "data: [DONE]\n\n"
+
+
+def _event(obj: Dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _json_body(request: Request) -> Dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+async def _drain(s: AsyncStream) -> Generation:
+    async for _ in s:
+        pass
+    assert s.generation is not None
+    return s.generation
+
+
+async def _unless_disconnected(request: Request, coro: Any) -> Optional[Any]:
+    """The result of `coro`, or None (coro cancelled) when the client disconnects first."""
+    work = asyncio.ensure_future(coro)
+
+    async def disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnect())
+    try:
+        await asyncio.wait([work, watch], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    return None if work.cancelled() else work.result()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    what = {404: f"no such endpoint: {request.method} {request.url.path}",
+            405: f"{request.method} is not allowed on {request.url.path}"}
+    return _error(exc.status_code, what.get(exc.status_code, str(exc.detail)))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def create_app(model: Model, speculator: Optional[Speculator] = None,
+               name: Optional[str] = None) -> Starlette:
+    """The ASGI app serving `model` (which needs a tokenizer) with `speculator` (None: plain
+    decoding) under the model id `name` (default: the file's name)."""
+    srv = _Server(model, speculator, name or os.path.basename(model.path.rstrip("/")))
+    return Starlette(routes=[
+        Route("/health", srv.health, methods=["GET"]),
+        Route("/v1/models", srv.models, methods=["GET"]),
+        Route("/v1/chat/completions", srv.chat, methods=["POST"]),
+        Route("/v1/completions", srv.completions, methods=["POST"]),
+    ], exception_handlers={HTTPException: _http_error, Exception: _server_error})
+
+
+def serve(model: Model, speculator: Optional[Speculator] = None, host: str = "127.0.0.1",
+          port: int = 8000, name: Optional[str] = None, log_level: str = "info") -> None:
+    """Serve `model` over HTTP until interrupted (see :func:`create_app`)."""
+    import uvicorn
+
+    uvicorn.run(create_app(model, speculator, name), host=host, port=port, log_level=log_level)

@@ -1,0 +1,329 @@
+"""The OpenAI-compatible server, tested with the official `openai` client against a server on
+127.0.0.1: its text equals specdec.generate's, streamed or not; usage and the speculation stats
+arrive; 8 concurrent streams succeed; bad requests get 4xx JSON errors and the server goes on;
+a client that goes away cancels its request."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import specdec
+from helpers import HERE, child_env, write_text_model
+
+httpx = pytest.importorskip("httpx", reason="the test extra (httpx) is not installed")
+openai = pytest.importorskip("openai", reason="the test extra (openai) is not installed")
+uvicorn = pytest.importorskip("uvicorn", reason="the serve extra (uvicorn) is not installed")
+serve = pytest.importorskip("specdec.serve", reason="the serve extra is not installed")
+
+NAME = "tiny-text"
+CHAT = [{"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "the cat sat on the mat the cat sat on the mat"}]
+
+
+@contextlib.contextmanager
+def running(app):
+    """uvicorn serving `app` in a thread on a free port of 127.0.0.1; yields the base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert t.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        t.join(10)
+        sock.close()
+
+
+def client(url):
+    # trust_env=False: a proxy configured in the environment must not see loopback traffic
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                         http_client=httpx.Client(trust_env=False, timeout=60))
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    return write_text_model(tmp_path_factory.mktemp("serve") / "m.gguf")
+
+
+@pytest.fixture(scope="module")
+def url(text_model):
+    with running(serve.create_app(text_model, specdec.PromptLookup(k=4), name=NAME)) as u:
+        yield u
+
+
+def generated(model, prompt, n, **kw):
+    return specdec.generate(model, prompt, max_new_tokens=n, temperature=0.0,
+                            speculator=specdec.PromptLookup(k=4), **kw)
+
+
+def test_health_and_models(url):
+    with httpx.Client(trust_env=False) as h:
+        r = h.get(url + "/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert [m.id for m in client(url).models.list().data] == [NAME]
+
+
+def test_chat_equals_generate(url, text_model):
+    want = generated(text_model, CHAT, 40)
+    r = client(url).chat.completions.create(model=NAME, messages=CHAT, max_tokens=40,
+                                            temperature=0)
+    assert r.choices[0].message.content == want.text and want.text
+    assert r.choices[0].finish_reason == {"length": "length"}.get(want.finish_reason, "stop")
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == \
+        (len(want.prompt_tokens), len(want.tokens))
+    spec = r.model_extra["specdec"]
+    assert spec["speculator"].startswith("PromptLookup(") and spec["drafted"] > 0
+    assert spec["accepted"] <= spec["drafted"] and spec["mean_accepted_tokens"] >= 1
+
+
+def test_completion_equals_generate(url, text_model):
+    prompt = "the quick brown fox jumps over the lazy dog the quick"
+    want = generated(text_model, prompt, 30, stop=["fox"])
+    r = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=30, temperature=0,
+                                       stop=["fox"])
+    assert r.choices[0].text == want.text
+    assert r.usage.completion_tokens == len(want.tokens)
+    ids = client(url).completions.create(model=NAME, prompt=want.prompt_tokens, max_tokens=30,
+                                         temperature=0, stop="fox")
+    assert ids.choices[0].text == want.text
+
+
+def test_sampling_parameters_reach_the_sampler(url, text_model):
+    want = specdec.generate(text_model, CHAT, max_new_tokens=30, temperature=0.8, seed=11,
+                            top_k=20, top_p=0.9, min_p=0.01,
+                            speculator=specdec.PromptLookup(k=4))
+    r = client(url).chat.completions.create(model=NAME, messages=CHAT, max_tokens=30,
+                                            temperature=0.8, seed=11, top_p=0.9,
+                                            extra_body={"top_k": 20, "min_p": 0.01})
+    assert r.choices[0].message.content == want.text
+
+
+def stream_chat(url, messages, n):
+    s = client(url).chat.completions.create(model=NAME, messages=messages, max_tokens=n,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    return list(s)
+
+
+def test_streamed_chat_equals_generate_and_usage_arrives(url, text_model):
+    want = generated(text_model, CHAT, 40)
+    chunks = stream_chat(url, CHAT, 40)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.text and len(chunks) > 5
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].model_extra["specdec"]["drafted"] > 0
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.tokens)
+    assert chunks[-1].usage.prompt_tokens == len(want.prompt_tokens)
+
+
+def test_streamed_completion_ends_with_done(url, text_model):
+    prompt = "hello world hello world"
+    want = generated(text_model, prompt, 25)
+    with httpx.Client(trust_env=False) as h:
+        r = h.post(url + "/v1/completions", json={"model": NAME, "prompt": prompt,
+                                                  "max_tokens": 25, "temperature": 0,
+                                                  "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in r.text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    s = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=25, temperature=0,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in s) == want.text
+
+
+def test_eight_concurrent_streams(url, text_model):
+    prompts = [[{"role": "user", "content": f"item {i}: the cat sat on the mat {i}"}]
+               for i in range(8)]
+    want = [generated(text_model, p, 30).text for p in prompts]
+    got: list = [None] * 8
+    errors: list = []
+
+    def one(i):
+        try:
+            chunks = stream_chat(url, prompts[i], 30)
+            got[i] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and got == want
+
+
+def post(url, path, body=None, content=None):
+    with httpx.Client(trust_env=False) as h:
+        return h.post(url + path, json=body, content=content,
+                      headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("body,param,needle", [
+    (b"{not json", None, "not valid JSON"),
+    (b"[1, 2]", None, "JSON object"),
+    ({"model": NAME}, "messages", "messages"),
+    ({"model": NAME, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role",
+     "role"),
+    ({"model": NAME, "messages": CHAT, "temperature": "hot"}, "temperature", "temperature"),
+    ({"model": NAME, "messages": CHAT, "max_tokens": 2.5}, "max_tokens", "max_tokens"),
+    ({"model": NAME, "messages": CHAT, "temperature": -1}, None, "temperature"),
+    ({"model": NAME, "messages": CHAT, "max_tokens": 100000}, None, "context"),
+    ({"model": NAME, "messages": CHAT, "n": 2}, "n", "n=1"),
+    ({"model": NAME, "messages": CHAT, "logprobs": True}, "logprobs", "logprobs"),
+    ({"model": NAME, "messages": CHAT, "stop": [1]}, "stop", "stop"),
+])
+def test_bad_chat_requests_get_400_json_errors(url, body, param, needle):
+    r = post(url, "/v1/chat/completions", **({"content": body} if isinstance(body, bytes)
+                                             else {"body": body}))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"] == "invalid_request_error"
+    assert err["param"] == param
+
+
+def test_errors_through_the_client_and_the_server_goes_on(url, text_model):
+    c = client(url)
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        c.chat.completions.create(model=NAME, messages=CHAT, top_p="most")
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        c.chat.completions.create(model="gpt-4o", messages=CHAT)
+    with pytest.raises(openai.BadRequestError, match="prompt"):
+        c.completions.create(model=NAME, prompt=["one", "two"])
+    with httpx.Client(trust_env=False) as h:
+        assert h.get(url + "/v1/nothing").status_code == 404
+        r = h.get(url + "/v1/chat/completions")
+        assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
+    want = generated(text_model, CHAT, 10)
+    r = c.chat.completions.create(model=NAME, messages=CHAT, max_tokens=10, temperature=0)
+    assert r.choices[0].message.content == want.text
+
+
+def test_a_model_without_tokenizer_is_refused(pair):
+    with pytest.raises(ValueError, match="tokenizer"):
+        serve.create_app(pair["target"])
+
+
+@pytest.fixture
+def slow_steps(monkeypatch):
+    """Every core sequence made from now on sleeps 10 ms a step; its log of steps and close."""
+    mod = sys.modules["specdec.generate"]
+    log = {"steps": 0, "closed": 0}
+    real_init = mod._Call.__init__
+
+    class Slow:
+        def __init__(self, seq):
+            self.seq = seq
+
+        def step(self):
+            time.sleep(0.01)
+            log["steps"] += 1
+            return self.seq.step()
+
+        def close(self):
+            log["closed"] += 1
+            self.seq.close()
+
+        def __getattr__(self, name):
+            return getattr(self.seq, name)
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.seq = Slow(self.seq)
+
+    monkeypatch.setattr(mod._Call, "__init__", init)
+    return log
+
+
+def wait_closed(log):
+    deadline = time.monotonic() + 5
+    while not log["closed"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    steps = log["steps"]
+    time.sleep(0.3)  # 30 more steps, were decoding to go on
+    return steps
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_disconnect_cancels_its_request(url, slow_steps, stream):
+    body = {"model": NAME, "messages": CHAT, "max_tokens": 150, "temperature": 0,
+            "stop": [], "stream": stream}
+    with httpx.Client(trust_env=False, timeout=0.3) as h:
+        if stream:
+            with h.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                lines = r.iter_lines()
+                for _ in range(6):
+                    next(lines)
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                h.post(url + "/v1/chat/completions", json=body)
+    steps = wait_closed(slow_steps)
+    assert slow_steps["closed"] and slow_steps["steps"] <= steps + 1 < 100
+
+
+@pytest.mark.requires("smollm2", "")
+def test_smollm2_chat_equals_generate(smollm2_path):
+    model = specdec.load(smollm2_path)
+    msgs = [{"role": "user", "content": "Name three rivers."}]
+    want = generated(model, msgs, 24)
+    with running(serve.create_app(model, specdec.PromptLookup(k=4), name="smol")) as u:
+        c = openai.OpenAI(base_url=u + "/v1", api_key="unused", max_retries=0,
+                          http_client=httpx.Client(trust_env=False, timeout=60))
+        r = c.chat.completions.create(model="smol", messages=msgs, max_tokens=24, temperature=0)
+        s = c.chat.completions.create(model="smol", messages=msgs, max_tokens=24, temperature=0,
+                                      stream=True)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
+    assert r.choices[0].message.content == streamed == want.text and len(want.tokens) > 5
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_the_serve_command(text_model):
+    """`specdec serve --model M --port P` in a child process serves the model under the name it
+    was given, with prompt lookup by default, until it is terminated."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--model", text_model.path,
+                             "--port", str(port), "--log-level", "warning"], cwd=HERE,
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        with httpx.Client(trust_env=False) as h:
+            while True:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the server did not come up"
+                try:
+                    if h.get(url + "/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+        c = client(url)
+        assert [m.id for m in c.models.list().data] == [text_model.path]
+        r = c.chat.completions.create(model=text_model.path, messages=CHAT, max_tokens=20,
+                                      temperature=0)
+        assert r.choices[0].message.content == generated(text_model, CHAT, 20).text
+        assert r.model_extra["specdec"]["speculator"].startswith("PromptLookup(")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "speculator PromptLookup(" in err
