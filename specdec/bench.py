@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> dict:
         name = name.strip()
         if name == "lookup":
             methods["lookup"] = specdec.PromptLookup(k=args.k, max_ngram=args.max_ngram,
-                                                     min_ngram=1, verify_slope=args.verify_slope)
+                                                     min_ngram=1, verify_slope=args.verify_slope,
+                                                     branching=args.branching)
         elif name == "layerskip":
             methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k,
                                                      p_min=args.p_min,
@@ -220,6 +221,8 @@ def main(argv=None) -> int:
                    help="recycling: the most nodes of a step's tree")
     p.add_argument("--tree-widths", default="4,2,2,1,1,1",
                    help="recycling: children per node at each depth, comma-separated")
+    p.add_argument("--branching", type=int, default=1,
+                   help="lookup: sibling branches from other occurrences (1 = a chain)")
     p.add_argument("--tree-whole", action="store_true",
                    help="recycling: draft the whole template every step (default: the nodes "
                         "that pay at the measured verify costs)")

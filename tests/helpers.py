@@ -311,14 +311,15 @@ def make_v5(d, device: str = "cpu"):
             specdec.load(str(d / "d.gguf"), device=device), w, wd, row)
 
 
-def exact_joint(row, w, setting) -> np.ndarray:
-    """P(first three tokens = a, b, c) under plain sampling of the processed target rows."""
+def exact_joint(row, w, setting, prompt: list = PROMPT) -> np.ndarray:
+    """P(first three tokens = a, b, c) after `prompt` under plain sampling of the processed
+    target rows."""
     exact = np.zeros((5, 5, 5))
-    p1 = row(w, PROMPT, setting)
+    p1 = row(w, prompt, setting)
     for a in range(5):
-        p2 = row(w, PROMPT + [a], setting)
+        p2 = row(w, prompt + [a], setting)
         for b in range(5):
-            exact[a, b] = p1[a] * p2[b] * row(w, PROMPT + [a, b], setting)
+            exact[a, b] = p1[a] * p2[b] * row(w, prompt + [a, b], setting)
     return exact.ravel()
 
 
@@ -350,7 +351,8 @@ def twin_generate(row, w, wd, setting, k, rng, broken):
     return out[:3]
 
 
-def assert_joint_matches(m, speculator, setting, exact, N: int | None = None) -> None:
+def assert_joint_matches(m, speculator, setting, exact, N: int | None = None,
+                         prompt: list = PROMPT) -> None:
     """Chi-square (at stats.ALPHA) of the first three tokens of N seeded runs against `exact`
     (125 cells); N by default from stats.runs_for: enough to catch a deviation of stats.TV in
     total variation with probability stats.POWER (about 13,000 runs for the v5 target)."""
@@ -359,7 +361,7 @@ def assert_joint_matches(m, speculator, setting, exact, N: int | None = None) ->
     counts = np.zeros(125)
     rejected = 0
     for s in range(N):
-        g = specdec.generate(m, PROMPT, max_new_tokens=3, temperature=T, seed=s,
+        g = specdec.generate(m, prompt, max_new_tokens=3, temperature=T, seed=s,
                              stop_tokens=[], top_k=top_k, top_p=top_p, min_p=min_p,
                              speculator=speculator)
         counts[g.tokens[0] * 25 + g.tokens[1] * 5 + g.tokens[2]] += 1
