@@ -212,6 +212,46 @@ def test_gemma3_breaks_would_fail(tmp_path, change):
     assert rel_err(got, c["logits"]) > 0.01
 
 
+# ---- Model.config shows what the model computes --------------------------------------------
+
+
+def test_config_shows_rope_scaling(hf_dirs):
+    rp = case("llama3_rope")["config"]["rope_parameters"]
+    got = load(hf_dirs["llama3_rope"]).config
+    assert got.rope_scaling == {"type": "llama3", "factor": rp["factor"],
+                                "low_freq_factor": rp["low_freq_factor"],
+                                "high_freq_factor": rp["high_freq_factor"],
+                                "original_context": rp["original_max_position_embeddings"]}
+    # the converter's GGUF stores the same scaling as per-frequency divisors
+    assert load(FIXTURES / "llama3_rope.gguf").config.rope_scaling == {"type": "factors"}
+    for path in (hf_dirs["llama_linear_rope"], FIXTURES / "llama_linear_rope.gguf"):
+        assert load(path).config.rope_scaling == {"type": "linear", "factor": 4.0}
+    plain = load(hf_dirs["qwen3"]).config
+    assert plain.rope_scaling is None and plain.qk_norm and plain.sliding_window is None
+    assert plain.layer_types == ("full_attention",) * 2 and plain.rope_theta_local is None
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_config_shows_windows_and_layer_pattern(hf_dirs, source):
+    c = case("gemma3")["config"]
+    g = load(hf_dirs["gemma3"] if source == "hf" else FIXTURES / "gemma3.gguf").config
+    assert g.sliding_window == c["sliding_window"] and g.qk_norm
+    assert g.layer_types == tuple(c["layer_types"])  # transformers' own list
+    assert g.rope_theta_local == c["rope_parameters"]["sliding_attention"]["rope_theta"]
+    assert g.rope_scaling == {"type": "linear", "factor": 4.0}
+    assert g.attn_scale == pytest.approx(c["query_pre_attn_scalar"] ** -0.5)
+    assert g.final_softcap is None
+    m = load(hf_dirs["mistral_window"]).config
+    assert m.sliding_window == 6 and m.layer_types == ("sliding_attention",) * 2
+
+
+def test_config_shows_attention_scale_and_soft_cap(tmp_path):
+    c = case("gemma3")
+    conf = dict(c["config"], query_pre_attn_scalar=32, final_logit_softcapping=3.0)
+    g = load(write_dir(tmp_path, "gemma3", conf)).config
+    assert g.attn_scale == pytest.approx(32 ** -0.5) and g.final_softcap == 3.0
+
+
 def test_mistral_sequence_longer_than_window_fits_the_context(hf_dirs):
     """The window is a mask, not a cap on the context (specdec once refused such sequences)."""
     m = load(hf_dirs["mistral_window"])

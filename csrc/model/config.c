@@ -48,6 +48,11 @@ static int positive(float v) {
     return v > 0.0f && isfinite(v);
 }
 
+int sd_config_layer_slides(const sd_config *c, int l) {
+    return c->sliding_window > 0 &&
+           (c->swa_pattern == 0 || l % c->swa_pattern < c->swa_pattern - 1);
+}
+
 sd_status sd_config_check(const sd_config *c) {
     if (c->hidden_size <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
         c->ffn_size <= 0 || c->head_dim <= 0 || c->context_length <= 0 || c->vocab_size <= 0) {

@@ -26,6 +26,10 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g);
 sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
                             const sd_st_set *st);
 
+/* Whether layer l attends through the sliding window (Mistral: every layer; Gemma: the local
+ * ones, l % swa_pattern < swa_pattern - 1). */
+int sd_config_layer_slides(const sd_config *c, int l);
+
 /* inv (Dh/2): RoPE's inverse frequencies after c's scaling; `factors` (Dh/2, each > 0) are the
  * file's divisors for SD_ROPE_FACTORS and unused otherwise. */
 void sd_config_rope_freq(double *inv, const sd_config *c, const float *factors);

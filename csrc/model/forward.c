@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/config.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "cpu/ops_cpu.h"
@@ -138,12 +139,6 @@ static sd_status window_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batc
         }
     }
     return SD_OK;
-}
-
-/* Whether layer l attends through the window (Mistral: all; Gemma 3: the local ones). */
-static int layer_slides(const sd_config *c, int l) {
-    return c->sliding_window > 0 &&
-           (c->swa_pattern == 0 || l % c->swa_pattern < c->swa_pattern - 1);
 }
 
 /* cs (T, Dh): cos/sin of pos[t] * freq[i], in double so large positions keep their precision. */
@@ -321,7 +316,7 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         const sd_layer *L = &m->w.layers[l];
         const void *kc = sd_kv_at(kv, kv->k, sd_kv_row(kv, l, 0, 0));
         const void *vc = sd_kv_at(kv, kv->v, sd_kv_row(kv, l, 0, 0));
-        const int local = c->swa_pattern > 0 && layer_slides(c, l);
+        const int local = c->swa_pattern > 0 && sd_config_layer_slides(c, l);
         const float *cs = local ? s->rope_cs_local : s->rope_cs;
 
         /* attention block: x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n), n = rmsnorm(x) */
