@@ -44,6 +44,7 @@ class ModelConfig:
     layer_types: Tuple[str, ...]       # per layer: "sliding_attention" or "full_attention"
     attn_scale: float                  # softmax scale of q.k (1/sqrt(head_dim) unless set)
     final_softcap: Optional[float]     # logits = c * tanh(logits / c)
+    attn_softcap: Optional[float]      # attention scores = c * tanh(scores / c) (gemma2)
 
 
 class Model:

@@ -1,10 +1,12 @@
 """Model families against Hugging Face transformers (issue 25): Llama's RoPE scaling (llama3 and
 linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim), Mistral's
-sliding window and Gemma 3 (local and global layers, sandwich norms, GeGLU), each a tiny random
-model whose logits transformers recorded (tools/record_families.py, tests/fixtures/families/).
-The Hugging Face directory is rebuilt here from the recorded config.json and the seed of its
-weights; the GGUF file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV cache, in prefill, in
-one-token decode and in a draft tree's verify forward; speculation keeps greedy output equal."""
+sliding window, Gemma 3 (local and global layers, sandwich norms, GeGLU) and Gemma 2 (windows on
+alternate layers, attention and final soft-caps), each a tiny random model whose logits
+transformers recorded (tools/record_families.py, tests/fixtures/families/). The Hugging Face
+directory is rebuilt here from the recorded config.json and the seed of its weights; the GGUF
+file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV
+cache, in prefill, in one-token decode and in a draft tree's verify forward; speculation keeps
+greedy output equal."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from specdec import testing
 from tinymodels import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
-NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3"]
+NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3", "gemma2"]
 TOL = 1e-3
 
 
@@ -92,7 +94,7 @@ def test_one_token_decode_matches_transformers(hf_dirs, name):
     assert rel_err(np.concatenate(rows), c["logits"]) <= TOL
 
 
-@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3"])
+@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3", "gemma2"])
 def test_tree_verify_matches_transformers(hf_dirs, name):
     """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
     sibling sits before each of its nodes in the cache. Each branch node sits at position
@@ -183,13 +185,16 @@ def test_gemma3_config_of_transformers_4_is_the_same(tmp_path):
     assert rel_err(got, c["logits"]) <= TOL
 
 
-@pytest.mark.parametrize("variant", ["query_pre_attn_scalar_32", "final_logit_softcapping_3"])
-def test_gemma3_variants_match_transformers(tmp_path, variant):
-    """The attention scale from query_pre_attn_scalar and the final soft-cap, each recorded with
-    its own transformers logits."""
-    c = case("gemma3")
+@pytest.mark.parametrize("name,variant", [
+    ("gemma3", "query_pre_attn_scalar_32"), ("gemma3", "final_logit_softcapping_3"),
+    ("gemma2", "query_pre_attn_scalar_32"), ("gemma2", "no_attn_softcap"),
+    ("gemma2", "no_final_softcap")])
+def test_gemma_variants_match_transformers(tmp_path, name, variant):
+    """The attention scale from query_pre_attn_scalar and the soft-caps (gemma2: each set to
+    null, none), each recorded with its own transformers logits."""
+    c = case(name)
     v = c["variants"][variant]
-    got = load(write_dir(tmp_path, "gemma3", dict(c["config"], **v["config"]))).logits(c["tokens"])
+    got = load(write_dir(tmp_path, name, dict(c["config"], **v["config"]))).logits(c["tokens"])
     assert rel_err(got, v["logits"]) <= TOL
     assert rel_err(got, c["logits"]) > 0.01  # the variant is another model
 
@@ -250,6 +255,36 @@ def test_config_shows_attention_scale_and_soft_cap(tmp_path):
     conf = dict(c["config"], query_pre_attn_scalar=32, final_logit_softcapping=3.0)
     g = load(write_dir(tmp_path, "gemma3", conf)).config
     assert g.attn_scale == pytest.approx(32 ** -0.5) and g.final_softcap == 3.0
+
+
+@pytest.mark.parametrize("change", ["all global", "no norm shift", "default caps"])
+def test_gemma2_breaks_would_fail(tmp_path, change):
+    """The alternate layers' window, HF's (1 + w) norms, and the caps the file sets (left out,
+    Gemma2Config's 50 and 30 apply) each move the logits far off."""
+    c = case("gemma2")
+    conf, extra = dict(c["config"]), None
+    if change == "all global":
+        conf["sliding_window"] = 1000
+    elif change == "default caps":
+        del conf["attn_logit_softcapping"], conf["final_logit_softcapping"]
+        assert load(write_dir(tmp_path / "d", "gemma2", conf)).config.attn_softcap == 50.0
+    else:
+        w = testing.random_weights(shape(c), c["weights"]["seed"])
+        extra = {k: v - 1.0 for k, v in w.items() if k.endswith("norm.weight")}
+    got = load(write_dir(tmp_path, "gemma2", conf, extra)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.01
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_gemma2_config(hf_dirs, source):
+    c = case("gemma2")["config"]
+    g = load(hf_dirs["gemma2"] if source == "hf" else FIXTURES / "gemma2.gguf").config
+    assert g.arch == "gemma2" and not g.qk_norm and g.sliding_window == c["sliding_window"]
+    assert g.layer_types == tuple(c["layer_types"])  # sliding, full, sliding, full
+    assert g.rope_theta_local == g.rope_theta == c["rope_parameters"]["rope_theta"]
+    assert (g.attn_softcap, g.final_softcap) == (c["attn_logit_softcapping"],
+                                                 c["final_logit_softcapping"])
+    assert g.attn_scale == pytest.approx(c["query_pre_attn_scalar"] ** -0.5)
 
 
 def test_mistral_sequence_longer_than_window_fits_the_context(hf_dirs):

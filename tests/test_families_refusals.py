@@ -302,8 +302,8 @@ def test_gguf_llama_window_holds(tmp_path):
 # ---- gemma3 ---------------------------------------------------------------------------------
 
 
-def gemma3_dir(tmp_path, change):
-    fx = fixture("gemma3")
+def gemma3_dir(tmp_path, change, name="gemma3"):
+    fx = fixture(name)
     conf = json.loads(json.dumps(fx["config"]))
     change(conf)
     cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
@@ -365,6 +365,38 @@ def test_gemma3_gguf_written_here_agrees(tmp_path):
 ])
 def test_gemma3_gguf_refusals(tmp_path, key, vtype, value):
     refused(gemma3_gguf(tmp_path, [(key, vtype, value)])[0], key)
+
+
+# ---- gemma2 ---------------------------------------------------------------------------------
+
+GEMMA2_REFUSED = {
+    "scaled rope": (lambda c: c.update(rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                         "rope_theta": 1e4}), "RoPE scaling"),
+    "no window": (lambda c: c.update(sliding_window=None), "sliding_window"),
+    "layer_types": (lambda c: c.update(layer_types=["full_attention", "sliding_attention"] * 2),
+                    "layer_types"),
+    "local base": (lambda c: c.update(rope_local_base_freq=1e4), "rope_local_base_freq"),
+    "cap of 0": (lambda c: c.update(attn_logit_softcapping=0), "attn_logit_softcapping"),
+    "cap as text": (lambda c: c.update(final_logit_softcapping="30"), "final_logit_softcapping"),
+    "hidden_activation": (lambda c: c.update(hidden_activation="gelu"), "hidden_activation"),
+}
+
+
+@pytest.mark.parametrize("what", list(GEMMA2_REFUSED))
+def test_gemma2_hf_refusals(tmp_path, what):
+    change, needle = GEMMA2_REFUSED[what]
+    refused(gemma3_dir(tmp_path, change, "gemma2"), needle)
+
+
+def test_gemma2_gguf_without_window_refused(tmp_path):
+    """llama.cpp slides Gemma 2's even layers with a window of 4096 unless the file gives one;
+    a file that says 0 has no answer that is right for both."""
+    fx = fixture("gemma2")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    p = tmp_path / "g2.gguf"
+    testing.write_gguf(p, cfg, w, extra_kv=[("gemma2.attention.sliding_window", GGUF_U32, 0)])
+    refused(p, "gemma2.attention.sliding_window")
 
 
 def test_llamacpp_float_order_refuses_scaled_rope_and_windows(tmp_path):

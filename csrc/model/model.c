@@ -86,7 +86,7 @@ static const char *const g_hf_names[R_COUNT] = {
     "model.layers.%d.self_attn.q_norm.weight",
     "model.layers.%d.self_attn.k_norm.weight",
     "", /* Hugging Face computes RoPE's factors from config.json */
-    /* gemma3's sandwich norms; its pre-MLP norm is pre_feedforward_layernorm (load_hf) */
+    /* gemma's sandwich norms; its pre-MLP norm is pre_feedforward_layernorm (load_hf) */
     "model.layers.%d.post_attention_layernorm.weight",
     "model.layers.%d.post_feedforward_layernorm.weight",
 };
@@ -97,7 +97,7 @@ typedef struct {
     size_t vec_used; /* floats of m->vectors handed out */
     size_t vec_cap;
     unsigned char *used; /* (the file's tensor count) tensors found by role, or NULL */
-    float norm_shift;    /* added to every norm weight: HF's gemma3 norms scale by (1 + w) */
+    float norm_shift;    /* added to every norm weight: HF's gemma norms scale by (1 + w) */
 } builder;
 
 /* The file's tensors, to tell which no role read (a random model has none of its own). */
@@ -285,7 +285,7 @@ static sd_status find_weights(sd_model *m, builder *b) {
             SD_TRY(get_vec(&L->k_norm, b, R_K_NORM, l, Dh, 1));
         }
         SD_TRY(get_vec(&L->ffn_norm, b, R_FFN_NORM, l, D, 1));
-        if (c->arch == SD_ARCH_GEMMA3) {
+        if (sd_config_is_gemma(c)) {
             SD_TRY(get_vec(&L->attn_post_norm, b, R_ATTN_POST_NORM, l, D, 1));
             SD_TRY(get_vec(&L->ffn_post_norm, b, R_FFN_POST_NORM, l, D, 1));
         }
@@ -400,7 +400,7 @@ static sd_status load_hf(sd_model *m, const char *dir) {
     if (st == SD_OK) {
         const char *names[R_COUNT];
         memcpy(names, g_hf_names, sizeof(names));
-        const int gemma = m->cfg.arch == SD_ARCH_GEMMA3;
+        const int gemma = sd_config_is_gemma(&m->cfg);
         if (gemma) {
             names[R_FFN_NORM] = "model.layers.%d.pre_feedforward_layernorm.weight";
         }
@@ -453,11 +453,11 @@ static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     m->kv_f16 = p->device != SD_DEVICE_CUDA;
     const sd_config *c = &m->cfg;
     if (p->device == SD_DEVICE_CUDA &&
-        (c->has_qk_norm || c->arch == SD_ARCH_GEMMA3 || c->swa_pattern > 0 ||
-         c->attn_scale > 0.0f || c->final_softcap > 0.0f)) {
+        (c->has_qk_norm || sd_config_is_gemma(c) || c->swa_pattern > 0 || c->attn_scale > 0.0f ||
+         c->final_softcap > 0.0f || c->attn_softcap > 0.0f)) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "the CUDA backend has no %s layers yet (q/k norms, gemma3's sandwich "
-                            "norms, GeGLU, local layers and soft-cap): use the CPU",
+                            "the CUDA backend has no %s layers yet (q/k norms, gemma's sandwich "
+                            "norms, GeGLU, local layers and soft-caps): use the CPU",
                             c->arch_name);
     }
     if (p->device == SD_DEVICE_CUDA) {
@@ -485,7 +485,7 @@ sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight
     /* the documented fields only: no window, RoPE scaling or scales from an unset struct */
     c->sliding_window = c->swa_pattern = 0;
     c->rope_scaling = SD_ROPE_DEFAULT;
-    c->attn_scale = c->final_softcap = 0.0f;
+    c->attn_scale = c->final_softcap = c->attn_softcap = 0.0f;
     sd_status st = SD_OK;
     if (cfg->arch != SD_ARCH_LLAMA && cfg->arch != SD_ARCH_QWEN2) {
         st = sd_set_error(SD_ERR_INVALID_ARG, "unknown architecture %d (0 = llama, 1 = qwen2)",

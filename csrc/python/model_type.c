@@ -65,10 +65,12 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
     (void)closure;
     const sd_config *c = sd_model_config(self->model);
     PyObject *d = NULL, *rope = NULL, *types = NULL, *softcap = NULL, *local = NULL;
+    PyObject *attn_softcap = NULL;
     PyObject *window = NULL;
     const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt(c->head_dim);
     if ((rope = rope_scaling_dict(c)) == NULL || (types = PyTuple_New(c->n_layers)) == NULL ||
         (softcap = float_or_none(c->final_softcap)) == NULL ||
+        (attn_softcap = float_or_none(c->attn_softcap)) == NULL ||
         (local = float_or_none(c->swa_pattern > 0 ? c->rope_theta_local : 0.0f)) == NULL) {
         goto done;
     }
@@ -91,7 +93,7 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
     }
     d = Py_BuildValue(
         "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:d,s:d,s:O,s:O,s:O,s:O,s:s,s:O,s:O,"
-        "s:O,s:O,s:d,s:O}",
+        "s:O,s:O,s:d,s:O,s:O}",
         "arch", c->arch_name, "vocab_size", c->vocab_size, "hidden_size", c->hidden_size,
         "n_layers", c->n_layers, "n_heads", c->n_heads, "n_kv_heads", c->n_kv_heads, "head_dim",
         c->head_dim, "ffn_size", c->ffn_size, "context_length", c->context_length, "rope_theta",
@@ -100,11 +102,12 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
         "qkv_bias", c->has_qkv_bias ? Py_True : Py_False, "qk_norm",
         c->has_qk_norm ? Py_True : Py_False, "weight_type", sd_type_name(c->weight_type),
         "rope_scaling", rope, "rope_theta_local", local, "sliding_window", window, "layer_types",
-        types, "attn_scale", scale, "final_softcap", softcap);
+        types, "attn_scale", scale, "final_softcap", softcap, "attn_softcap", attn_softcap);
 done:
     Py_XDECREF(rope);
     Py_XDECREF(types);
     Py_XDECREF(softcap);
+    Py_XDECREF(attn_softcap);
     Py_XDECREF(local);
     Py_XDECREF(window);
     return d;
