@@ -71,7 +71,8 @@ typedef enum {
     SD_ARCH_QWEN2 = 1,
     SD_ARCH_QWEN3 = 2,
     SD_ARCH_GEMMA3 = 3,
-    SD_ARCH_GEMMA2 = 4
+    SD_ARCH_GEMMA2 = 4,
+    SD_ARCH_PHI3 = 5 /* the llama graph; q/k/v and gate/up fused in the file, split at load */
 } sd_arch;
 
 /* How RoPE's inverse frequencies inv[i] = theta^(-2i/Dh) are scaled for longer contexts. */
@@ -88,7 +89,7 @@ typedef enum {
 /* Hyper-parameters, read from the file. */
 typedef struct {
     sd_arch arch;
-    char arch_name[32];     /* "llama", "qwen2", "qwen3", "gemma3", "gemma2" (a GGUF file's own) */
+    char arch_name[32];     /* "llama", "qwen2", ..., "phi3" (a GGUF file's own name) */
     int vocab_size;         /* V */
     int hidden_size;        /* D */
     int n_layers;           /* L */

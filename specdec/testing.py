@@ -25,9 +25,9 @@ import numpy as np
 
 @dataclass(frozen=True)
 class RandomModelConfig:
-    """Shape and hyper-parameters of a random llama/qwen2/qwen3/gemma2/gemma3 model."""
+    """Shape and hyper-parameters of a random llama/qwen2/qwen3/gemma2/gemma3/phi3 model."""
 
-    arch: str = "llama"  # "llama", "qwen2", "qwen3", "gemma2" or "gemma3"
+    arch: str = "llama"  # "llama", "qwen2", "qwen3", "gemma2", "gemma3" or "phi3"
     vocab: int = 64
     dim: int = 32
     n_layers: int = 2
@@ -111,6 +111,13 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
         w["lm_head.weight"] = mat(V, D, 2.0)
     # tied: the N(0, 1) embedding rows against a unit-RMS final state give logits of spread
     # ~sqrt(D), already well separated
+    if cfg.arch == "phi3":  # the same values, stacked as Phi-3 stores them
+        for i in range(cfg.n_layers):
+            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            w[a + "qkv_proj.weight"] = np.concatenate(
+                [w.pop(a + x + "_proj.weight") for x in "qkv"])
+            w[m + "gate_up_proj.weight"] = np.concatenate(
+                [w.pop(m + "gate_proj.weight"), w.pop(m + "up_proj.weight")])
     return w
 
 
@@ -337,6 +344,8 @@ HF_TO_GGUF_LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # phi3's fused matrices
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 
 

@@ -21,7 +21,8 @@ from specdec import testing
 from tinymodels import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
-NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3", "gemma2"]
+NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3", "gemma2",
+         "phi3"]
 TOL = 1e-3
 
 
@@ -71,7 +72,8 @@ def test_llamacpp_gguf_matches_transformers(name):
     """llama.cpp's converter writes llama3 scaling as rope_freqs.weight, linear as
     rope.scaling.*, qwen3's norms as attn_q_norm/attn_k_norm; it drops Mistral's window (the
     file is the model without one: llama.cpp computes it so), which agrees with the windowed
-    model only while the sequence fits in the window."""
+    model only while the sequence fits in the window. It writes Phi-3's window, which llama.cpp
+    turns off and specdec applies, as transformers does; and Phi-3's fused q/k/v and gate/up."""
     c = case(name)
     got = load(FIXTURES / f"{name}.gguf").logits(c["tokens"])
     if name == "mistral_window":
@@ -81,6 +83,8 @@ def test_llamacpp_gguf_matches_transformers(name):
         assert rel_err(got, c["logits"]) > 0.05
     else:
         assert rel_err(got, c["logits"]) <= TOL
+    if name == "phi3":  # what llama.cpp computes differs past the window
+        assert rel_err(got, c["logits_without_window"]) > 0.05
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -94,7 +98,8 @@ def test_one_token_decode_matches_transformers(hf_dirs, name):
     assert rel_err(np.concatenate(rows), c["logits"]) <= TOL
 
 
-@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3", "gemma2"])
+@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3", "gemma2",
+                                  "phi3"])
 def test_tree_verify_matches_transformers(hf_dirs, name):
     """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
     sibling sits before each of its nodes in the cache. Each branch node sits at position
@@ -285,6 +290,27 @@ def test_gemma2_config(hf_dirs, source):
     assert (g.attn_softcap, g.final_softcap) == (c["attn_logit_softcapping"],
                                                  c["final_logit_softcapping"])
     assert g.attn_scale == pytest.approx(c["query_pre_attn_scalar"] ** -0.5)
+
+
+@pytest.mark.parametrize("change", ["gate and up swapped", "k and v swapped"])
+def test_phi3_split_order_would_fail(tmp_path, change):
+    """The fused matrices are cut in their stored order (gate before up, q before k before v):
+    cut the other way, the logits move far off."""
+    c = case("phi3")
+    w = testing.random_weights(shape(c), c["weights"]["seed"])
+    QD = c["config"]["hidden_size"]  # 2 heads of 8, one KV head of 8
+    extra = {}
+    for i in range(c["config"]["num_hidden_layers"]):
+        if change.startswith("gate"):
+            k = f"model.layers.{i}.mlp.gate_up_proj.weight"
+            g, u = np.split(w[k], 2)
+            extra[k] = np.concatenate([u, g])
+        else:
+            k = f"model.layers.{i}.self_attn.qkv_proj.weight"
+            q, kk, v = np.split(w[k], [QD, QD + QD // 2])
+            extra[k] = np.concatenate([q, v, kk])
+    got = load(write_dir(tmp_path, "phi3", extra=extra)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.05
 
 
 def test_mistral_sequence_longer_than_window_fits_the_context(hf_dirs):

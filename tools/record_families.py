@@ -92,6 +92,10 @@ CASES = {
                                          n_kv_heads=1, ffn=24, context_length=128, head_size=8,
                                          tied=True, rms_eps=1e-6),
                36, 24),
+    # Phi-3: q/k/v and gate/up fused (split at load), a window of 6 on every layer (llama.cpp
+    # turns Phi-3's window off: its GGUF logits match only within the window), untied head
+    "phi3": ("Phi3Config", dict(sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+             testing.RandomModelConfig(arch="phi3", context_length=128, **SMALL), 37, 24),
     # Mistral with a sliding window of 6 over 24 tokens
     "mistral_window": ("MistralConfig", dict(sliding_window=6),
                        testing.RandomModelConfig(arch="llama", context_length=128, **SMALL), 34,
@@ -201,8 +205,8 @@ def record(name: str, llamacpp: Path, tmp: Path) -> None:
         "tokens": tokens,
         "logits": [[float(f"{x:.7g}") for x in row] for row in logits],
     }
-    if cls_name == "MistralConfig":
-        # llama.cpp's converter writes no window: the GGUF is this model without one
+    if cls_name in ("MistralConfig", "Phi3Config"):
+        # llama.cpp's converter writes no window for Mistral, and llama.cpp ignores Phi-3's
         plain = getattr(transformers, cls_name)(**{**hf_kwargs(cfg), **extra,
                                                     "sliding_window": None})
         fixture["logits_without_window"] = [[float(f"{x:.7g}") for x in row]

@@ -28,8 +28,9 @@ sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len) {
         {"gemma3", SD_ARCH_GEMMA3},      /* GGUF */
         {"gemma3_text", SD_ARCH_GEMMA3}, /* Hugging Face's text-only model */
         {"gemma2", SD_ARCH_GEMMA2},
+        {"phi3", SD_ARCH_PHI3},
     };
-    static const char *const canonical[] = {"llama", "qwen2", "qwen3", "gemma3", "gemma2"};
+    static const char *const canonical[] = {"llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3"};
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         if (strlen(known[i].name) == len && memcmp(name, known[i].name, len) == 0) {
             c->arch = known[i].arch;
@@ -41,7 +42,7 @@ sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len) {
     }
     return sd_set_error(SD_ERR_UNSUPPORTED,
                         "unknown architecture '%.*s' (supported: llama, mistral, qwen2, qwen3, "
-                        "gemma2, gemma3)",
+                        "gemma2, gemma3, phi3)",
                         (int)(len > 64 ? 64 : len), name);
 }
 
@@ -349,13 +350,14 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
     double f = 0.0;
     c->rope_theta = gguf_float(g, c, "rope.freq_base", &f) ? (float)f : 10000.0f;
     c->rms_eps = gguf_float(g, c, "attention.layer_norm_rms_epsilon", &f) ? (float)f : 1e-5f;
-    /* llama.cpp's llama graph ignores this key (its converter does not write Mistral's window);
-     * where a file states one, specdec computes the model it describes. For qwen2/qwen3 HF
-     * applies a window only on some layers, which the file cannot say: refused. */
+    /* llama.cpp's llama graph ignores this key (its converter does not write Mistral's window),
+     * and llama.cpp turns Phi-3's off (its converter writes it); where a file states one, specdec
+     * computes the model it describes, as transformers does. For qwen2/qwen3 HF applies a window
+     * only on some layers, which the file cannot say: refused. */
     if (sd_config_is_gemma(c)) {
         SD_TRY(gemma_from_gguf(c, g));
     } else if (gguf_int(g, c, "attention.sliding_window", &v) && v > 0) {
-        if (c->arch != SD_ARCH_LLAMA && v < c->context_length) {
+        if (c->arch != SD_ARCH_LLAMA && c->arch != SD_ARCH_PHI3 && v < c->context_length) {
             return sd_set_error(SD_ERR_UNSUPPORTED,
                                 "metadata '%s.attention.sliding_window' = %lld (a window in a %s "
                                 "model) is not supported",
@@ -365,6 +367,12 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
     }
     SD_TRY(refuse_gguf_keys(g, c));
     SD_TRY(rope_from_gguf(c, g));
+    if (sd_gguf_find_tensor(g, "rope_factors_long.weight") != NULL ||
+        sd_gguf_find_tensor(g, "rope_factors_short.weight") != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "tensors rope_factors_long/rope_factors_short (LongRoPE, the "
+                            "128k-context Phi-3 models) are not supported");
+    }
     const sd_tensor_info *emb = sd_gguf_find_tensor(g, "token_embd.weight");
     if (emb == NULL) {
         return sd_set_error(SD_ERR_FORMAT, "missing tensor 'token_embd.weight'");
@@ -576,8 +584,8 @@ static sd_status rope_from_hf(sd_config *c, const sd_json *cfg, const char *path
     return SD_OK;
 }
 
-/* The sliding window: Mistral's "sliding_window" holds on every layer; qwen2/qwen3 apply one
- * only with "use_sliding_window" (and then on some layers: refused). Llama has none. */
+/* The sliding window: Mistral's and Phi-3's "sliding_window" hold on every layer; qwen2/qwen3 apply
+ * one only with "use_sliding_window" (and then on some layers: refused). Llama has none. */
 static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *path,
                                 const char *mt) {
     int64_t window = 0;
@@ -587,7 +595,7 @@ static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *pa
         return sd_set_error(SD_ERR_FORMAT, "%s: \"sliding_window\" is not a positive integer",
                             path);
     }
-    if (strcmp(mt, "mistral") == 0) {
+    if (strcmp(mt, "mistral") == 0 || strcmp(mt, "phi3") == 0) { /* on every layer */
         c->sliding_window = has_window ? (window < (1 << 30) ? (int)window : 1 << 30) : 0;
         return SD_OK;
     }
