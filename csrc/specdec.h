@@ -64,13 +64,15 @@ const char *sd_type_name(int type);
 
 /* ---- model ----------------------------------------------------------------------------------- */
 
-/* GEMMA3 adds to qwen3's q/k norms: embeddings scaled by sqrt(D), norms after attention and
- * after the MLP as well as before, GeGLU with the tanh GELU in place of SwiGLU. */
+/* GEMMA2 and GEMMA3: embeddings scaled by sqrt(D), norms after attention and after the MLP as
+ * well as before, GeGLU with the tanh GELU in place of SwiGLU; GEMMA3 adds qwen3's q/k norms. */
 typedef enum {
     SD_ARCH_LLAMA = 0,
     SD_ARCH_QWEN2 = 1,
     SD_ARCH_QWEN3 = 2,
-    SD_ARCH_GEMMA3 = 3
+    SD_ARCH_GEMMA3 = 3,
+    SD_ARCH_GEMMA2 = 4,
+    SD_ARCH_PHI3 = 5 /* the llama graph; q/k/v and gate/up fused in the file, split at load */
 } sd_arch;
 
 /* How RoPE's inverse frequencies inv[i] = theta^(-2i/Dh) are scaled for longer contexts. */
@@ -87,7 +89,7 @@ typedef enum {
 /* Hyper-parameters, read from the file. */
 typedef struct {
     sd_arch arch;
-    char arch_name[32];     /* "llama", "qwen2", "qwen3", "gemma3" (a GGUF file's own name) */
+    char arch_name[32];     /* "llama", "qwen2", ..., "phi3" (a GGUF file's own name) */
     int vocab_size;         /* V */
     int hidden_size;        /* D */
     int n_layers;           /* L */
@@ -105,10 +107,13 @@ typedef struct {
     int sliding_window;     /* > 0: the token at position p attends only to positions in
                              * (p - sliding_window, p] (Mistral); 0: to every earlier position */
     int swa_pattern;        /* with a window: 0 = on every layer; n = on layer l iff
-                             * l % n < n - 1 (Gemma 3: five local layers, then a global one) */
+                             * l % n < n - 1 (Gemma 3: five local layers, then a global one;
+                             * Gemma 2: 2, every other layer) */
     float rope_theta_local; /* swa_pattern > 0: the local layers' RoPE base (never scaled) */
     float attn_scale;       /* > 0: the softmax scale of q.k; 0 = 1/sqrt(Dh) */
     float final_softcap;    /* > 0: logits = c * tanh(logits / c) */
+    float attn_softcap;     /* > 0: scaled q.k scores = c * tanh(scores / c) before the mask and
+                             * softmax (Gemma 2) */
     int rope_scaling;       /* sd_rope_scaling */
     float rope_factor;      /* LINEAR and LLAMA3: how many times the original context */
     float rope_low_freq_factor;  /* LLAMA3 */

@@ -36,7 +36,15 @@ class ModelConfig:
     tied_embeddings: bool
     rope_neox: bool
     qkv_bias: bool
+    qk_norm: bool              # per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     weight_type: str
+    rope_scaling: Optional[dict]       # None, or {"type": "linear" | "llama3" | "factors", ...}
+    rope_theta_local: Optional[float]  # the sliding-window layers' own RoPE base (gemma)
+    sliding_window: Optional[int]      # a token sees itself and the window - 1 before it
+    layer_types: Tuple[str, ...]       # per layer: "sliding_attention" or "full_attention"
+    attn_scale: float                  # softmax scale of q.k (1/sqrt(head_dim) unless set)
+    final_softcap: Optional[float]     # logits = c * tanh(logits / c)
+    attn_softcap: Optional[float]      # attention scores = c * tanh(scores / c) (gemma2)
 
 
 class Model:

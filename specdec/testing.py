@@ -25,9 +25,9 @@ import numpy as np
 
 @dataclass(frozen=True)
 class RandomModelConfig:
-    """Shape and hyper-parameters of a random llama/qwen2/qwen3 model."""
+    """Shape and hyper-parameters of a random llama/qwen2/qwen3/gemma2/gemma3/phi3 model."""
 
-    arch: str = "llama"  # "llama", "qwen2", "qwen3" or "gemma3"
+    arch: str = "llama"  # "llama", "qwen2", "qwen3", "gemma2", "gemma3" or "phi3"
     vocab: int = 64
     dim: int = 32
     n_layers: int = 2
@@ -47,6 +47,10 @@ class RandomModelConfig:
     @property
     def has_qk_norm(self) -> bool:
         return self.arch in ("qwen3", "gemma3")
+
+    @property
+    def is_gemma(self) -> bool:
+        return self.arch in ("gemma2", "gemma3")
 
     @property
     def has_bias(self) -> bool:
@@ -73,8 +77,8 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
     def mat(out_f, in_f, scale=1.0):
         return (rng.standard_normal((out_f, in_f)) * (scale / np.sqrt(in_f))).astype(np.float32)
 
-    # gemma3's norms scale by (1 + w): its stored weights are the small w
-    base = 0.0 if cfg.arch == "gemma3" else 1.0
+    # gemma's norms scale by (1 + w): its stored weights are the small w
+    base = 0.0 if cfg.is_gemma else 1.0
 
     def norm(n):
         return (base + rng.uniform(-0.1, 0.1, size=n)).astype(np.float32)
@@ -99,7 +103,7 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
         w[p + "mlp.gate_proj.weight"] = mat(F, D)
         w[p + "mlp.up_proj.weight"] = mat(F, D)
         w[p + "mlp.down_proj.weight"] = mat(D, F)
-        if cfg.arch == "gemma3":  # sandwich norms (post_attention_layernorm is the post-norm)
+        if cfg.is_gemma:  # sandwich norms (post_attention_layernorm is the post-norm)
             w[p + "pre_feedforward_layernorm.weight"] = norm(D)
             w[p + "post_feedforward_layernorm.weight"] = norm(D)
     w["model.norm.weight"] = norm(D)
@@ -107,6 +111,13 @@ def random_weights(cfg: RandomModelConfig, seed: int) -> dict[str, np.ndarray]:
         w["lm_head.weight"] = mat(V, D, 2.0)
     # tied: the N(0, 1) embedding rows against a unit-RMS final state give logits of spread
     # ~sqrt(D), already well separated
+    if cfg.arch == "phi3":  # the same values, stacked as Phi-3 stores them
+        for i in range(cfg.n_layers):
+            a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            w[a + "qkv_proj.weight"] = np.concatenate(
+                [w.pop(a + x + "_proj.weight") for x in "qkv"])
+            w[m + "gate_up_proj.weight"] = np.concatenate(
+                [w.pop(m + "gate_proj.weight"), w.pop(m + "up_proj.weight")])
     return w
 
 
@@ -333,10 +344,12 @@ HF_TO_GGUF_LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # phi3's fused matrices
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 
 
-# gemma3's sandwich norms, as llama.cpp names them (its HF post_attention_layernorm is the
+# gemma's sandwich norms, as llama.cpp names them (its HF post_attention_layernorm is the
 # attention block's post-norm, not the MLP's pre-norm)
 GEMMA3_GGUF_LAYER = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
@@ -355,14 +368,14 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
     parts = hf_name.split(".")
     assert parts[0] == "model" and parts[1] == "layers", hf_name
     suffix = ".".join(parts[3:])
-    if arch == "gemma3" and suffix in GEMMA3_GGUF_LAYER:
+    if arch in ("gemma2", "gemma3") and suffix in GEMMA3_GGUF_LAYER:
         return f"blk.{parts[2]}." + GEMMA3_GGUF_LAYER[suffix]
     return f"blk.{parts[2]}." + HF_TO_GGUF_LAYER[suffix]
 
 
 def gguf_tensors(cfg: RandomModelConfig, weights: dict, dtype: str = "F32") -> list[tuple[str, np.ndarray, int]]:
     """(gguf name, float32 array in HF [out, in] layout after any llama permutation, ggml type)
-    in llama.cpp's order: token_embd, blocks, output_norm, output. gemma3's norms get the + 1
+    in llama.cpp's order: token_embd, blocks, output_norm, output. gemma's norms get the + 1
     of HF's (1 + w) folded in, as llama.cpp's converter does."""
     order = ["model.embed_tokens.weight"]
     for i in range(cfg.n_layers):
@@ -381,7 +394,7 @@ def gguf_tensors(cfg: RandomModelConfig, weights: dict, dtype: str = "F32") -> l
                 a = permute_qk(a, cfg.n_heads)
             elif hf.endswith("self_attn.k_proj.weight") or hf.endswith("self_attn.k_proj.bias"):
                 a = permute_qk(a, cfg.n_kv_heads)
-        if cfg.arch == "gemma3" and hf.endswith("norm.weight"):
+        if cfg.is_gemma and hf.endswith("norm.weight"):
             a = a + np.float32(1.0)
         gtype = GGML_TYPE[dtype] if a.ndim >= 2 else GGML_F32
         out.append((gguf_name(hf, cfg.arch), a, gtype))

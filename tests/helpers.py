@@ -40,6 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REQUIRABLE = {
     "cuda": "a CUDA build of specdec and a visible GPU",
     "smollm2": "the SmolLM2-135M-Instruct GGUF (cached, downloaded, or $SPECDEC_SMOLLM2_GGUF)",
+    "gemma3": "the Gemma-3-270M Q4_K_M GGUF (cached, assembled, downloaded, or "
+              "$SPECDEC_GEMMA3_GGUF)",
     "avx2": "a CPU with AVX2 (and FMA, F16C) kernels",
     "avx512": "a CPU with AVX-512 kernels",
     "vnni": "a CPU with AVX512-VNNI kernels",

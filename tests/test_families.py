@@ -1,10 +1,12 @@
 """Model families against Hugging Face transformers (issue 25): Llama's RoPE scaling (llama3 and
 linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim), Mistral's
-sliding window and Gemma 3 (local and global layers, sandwich norms, GeGLU), each a tiny random
-model whose logits transformers recorded (tools/record_families.py, tests/fixtures/families/).
-The Hugging Face directory is rebuilt here from the recorded config.json and the seed of its
-weights; the GGUF file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV cache, in prefill, in
-one-token decode and in a draft tree's verify forward; speculation keeps greedy output equal."""
+sliding window, Gemma 3 (local and global layers, sandwich norms, GeGLU) and Gemma 2 (windows on
+alternate layers, attention and final soft-caps), each a tiny random model whose logits
+transformers recorded (tools/record_families.py, tests/fixtures/families/). The Hugging Face
+directory is rebuilt here from the recorded config.json and the seed of its weights; the GGUF
+file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV
+cache, in prefill, in one-token decode and in a draft tree's verify forward; speculation keeps
+greedy output equal."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from specdec import testing
 from tinymodels import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
-NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3"]
+NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3", "gemma2",
+         "phi3"]
 TOL = 1e-3
 
 
@@ -69,7 +72,8 @@ def test_llamacpp_gguf_matches_transformers(name):
     """llama.cpp's converter writes llama3 scaling as rope_freqs.weight, linear as
     rope.scaling.*, qwen3's norms as attn_q_norm/attn_k_norm; it drops Mistral's window (the
     file is the model without one: llama.cpp computes it so), which agrees with the windowed
-    model only while the sequence fits in the window."""
+    model only while the sequence fits in the window. It writes Phi-3's window, which llama.cpp
+    turns off and specdec applies, as transformers does; and Phi-3's fused q/k/v and gate/up."""
     c = case(name)
     got = load(FIXTURES / f"{name}.gguf").logits(c["tokens"])
     if name == "mistral_window":
@@ -79,6 +83,8 @@ def test_llamacpp_gguf_matches_transformers(name):
         assert rel_err(got, c["logits"]) > 0.05
     else:
         assert rel_err(got, c["logits"]) <= TOL
+    if name == "phi3":  # what llama.cpp computes differs past the window
+        assert rel_err(got, c["logits_without_window"]) > 0.05
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -92,7 +98,8 @@ def test_one_token_decode_matches_transformers(hf_dirs, name):
     assert rel_err(np.concatenate(rows), c["logits"]) <= TOL
 
 
-@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3"])
+@pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3", "gemma2",
+                                  "phi3"])
 def test_tree_verify_matches_transformers(hf_dirs, name):
     """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
     sibling sits before each of its nodes in the cache. Each branch node sits at position
@@ -183,13 +190,16 @@ def test_gemma3_config_of_transformers_4_is_the_same(tmp_path):
     assert rel_err(got, c["logits"]) <= TOL
 
 
-@pytest.mark.parametrize("variant", ["query_pre_attn_scalar_32", "final_logit_softcapping_3"])
-def test_gemma3_variants_match_transformers(tmp_path, variant):
-    """The attention scale from query_pre_attn_scalar and the final soft-cap, each recorded with
-    its own transformers logits."""
-    c = case("gemma3")
+@pytest.mark.parametrize("name,variant", [
+    ("gemma3", "query_pre_attn_scalar_32"), ("gemma3", "final_logit_softcapping_3"),
+    ("gemma2", "query_pre_attn_scalar_32"), ("gemma2", "no_attn_softcap"),
+    ("gemma2", "no_final_softcap")])
+def test_gemma_variants_match_transformers(tmp_path, name, variant):
+    """The attention scale from query_pre_attn_scalar and the soft-caps (gemma2: each set to
+    null, none), each recorded with its own transformers logits."""
+    c = case(name)
     v = c["variants"][variant]
-    got = load(write_dir(tmp_path, "gemma3", dict(c["config"], **v["config"]))).logits(c["tokens"])
+    got = load(write_dir(tmp_path, name, dict(c["config"], **v["config"]))).logits(c["tokens"])
     assert rel_err(got, v["logits"]) <= TOL
     assert rel_err(got, c["logits"]) > 0.01  # the variant is another model
 
@@ -210,6 +220,97 @@ def test_gemma3_breaks_would_fail(tmp_path, change):
         extra = {k: v - 1.0 for k, v in w.items() if k.endswith("norm.weight")}
     got = load(write_dir(tmp_path, "gemma3", conf, extra)).logits(c["tokens"])
     assert rel_err(got, c["logits"]) > 0.01
+
+
+# ---- Model.config shows what the model computes --------------------------------------------
+
+
+def test_config_shows_rope_scaling(hf_dirs):
+    rp = case("llama3_rope")["config"]["rope_parameters"]
+    got = load(hf_dirs["llama3_rope"]).config
+    assert got.rope_scaling == {"type": "llama3", "factor": rp["factor"],
+                                "low_freq_factor": rp["low_freq_factor"],
+                                "high_freq_factor": rp["high_freq_factor"],
+                                "original_context": rp["original_max_position_embeddings"]}
+    # the converter's GGUF stores the same scaling as per-frequency divisors
+    assert load(FIXTURES / "llama3_rope.gguf").config.rope_scaling == {"type": "factors"}
+    for path in (hf_dirs["llama_linear_rope"], FIXTURES / "llama_linear_rope.gguf"):
+        assert load(path).config.rope_scaling == {"type": "linear", "factor": 4.0}
+    plain = load(hf_dirs["qwen3"]).config
+    assert plain.rope_scaling is None and plain.qk_norm and plain.sliding_window is None
+    assert plain.layer_types == ("full_attention",) * 2 and plain.rope_theta_local is None
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_config_shows_windows_and_layer_pattern(hf_dirs, source):
+    c = case("gemma3")["config"]
+    g = load(hf_dirs["gemma3"] if source == "hf" else FIXTURES / "gemma3.gguf").config
+    assert g.sliding_window == c["sliding_window"] and g.qk_norm
+    assert g.layer_types == tuple(c["layer_types"])  # transformers' own list
+    assert g.rope_theta_local == c["rope_parameters"]["sliding_attention"]["rope_theta"]
+    assert g.rope_scaling == {"type": "linear", "factor": 4.0}
+    assert g.attn_scale == pytest.approx(c["query_pre_attn_scalar"] ** -0.5)
+    assert g.final_softcap is None
+    m = load(hf_dirs["mistral_window"]).config
+    assert m.sliding_window == 6 and m.layer_types == ("sliding_attention",) * 2
+
+
+def test_config_shows_attention_scale_and_soft_cap(tmp_path):
+    c = case("gemma3")
+    conf = dict(c["config"], query_pre_attn_scalar=32, final_logit_softcapping=3.0)
+    g = load(write_dir(tmp_path, "gemma3", conf)).config
+    assert g.attn_scale == pytest.approx(32 ** -0.5) and g.final_softcap == 3.0
+
+
+@pytest.mark.parametrize("change", ["all global", "no norm shift", "default caps"])
+def test_gemma2_breaks_would_fail(tmp_path, change):
+    """The alternate layers' window, HF's (1 + w) norms, and the caps the file sets (left out,
+    Gemma2Config's 50 and 30 apply) each move the logits far off."""
+    c = case("gemma2")
+    conf, extra = dict(c["config"]), None
+    if change == "all global":
+        conf["sliding_window"] = 1000
+    elif change == "default caps":
+        del conf["attn_logit_softcapping"], conf["final_logit_softcapping"]
+        assert load(write_dir(tmp_path / "d", "gemma2", conf)).config.attn_softcap == 50.0
+    else:
+        w = testing.random_weights(shape(c), c["weights"]["seed"])
+        extra = {k: v - 1.0 for k, v in w.items() if k.endswith("norm.weight")}
+    got = load(write_dir(tmp_path, "gemma2", conf, extra)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.01
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_gemma2_config(hf_dirs, source):
+    c = case("gemma2")["config"]
+    g = load(hf_dirs["gemma2"] if source == "hf" else FIXTURES / "gemma2.gguf").config
+    assert g.arch == "gemma2" and not g.qk_norm and g.sliding_window == c["sliding_window"]
+    assert g.layer_types == tuple(c["layer_types"])  # sliding, full, sliding, full
+    assert g.rope_theta_local == g.rope_theta == c["rope_parameters"]["rope_theta"]
+    assert (g.attn_softcap, g.final_softcap) == (c["attn_logit_softcapping"],
+                                                 c["final_logit_softcapping"])
+    assert g.attn_scale == pytest.approx(c["query_pre_attn_scalar"] ** -0.5)
+
+
+@pytest.mark.parametrize("change", ["gate and up swapped", "k and v swapped"])
+def test_phi3_split_order_would_fail(tmp_path, change):
+    """The fused matrices are cut in their stored order (gate before up, q before k before v):
+    cut the other way, the logits move far off."""
+    c = case("phi3")
+    w = testing.random_weights(shape(c), c["weights"]["seed"])
+    QD = c["config"]["hidden_size"]  # 2 heads of 8, one KV head of 8
+    extra = {}
+    for i in range(c["config"]["num_hidden_layers"]):
+        if change.startswith("gate"):
+            k = f"model.layers.{i}.mlp.gate_up_proj.weight"
+            g, u = np.split(w[k], 2)
+            extra[k] = np.concatenate([u, g])
+        else:
+            k = f"model.layers.{i}.self_attn.qkv_proj.weight"
+            q, kk, v = np.split(w[k], [QD, QD + QD // 2])
+            extra[k] = np.concatenate([q, v, kk])
+    got = load(write_dir(tmp_path, "phi3", extra=extra)).logits(c["tokens"])
+    assert rel_err(got, c["logits"]) > 0.05
 
 
 def test_mistral_sequence_longer_than_window_fits_the_context(hf_dirs):

@@ -302,8 +302,8 @@ def test_gguf_llama_window_holds(tmp_path):
 # ---- gemma3 ---------------------------------------------------------------------------------
 
 
-def gemma3_dir(tmp_path, change):
-    fx = fixture("gemma3")
+def gemma3_dir(tmp_path, change, name="gemma3"):
+    fx = fixture(name)
     conf = json.loads(json.dumps(fx["config"]))
     change(conf)
     cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
@@ -365,6 +365,86 @@ def test_gemma3_gguf_written_here_agrees(tmp_path):
 ])
 def test_gemma3_gguf_refusals(tmp_path, key, vtype, value):
     refused(gemma3_gguf(tmp_path, [(key, vtype, value)])[0], key)
+
+
+# ---- gemma2 ---------------------------------------------------------------------------------
+
+GEMMA2_REFUSED = {
+    "scaled rope": (lambda c: c.update(rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                         "rope_theta": 1e4}), "RoPE scaling"),
+    "no window": (lambda c: c.update(sliding_window=None), "sliding_window"),
+    "layer_types": (lambda c: c.update(layer_types=["full_attention", "sliding_attention"] * 2),
+                    "layer_types"),
+    "local base": (lambda c: c.update(rope_local_base_freq=1e4), "rope_local_base_freq"),
+    "cap of 0": (lambda c: c.update(attn_logit_softcapping=0), "attn_logit_softcapping"),
+    "cap as text": (lambda c: c.update(final_logit_softcapping="30"), "final_logit_softcapping"),
+    "hidden_activation": (lambda c: c.update(hidden_activation="gelu"), "hidden_activation"),
+}
+
+
+@pytest.mark.parametrize("what", list(GEMMA2_REFUSED))
+def test_gemma2_hf_refusals(tmp_path, what):
+    change, needle = GEMMA2_REFUSED[what]
+    refused(gemma3_dir(tmp_path, change, "gemma2"), needle)
+
+
+def test_gemma2_gguf_without_window_refused(tmp_path):
+    """llama.cpp slides Gemma 2's even layers with a window of 4096 unless the file gives one;
+    a file that says 0 has no answer that is right for both."""
+    fx = fixture("gemma2")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    w = testing.random_weights(cfg, fx["weights"]["seed"])
+    p = tmp_path / "g2.gguf"
+    testing.write_gguf(p, cfg, w, extra_kv=[("gemma2.attention.sliding_window", GGUF_U32, 0)])
+    refused(p, "gemma2.attention.sliding_window")
+
+
+# ---- phi3 -----------------------------------------------------------------------------------
+
+PHI3_REFUSED = {  # the 128k-context models' LongRoPE; Phi-4-mini's partial rotary
+    "longrope": (lambda c: c.update(rope_parameters={
+        "rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
+        "long_factor": [2.0] * 4, "original_max_position_embeddings": 16}), "longrope"),
+    "partial rotary": (lambda c: c["rope_parameters"].update(partial_rotary_factor=0.75),
+                       "partial_rotary_factor"),
+    "hidden_act": (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
+}
+
+
+@pytest.mark.parametrize("what", list(PHI3_REFUSED))
+def test_phi3_hf_refusals(tmp_path, what):
+    change, needle = PHI3_REFUSED[what]
+    refused(gemma3_dir(tmp_path, change, "phi3"), needle)
+
+
+def phi3_gguf(tmp_path, **kw):
+    fx = fixture("phi3")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    p = tmp_path / "p.gguf"
+    testing.write_gguf(p, cfg, testing.random_weights(cfg, fx["weights"]["seed"]), **kw)
+    return p, fx
+
+
+def test_phi3_gguf_written_here_agrees_within_the_window(tmp_path):
+    """This writer's phi3 GGUF (fused attn_qkv and ffn_up, no window key) is the model without a
+    window, so it agrees with transformers' windowed model over the window only."""
+    p, fx = phi3_gguf(tmp_path)
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"])
+    w = fx["config"]["sliding_window"]
+    assert tm.rel_err(got, fx["logits_without_window"]) <= 1e-3
+    assert tm.rel_err(got[:w], np.asarray(fx["logits"])[:w]) <= 1e-3
+
+
+@pytest.mark.parametrize("name", ["rope_factors_long.weight", "rope_factors_short.weight"])
+def test_phi3_gguf_longrope_refused(tmp_path, name):
+    p, _ = phi3_gguf(tmp_path, extra_tensors=[(name, np.ones(4))])
+    refused(p, name.split(".")[0], "LongRoPE")
+
+
+def test_phi3_gguf_partial_rotary_refused(tmp_path):
+    p, _ = phi3_gguf(tmp_path, remove_kv={"phi3.rope.dimension_count"},
+                     extra_kv=[("phi3.rope.dimension_count", GGUF_U32, 6)])
+    refused(p, "partial rotary")
 
 
 def test_llamacpp_float_order_refuses_scaled_rope_and_windows(tmp_path):

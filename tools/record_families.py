@@ -79,6 +79,23 @@ CASES = {
                                          n_kv_heads=1, ffn=24, context_length=128, head_size=8,
                                          tied=True, rms_eps=1e-6),
                35, 24),
+    # Gemma 2: 4 layers, a window of 4 on the even ones, soft-caps small enough to bite (the
+    # released models' 50 and 30 would not on a tiny random model), GeGLU, sandwich norms,
+    # (1 + w) norms; query_pre_attn_scalar = head_dim as llama.cpp's GGUF assumes. Variants
+    # (HF side): another query_pre_attn_scalar; the caps left to Gemma2Config's defaults.
+    "gemma2": ("Gemma2Config",
+               dict(head_dim=8, sliding_window=4, query_pre_attn_scalar=8,
+                    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                    attn_logit_softcapping=3.0, final_logit_softcapping=10.0,
+                    rope_parameters=dict(rope_type="default", rope_theta=1e4)),
+               testing.RandomModelConfig(arch="gemma2", vocab=40, dim=16, n_layers=4, n_heads=2,
+                                         n_kv_heads=1, ffn=24, context_length=128, head_size=8,
+                                         tied=True, rms_eps=1e-6),
+               36, 24),
+    # Phi-3: q/k/v and gate/up fused (split at load), a window of 6 on every layer (llama.cpp
+    # turns Phi-3's window off: its GGUF logits match only within the window), untied head
+    "phi3": ("Phi3Config", dict(sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+             testing.RandomModelConfig(arch="phi3", context_length=128, **SMALL), 37, 24),
     # Mistral with a sliding window of 6 over 24 tokens
     "mistral_window": ("MistralConfig", dict(sliding_window=6),
                        testing.RandomModelConfig(arch="llama", context_length=128, **SMALL), 34,
@@ -87,7 +104,10 @@ CASES = {
 
 
 VARIANTS = {"gemma3": {"query_pre_attn_scalar_32": dict(query_pre_attn_scalar=32),
-                       "final_logit_softcapping_3": dict(final_logit_softcapping=3.0)}}
+                       "final_logit_softcapping_3": dict(final_logit_softcapping=3.0)},
+            "gemma2": {"query_pre_attn_scalar_32": dict(query_pre_attn_scalar=32),
+                       "no_attn_softcap": dict(attn_logit_softcapping=None),
+                       "no_final_softcap": dict(final_logit_softcapping=None)}}
 
 
 def hf_kwargs(cfg: testing.RandomModelConfig) -> dict:
@@ -95,7 +115,7 @@ def hf_kwargs(cfg: testing.RandomModelConfig) -> dict:
               num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
               num_key_value_heads=cfg.n_kv_heads, max_position_embeddings=cfg.context_length,
               rms_norm_eps=cfg.rms_eps, tie_word_embeddings=cfg.tied)
-    if cfg.arch != "gemma3":
+    if not cfg.is_gemma:
         kw["hidden_act"] = "silu"
     return kw
 
@@ -185,8 +205,8 @@ def record(name: str, llamacpp: Path, tmp: Path) -> None:
         "tokens": tokens,
         "logits": [[float(f"{x:.7g}") for x in row] for row in logits],
     }
-    if cls_name == "MistralConfig":
-        # llama.cpp's converter writes no window: the GGUF is this model without one
+    if cls_name in ("MistralConfig", "Phi3Config"):
+        # llama.cpp's converter writes no window for Mistral, and llama.cpp ignores Phi-3's
         plain = getattr(transformers, cls_name)(**{**hf_kwargs(cfg), **extra,
                                                     "sliding_window": None})
         fixture["logits_without_window"] = [[float(f"{x:.7g}") for x in row]

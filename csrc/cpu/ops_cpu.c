@@ -280,9 +280,10 @@ static const float *kv_row(const void *rows, int f16, int s, int Dh, float *buf)
 }
 
 /* One query: the portable twin of the SIMD kernel's per-query work; keys in tiles, or (rows)
- * in rows as values are. */
+ * in rows as values are. cap > 0: each scaled score s becomes cap * tanh(s / cap) (Gemma 2's
+ * attention soft-cap, which the SIMD kernels do not have). */
 static void attend_one(float *o, float *st, const float *q, const uint8_t *m, const void *k,
-                       const void *v, int f16, int rows, int n_attn, int Dh, float scale,
+                       const void *v, int f16, int rows, int n_attn, int Dh, float scale, float cap,
                        float *sc) {
     float row[SD_MAX_HEAD_DIM];
     float mx = -INFINITY;
@@ -295,6 +296,9 @@ static void attend_one(float *o, float *st, const float *q, const uint8_t *m, co
                 sd_key_get(row, k, f16, s, Dh);
             }
             sc[s] = sd_dot_f32(q, ks, Dh) * scale;
+            if (cap > 0.0f) {
+                sc[s] = cap * tanhf(sc[s] / cap);
+            }
             mx = sc[s] > mx ? sc[s] : mx;
         }
     }
@@ -319,7 +323,7 @@ static void attend_one(float *o, float *st, const float *q, const uint8_t *m, co
 void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
                    int Dh, float scale, float *sc) {
     for (int i = 0; i < g->n; i++) {
-        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, kv_f16, 0, n_attn, Dh, scale,
+        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, kv_f16, 0, n_attn, Dh, scale, 0.0f,
                    sc + (size_t)i * (size_t)n_attn);
     }
 }
@@ -327,7 +331,7 @@ void sd_attend_ref(const sd_attn_group *g, const void *k, const void *v, int kv_
 void sd_attend_rows_ref(const sd_attn_group *g, const float *k, const float *v, int n_attn, int Dh,
                         float scale, float *sc) {
     for (int i = 0; i < g->n; i++) {
-        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, 0, 1, n_attn, Dh, scale,
+        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, 0, 1, n_attn, Dh, scale, 0.0f,
                    sc + (size_t)i * (size_t)n_attn);
     }
 }
@@ -381,6 +385,7 @@ typedef struct {
     size_t head_stride;
     const uint8_t *mask;
     int T, n_attn, n_heads, n_kv_heads, head_dim;
+    float softcap; /* > 0: the portable kernel with the soft-cap, in place of sd_attend */
     float *scores; /* (n_threads, SD_ATTN_GROUP, min(n_attn, SD_ATTN_CHUNK)) */
     float *recs;   /* the runs' records, see rec_of */
     attn_plan p;
@@ -448,6 +453,19 @@ static void attn_merge(float *o, const float *rec, int n_chunks, int Dh) {
     }
 }
 
+/* sd_attend, or with c->softcap the portable kernel that caps the scores. */
+static void attend_group(const attn_ctx *c, const sd_attn_group *g, const void *k, const void *v,
+                         int n_attn, float scale, float *sc) {
+    if (c->softcap <= 0.0f) {
+        sd_attend(g, k, v, c->kv_f16, n_attn, c->head_dim, scale, sc);
+        return;
+    }
+    for (int i = 0; i < g->n; i++) {
+        attend_one(g->o[i], g->st[i], g->q[i], g->m[i], k, v, c->kv_f16, 0, n_attn, c->head_dim,
+                   scale, c->softcap, sc + (size_t)i * (size_t)n_attn);
+    }
+}
+
 /* Task = one group of up to p.group queries of one KV head (with p.split, one run of it): the
  * queries (token t, head h) with h in the KV head's G = H / Hkv heads, numbered t * G + (h mod
  * G), cut into groups. KV heads are the outer order, so the threads work on one head's keys
@@ -487,7 +505,7 @@ static void attn_task(void *ctx, int task, int thread) {
             g.st[i] = st[i];
             g.m[i] = m[i];
         }
-        sd_attend(&g, k, v, c->kv_f16, c->n_attn, Dh, scale, sc);
+        attend_group(c, &g, k, v, c->n_attn, scale, sc);
         return;
     }
     int hi[SD_ATTN_GROUP]; /* each query's open slots end there */
@@ -514,7 +532,7 @@ static void attn_task(void *ctx, int task, int thread) {
         }
         if (g.n > 0) {
             const size_t at = (size_t)s0 * (size_t)Dh * elt;
-            sd_attend(&g, k + at, v + at, c->kv_f16, len, Dh, scale, sc);
+            attend_group(c, &g, k + at, v + at, len, scale, sc);
         }
     }
     if (!p->split) {
@@ -539,6 +557,14 @@ static void attn_merge_task(void *ctx, int task, int thread) {
 void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k, const void *v,
                   int kv_f16, size_t head_stride, const uint8_t *mask, int T, int n_attn,
                   int n_heads, int n_kv_heads, int head_dim, float *scratch) {
+    sd_attention_capped(pool, out, q, k, v, kv_f16, head_stride, mask, T, n_attn, n_heads,
+                        n_kv_heads, head_dim, 0.0f, scratch);
+}
+
+void sd_attention_capped(sd_threadpool *pool, float *out, const float *q, const void *k,
+                         const void *v, int kv_f16, size_t head_stride, const uint8_t *mask, int T,
+                         int n_attn, int n_heads, int n_kv_heads, int head_dim, float softcap,
+                         float *scratch) {
     const int nt = sd_threadpool_size(pool);
     const int run = n_attn < SD_ATTN_CHUNK ? n_attn : SD_ATTN_CHUNK;
     attn_ctx c = {.out = out,
@@ -553,6 +579,7 @@ void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k
                   .n_heads = n_heads,
                   .n_kv_heads = n_kv_heads,
                   .head_dim = head_dim,
+                  .softcap = softcap,
                   .scores = scratch,
                   .recs = scratch + (size_t)nt * SD_ATTN_GROUP * (size_t)run,
                   .p = plan_attention(T, n_attn, n_heads, n_kv_heads, nt)};

@@ -138,5 +138,11 @@ size_t sd_attention_scratch(int n_attn, int head_dim, int n_threads);
 void sd_attention(sd_threadpool *pool, float *out, const float *q, const void *k, const void *v,
                   int kv_f16, size_t head_stride, const uint8_t *mask, int T, int n_attn,
                   int n_heads, int n_kv_heads, int head_dim, float *scratch);
+/* sd_attention with Gemma 2's soft-cap: each scaled score s is cap * tanh(s / cap) before the
+ * softmax (softcap > 0; 0 = sd_attention). Capped attention runs the portable kernel. */
+void sd_attention_capped(sd_threadpool *pool, float *out, const float *q, const void *k,
+                         const void *v, int kv_f16, size_t head_stride, const uint8_t *mask, int T,
+                         int n_attn, int n_heads, int n_kv_heads, int head_dim, float softcap,
+                         float *scratch);
 
 #endif /* SD_OPS_CPU_H */

@@ -27,8 +27,10 @@ sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len) {
         {"qwen3", SD_ARCH_QWEN3},
         {"gemma3", SD_ARCH_GEMMA3},      /* GGUF */
         {"gemma3_text", SD_ARCH_GEMMA3}, /* Hugging Face's text-only model */
+        {"gemma2", SD_ARCH_GEMMA2},
+        {"phi3", SD_ARCH_PHI3},
     };
-    static const char *const canonical[] = {"llama", "qwen2", "qwen3", "gemma3"};
+    static const char *const canonical[] = {"llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3"};
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         if (strlen(known[i].name) == len && memcmp(name, known[i].name, len) == 0) {
             c->arch = known[i].arch;
@@ -40,12 +42,21 @@ sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len) {
     }
     return sd_set_error(SD_ERR_UNSUPPORTED,
                         "unknown architecture '%.*s' (supported: llama, mistral, qwen2, qwen3, "
-                        "gemma3)",
+                        "gemma2, gemma3, phi3)",
                         (int)(len > 64 ? 64 : len), name);
 }
 
 static int positive(float v) {
     return v > 0.0f && isfinite(v);
+}
+
+int sd_config_is_gemma(const sd_config *c) {
+    return c->arch == SD_ARCH_GEMMA2 || c->arch == SD_ARCH_GEMMA3;
+}
+
+int sd_config_layer_slides(const sd_config *c, int l) {
+    return c->sliding_window > 0 &&
+           (c->swa_pattern == 0 || l % c->swa_pattern < c->swa_pattern - 1);
 }
 
 sd_status sd_config_check(const sd_config *c) {
@@ -78,10 +89,13 @@ sd_status sd_config_check(const sd_config *c) {
                             c->sliding_window, c->swa_pattern);
     }
     if ((c->swa_pattern > 0 && !positive(c->rope_theta_local)) || c->attn_scale < 0.0f ||
-        !isfinite(c->attn_scale) || c->final_softcap < 0.0f || !isfinite(c->final_softcap)) {
-        return sd_set_error(
-            SD_ERR_FORMAT, "invalid local RoPE base %g, attention scale %g or final soft-cap %g",
-            (double)c->rope_theta_local, (double)c->attn_scale, (double)c->final_softcap);
+        !isfinite(c->attn_scale) || c->final_softcap < 0.0f || !isfinite(c->final_softcap) ||
+        c->attn_softcap < 0.0f || !isfinite(c->attn_softcap)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "invalid local RoPE base %g, attention scale %g, final soft-cap %g or "
+                            "attention soft-cap %g",
+                            (double)c->rope_theta_local, (double)c->attn_scale,
+                            (double)c->final_softcap, (double)c->attn_softcap);
     }
     if ((c->rope_scaling == SD_ROPE_LINEAR || c->rope_scaling == SD_ROPE_LLAMA3) &&
         !positive(c->rope_factor)) {
@@ -144,17 +158,19 @@ static int gguf_float(const sd_gguf *g, const sd_config *c, const char *suffix, 
 }
 
 /* Keys whose presence (with other than the neutral value) changes the arithmetic in ways the
- * forward does not implement. */
+ * forward does not implement, unless the architecture reads them. */
+#define GEMMA2 (1u << SD_ARCH_GEMMA2)
+#define GEMMA3 (1u << SD_ARCH_GEMMA3)
 typedef enum { NEUTRAL_ABSENT, NEUTRAL_ZERO, NEUTRAL_ONE, NEUTRAL_TRUE } neutral;
 
 static const struct {
     const char *suffix;
     neutral ok;
     const char *what;
-    int gemma3_reads; /* gemma3 reads this key itself */
+    unsigned reads; /* the architectures that read this key themselves (GEMMA2 | GEMMA3) */
 } g_gguf_refused[] = {
-    {"attn_logit_softcapping", NEUTRAL_ZERO, "attention logit soft-capping", 0},
-    {"final_logit_softcapping", NEUTRAL_ZERO, "final logit soft-capping", 1},
+    {"attn_logit_softcapping", NEUTRAL_ZERO, "attention logit soft-capping", GEMMA2},
+    {"final_logit_softcapping", NEUTRAL_ZERO, "final logit soft-capping", GEMMA2 | GEMMA3},
     {"attention.scale", NEUTRAL_ABSENT, "a custom attention scale", 0},
     {"embedding_scale", NEUTRAL_ONE, "embedding scaling", 0},
     {"logit_scale", NEUTRAL_ONE, "logit scaling", 0},
@@ -164,8 +180,10 @@ static const struct {
     {"attention.causal", NEUTRAL_TRUE, "non-causal attention", 0},
     {"attention.layer_norm_epsilon", NEUTRAL_ABSENT, "LayerNorm (specdec has RMSNorm only)", 0},
     {"rope.dimension_sections", NEUTRAL_ABSENT, "multimodal RoPE sections", 0},
-    {"rope.freq_base_swa", NEUTRAL_ABSENT, "a separate RoPE base for sliding-window layers", 1},
-    {"attention.sliding_window_pattern", NEUTRAL_ABSENT, "sliding windows on some layers only", 1},
+    {"rope.freq_base_swa", NEUTRAL_ABSENT, "a separate RoPE base for sliding-window layers",
+     GEMMA2 | GEMMA3},
+    {"attention.sliding_window_pattern", NEUTRAL_ABSENT, "sliding windows on some layers only",
+     GEMMA2 | GEMMA3},
     {"rope.scaling.attn_factor", NEUTRAL_ONE, "RoPE attention factor", 0},
     {"rope.scaling.alpha", NEUTRAL_ZERO, "NTK-alpha RoPE scaling", 0},
 };
@@ -175,7 +193,7 @@ static sd_status refuse_gguf_keys(const sd_gguf *g, const sd_config *c) {
         char key[128];
         snprintf(key, sizeof(key), "%s.%s", c->arch_name, g_gguf_refused[i].suffix);
         const sd_gguf_kv *kv = sd_gguf_find(g, key);
-        if (kv == NULL || (c->arch == SD_ARCH_GEMMA3 && g_gguf_refused[i].gemma3_reads)) {
+        if (kv == NULL || (g_gguf_refused[i].reads & (1u << c->arch))) {
             continue;
         }
         double v = 0.0;
@@ -240,16 +258,27 @@ static sd_status rope_from_gguf(sd_config *c, const sd_gguf *g) {
     return SD_OK;
 }
 
-/* Gemma 3 as llama.cpp reads it: a window on layers l % pattern < pattern - 1 (pattern 6 unless
- * the file says), those layers' own unscaled RoPE base, the optional final soft-cap, and the
- * attention scale 1/sqrt(Dh), or 1/sqrt(D/H) for the 62-layer model (llama.cpp ignores
- * query_pre_attn_scalar, which equals one of the two in every released Gemma 3). */
-static sd_status gemma3_from_gguf(sd_config *c, const sd_gguf *g) {
-    int64_t v = 0;
+/* Gemma 2 and 3 as llama.cpp reads them: a window on layers l % pattern < pattern - 1 (pattern
+ * 6 for Gemma 3, 2 for Gemma 2, unless the file says; Gemma 2's window 4096 unless the file
+ * says), those layers' own unscaled RoPE base (Gemma 3: 10000, Gemma 2: the global one, unless
+ * the file says), the final soft-cap (optional in Gemma 3, Gemma 2: 30 unless the file says),
+ * Gemma 2's attention soft-cap (50 unless the file says), and the attention scale 1/sqrt(Dh), or
+ * 1/sqrt(D/H) for the largest models (Gemma 3 with 62 layers, Gemma 2 with 46; llama.cpp ignores
+ * query_pre_attn_scalar, which equals one of the two in every released model). */
+static sd_status gemma_from_gguf(sd_config *c, const sd_gguf *g) {
+    const int g2 = c->arch == SD_ARCH_GEMMA2;
+    int64_t v = g2 ? 4096 : 0;
     double f = 0.0;
-    if (gguf_int(g, c, "attention.sliding_window", &v) && v > 0) {
+    gguf_int(g, c, "attention.sliding_window", &v);
+    if (g2 && v <= 0) { /* llama.cpp would still slide its local layers */
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "metadata '%s.attention.sliding_window' = %lld: a gemma2 model "
+                            "without a window is not supported",
+                            c->arch_name, (long long)v);
+    }
+    if (v > 0) {
         c->sliding_window = v < (1 << 30) ? (int)v : (1 << 30);
-        c->swa_pattern = 6;
+        c->swa_pattern = g2 ? 2 : 6;
         char key[128];
         snprintf(key, sizeof(key), "%s.attention.sliding_window_pattern", c->arch_name);
         const sd_gguf_kv *kv = sd_gguf_find(g, key);
@@ -259,13 +288,18 @@ static sd_status gemma3_from_gguf(sd_config *c, const sd_gguf *g) {
                                 "metadata '%s' is supported as one layer period > 1 only", key);
         }
         c->swa_pattern = kv != NULL ? (int)v : c->swa_pattern;
-        c->rope_theta_local = gguf_float(g, c, "rope.freq_base_swa", &f) ? (float)f : 10000.0f;
+        c->rope_theta_local = gguf_float(g, c, "rope.freq_base_swa", &f) ? (float)f
+                              : g2                                       ? c->rope_theta
+                                                                         : 10000.0f;
     }
-    if (gguf_float(g, c, "final_logit_softcapping", &f)) {
-        c->final_softcap = (float)f;
+    c->final_softcap = gguf_float(g, c, "final_logit_softcapping", &f) ? (float)f
+                       : g2                                            ? 30.0f
+                                                                       : 0.0f;
+    if (g2) {
+        c->attn_softcap = gguf_float(g, c, "attn_logit_softcapping", &f) ? (float)f : 50.0f;
     }
-    c->attn_scale =
-        1.0f / sqrtf((float)(c->n_layers == 62 ? c->hidden_size / c->n_heads : c->head_dim));
+    const int largest = c->n_layers == (g2 ? 46 : 62);
+    c->attn_scale = 1.0f / sqrtf((float)(largest ? c->hidden_size / c->n_heads : c->head_dim));
     return SD_OK;
 }
 
@@ -313,13 +347,17 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
                             "dimension %d) are not supported",
                             (long long)v, c->head_dim);
     }
-    /* llama.cpp's llama graph ignores this key (its converter does not write Mistral's window);
-     * where a file states one, specdec computes the model it describes. For qwen2/qwen3 HF
-     * applies a window only on some layers, which the file cannot say: refused. */
-    if (c->arch == SD_ARCH_GEMMA3) {
-        SD_TRY(gemma3_from_gguf(c, g));
+    double f = 0.0;
+    c->rope_theta = gguf_float(g, c, "rope.freq_base", &f) ? (float)f : 10000.0f;
+    c->rms_eps = gguf_float(g, c, "attention.layer_norm_rms_epsilon", &f) ? (float)f : 1e-5f;
+    /* llama.cpp's llama graph ignores this key (its converter does not write Mistral's window),
+     * and llama.cpp turns Phi-3's off (its converter writes it); where a file states one, specdec
+     * computes the model it describes, as transformers does. For qwen2/qwen3 HF applies a window
+     * only on some layers, which the file cannot say: refused. */
+    if (sd_config_is_gemma(c)) {
+        SD_TRY(gemma_from_gguf(c, g));
     } else if (gguf_int(g, c, "attention.sliding_window", &v) && v > 0) {
-        if (c->arch != SD_ARCH_LLAMA && v < c->context_length) {
+        if (c->arch != SD_ARCH_LLAMA && c->arch != SD_ARCH_PHI3 && v < c->context_length) {
             return sd_set_error(SD_ERR_UNSUPPORTED,
                                 "metadata '%s.attention.sliding_window' = %lld (a window in a %s "
                                 "model) is not supported",
@@ -327,11 +365,14 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
         }
         c->sliding_window = v < (1 << 30) ? (int)v : (1 << 30);
     }
-    double f = 0.0;
-    c->rope_theta = gguf_float(g, c, "rope.freq_base", &f) ? (float)f : 10000.0f;
-    c->rms_eps = gguf_float(g, c, "attention.layer_norm_rms_epsilon", &f) ? (float)f : 1e-5f;
     SD_TRY(refuse_gguf_keys(g, c));
     SD_TRY(rope_from_gguf(c, g));
+    if (sd_gguf_find_tensor(g, "rope_factors_long.weight") != NULL ||
+        sd_gguf_find_tensor(g, "rope_factors_short.weight") != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "tensors rope_factors_long/rope_factors_short (LongRoPE, the "
+                            "128k-context Phi-3 models) are not supported");
+    }
     const sd_tensor_info *emb = sd_gguf_find_tensor(g, "token_embd.weight");
     if (emb == NULL) {
         return sd_set_error(SD_ERR_FORMAT, "missing tensor 'token_embd.weight'");
@@ -388,13 +429,13 @@ static const struct {
     const char *key;
     neutral ok;
     const char *what;
-    int gemma3_reads; /* gemma3 reads this key itself */
+    unsigned reads; /* the architectures that read this key themselves */
 } g_hf_refused[] = {
     {"mlp_bias", NEUTRAL_ZERO, "MLP biases", 0},
     {"partial_rotary_factor", NEUTRAL_ONE, "partial rotary embeddings", 0},
-    {"attn_logit_softcapping", NEUTRAL_ABSENT, "attention logit soft-capping", 0},
-    {"final_logit_softcapping", NEUTRAL_ABSENT, "final logit soft-capping", 1},
-    {"query_pre_attn_scalar", NEUTRAL_ABSENT, "a custom attention scale", 1},
+    {"attn_logit_softcapping", NEUTRAL_ABSENT, "attention logit soft-capping", GEMMA2},
+    {"final_logit_softcapping", NEUTRAL_ABSENT, "final logit soft-capping", GEMMA2 | GEMMA3},
+    {"query_pre_attn_scalar", NEUTRAL_ABSENT, "a custom attention scale", GEMMA2 | GEMMA3},
     {"attention_multiplier", NEUTRAL_ABSENT, "a custom attention scale", 0},
     {"embedding_multiplier", NEUTRAL_ONE, "embedding scaling", 0},
     {"logits_scaling", NEUTRAL_ONE, "logit scaling", 0},
@@ -404,22 +445,22 @@ static const struct {
     {"quantization_config", NEUTRAL_ABSENT, "quantized Hugging Face weights", 0},
     {"is_causal", NEUTRAL_TRUE, "non-causal attention", 0},
     {"use_qk_norm", NEUTRAL_ZERO, "q/k norms in this architecture", 0},
-    {"rope_local_base_freq", NEUTRAL_ABSENT, "a separate RoPE base for local layers", 1},
+    {"rope_local_base_freq", NEUTRAL_ABSENT, "a separate RoPE base for local layers", GEMMA3},
     {"use_bidirectional_attention", NEUTRAL_ZERO, "bidirectional attention", 0},
 };
 
 /* Every key of the table, the activation, the attention bias and the layer types. */
 static sd_status refuse_hf_keys(const sd_config *c, const sd_json *cfg, const char *path) {
-    const int gemma3 = c->arch == SD_ARCH_GEMMA3;
+    const int gemma = sd_config_is_gemma(c);
     for (size_t i = 0; i < sizeof(g_hf_refused) / sizeof(g_hf_refused[0]); i++) {
         const sd_json *v = sd_json_get(cfg, g_hf_refused[i].key);
-        if (!(gemma3 && g_hf_refused[i].gemma3_reads) && !json_neutral(v, g_hf_refused[i].ok)) {
+        if (!(g_hf_refused[i].reads & (1u << c->arch)) && !json_neutral(v, g_hf_refused[i].ok)) {
             return sd_set_error(SD_ERR_UNSUPPORTED, "%s: \"%s\" (%s) is not supported", path,
                                 g_hf_refused[i].key, g_hf_refused[i].what);
         }
     }
     static const char *const act_keys[] = {"hidden_act", "hidden_activation"};
-    const char *act = gemma3 ? "gelu_pytorch_tanh" : "silu"; /* GeGLU (tanh GELU) or SwiGLU */
+    const char *act = gemma ? "gelu_pytorch_tanh" : "silu"; /* GeGLU (tanh GELU) or SwiGLU */
     for (int i = 0; i < 2; i++) {
         const sd_json *v = sd_json_get(cfg, act_keys[i]);
         if (!is_null(v) && (v->type != SD_JSON_STRING || strcmp(v->string, act) != 0)) {
@@ -440,7 +481,7 @@ static sd_status refuse_hf_keys(const sd_config *c, const sd_json *cfg, const ch
                             path, c->arch_name);
     }
     const sd_json *lt = sd_json_get(cfg, "layer_types");
-    if (!is_null(lt) && !gemma3) { /* gemma3's are read by gemma3_from_hf */
+    if (!is_null(lt) && !gemma) { /* gemma's are read by gemma_from_hf */
         if (lt->type != SD_JSON_ARRAY) {
             return sd_set_error(SD_ERR_FORMAT, "%s: \"layer_types\" is not an array", path);
         }
@@ -543,8 +584,8 @@ static sd_status rope_from_hf(sd_config *c, const sd_json *cfg, const char *path
     return SD_OK;
 }
 
-/* The sliding window: Mistral's "sliding_window" holds on every layer; qwen2/qwen3 apply one
- * only with "use_sliding_window" (and then on some layers: refused). Llama has none. */
+/* The sliding window: Mistral's and Phi-3's "sliding_window" hold on every layer; qwen2/qwen3 apply
+ * one only with "use_sliding_window" (and then on some layers: refused). Llama has none. */
 static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *path,
                                 const char *mt) {
     int64_t window = 0;
@@ -554,7 +595,7 @@ static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *pa
         return sd_set_error(SD_ERR_FORMAT, "%s: \"sliding_window\" is not a positive integer",
                             path);
     }
-    if (strcmp(mt, "mistral") == 0) {
+    if (strcmp(mt, "mistral") == 0 || strcmp(mt, "phi3") == 0) { /* on every layer */
         c->sliding_window = has_window ? (window < (1 << 30) ? (int)window : 1 << 30) : 0;
         return SD_OK;
     }
@@ -571,9 +612,9 @@ static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *pa
 
 /* The period n of layer types that slide on l % n < n - 1: from "layer_types" when given (it
  * must follow such a period, or have no full layer: n = 0), else "sliding_window_pattern". */
-static sd_status gemma3_pattern(sd_config *c, const sd_json *cfg, const char *path) {
+static sd_status gemma_pattern(sd_config *c, const sd_json *cfg, const char *path) {
     const sd_json *lt = sd_json_get(cfg, "layer_types");
-    int64_t n = 6; /* Gemma3TextConfig's default */
+    int64_t n = c->arch == SD_ARCH_GEMMA2 ? 2 : 6; /* Gemma2Config's, Gemma3TextConfig's */
     if (!sd_json_get_int(cfg, "sliding_window_pattern", &n)) {
         sd_json_get_int(cfg, "_sliding_window_pattern", &n);
     }
@@ -606,15 +647,43 @@ static sd_status gemma3_pattern(sd_config *c, const sd_json *cfg, const char *pa
     return SD_OK;
 }
 
-/* Gemma 3 (transformers' gemma3_text): RoPE per layer type (rope_parameters' full_attention
- * and sliding_attention, or rope_theta, rope_scaling for the global layers and
- * rope_local_base_freq), the window and its layer pattern, query_pre_attn_scalar, the final
- * soft-cap. */
-static sd_status gemma3_from_hf(sd_config *c, const sd_json *cfg, const char *path) {
+/* A soft-cap of config.json: `dflt` (the config class's default) when the key is absent, none
+ * (0) when null. */
+static sd_status softcap_from_hf(float *cap, const sd_json *cfg, const char *key, float dflt,
+                                 const char *path) {
+    const sd_json *v = sd_json_get(cfg, key);
+    double f = 0.0;
+    *cap = v == NULL ? dflt : 0.0f;
+    if (!is_null(v)) {
+        if (!sd_json_get_double(cfg, key, &f) || !(f > 0.0)) {
+            return sd_set_error(SD_ERR_FORMAT, "%s: \"%s\" must be a number > 0 or null", path,
+                                key);
+        }
+        *cap = (float)f;
+    }
+    return SD_OK;
+}
+
+/* Gemma 2 and Gemma 3 (transformers' gemma2, gemma3_text): RoPE per layer type (Gemma 3:
+ * rope_parameters' full_attention and sliding_attention, or rope_theta, rope_scaling for the
+ * global layers and rope_local_base_freq; Gemma 2: one RoPE for all), the window and its layer
+ * pattern, query_pre_attn_scalar, the soft-caps (Gemma 2: attention 50 and final 30 when
+ * absent, as Gemma2Config; Gemma 3: final only, none when absent). */
+static sd_status gemma_from_hf(sd_config *c, const sd_json *cfg, const char *path) {
+    const int g2 = c->arch == SD_ARCH_GEMMA2;
     double f = 0.0;
     c->rope_theta_local = sd_json_get_double(cfg, "rope_local_base_freq", &f) ? (float)f : 1e4f;
     const sd_json *rp = sd_json_get(cfg, "rope_parameters");
-    if (!is_null(rp) && sd_json_get(rp, "full_attention") != NULL) {
+    if (g2) {
+        SD_TRY(rope_from_hf(c, cfg, path));
+        c->rope_theta_local = c->rope_theta;
+        if (c->rope_scaling != SD_ROPE_DEFAULT) { /* HF scales every layer, llama.cpp not */
+            return sd_set_error(SD_ERR_UNSUPPORTED,
+                                "%s: RoPE scaling in a gemma2 model is not "
+                                "supported",
+                                path);
+        }
+    } else if (!is_null(rp) && sd_json_get(rp, "full_attention") != NULL) {
         if (!is_null(sd_json_get(cfg, "rope_scaling"))) {
             return sd_set_error(SD_ERR_UNSUPPORTED,
                                 "%s: \"rope_scaling\" beside per-layer-type \"rope_parameters\" "
@@ -648,22 +717,24 @@ static sd_status gemma3_from_hf(sd_config *c, const sd_json *cfg, const char *pa
     int64_t window = 0;
     if (sd_json_get_int(cfg, "sliding_window", &window) && window > 0) {
         c->sliding_window = window < (1 << 30) ? (int)window : 1 << 30;
-        SD_TRY(gemma3_pattern(c, cfg, path));
+        SD_TRY(gemma_pattern(c, cfg, path));
     } else {
         /* HF would still give the sliding_attention layers their local RoPE base, llama.cpp
          * not: no answer is right for both */
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "%s: a gemma3 model without a positive \"sliding_window\" is not "
+                            "%s: a %s model without a positive \"sliding_window\" is not "
                             "supported",
-                            path);
+                            path, c->arch_name);
     }
     const double qpas = sd_json_get_double(cfg, "query_pre_attn_scalar", &f) ? f : 256.0;
     if (!(qpas > 0.0)) {
         return sd_set_error(SD_ERR_FORMAT, "%s: \"query_pre_attn_scalar\" must be > 0", path);
     }
     c->attn_scale = (float)(1.0 / sqrt(qpas));
-    if (sd_json_get_double(cfg, "final_logit_softcapping", &f)) {
-        c->final_softcap = (float)f;
+    SD_TRY(softcap_from_hf(&c->final_softcap, cfg, "final_logit_softcapping", g2 ? 30.0f : 0.0f,
+                           path));
+    if (g2) {
+        SD_TRY(softcap_from_hf(&c->attn_softcap, cfg, "attn_logit_softcapping", 50.0f, path));
     }
     return SD_OK;
 }
@@ -700,8 +771,8 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
     c->rms_eps = sd_json_get_double(cfg, "rms_norm_eps", &f) ? (float)f : 1e-6f;
     c->rope_theta = sd_json_get_double(cfg, "rope_theta", &f) ? (float)f : 10000.0f;
     SD_TRY(refuse_hf_keys(c, cfg, path));
-    if (c->arch == SD_ARCH_GEMMA3) {
-        SD_TRY(gemma3_from_hf(c, cfg, path));
+    if (sd_config_is_gemma(c)) {
+        SD_TRY(gemma_from_hf(c, cfg, path));
     } else {
         SD_TRY(rope_from_hf(c, cfg, path));
         SD_TRY(window_from_hf(c, cfg, path, mt));

@@ -11,7 +11,8 @@
 #include "specdec.h"
 
 /* Set c->arch, arch_name and the flags that follow from the architecture named name[0..len)
- * ("llama", "mistral", "qwen2", "qwen3"); SD_ERR_UNSUPPORTED names any other. */
+ * ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3_text"); SD_ERR_UNSUPPORTED
+ * names any other. */
 sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len);
 
 /* Range checks of the sizes and the RoPE/norm constants. */
@@ -25,6 +26,13 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g);
  * exists when tie_word_embeddings is not given. */
 sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
                             const sd_st_set *st);
+
+/* Whether c is a Gemma (2 or 3): embeddings x sqrt(D), sandwich norms, GeGLU. */
+int sd_config_is_gemma(const sd_config *c);
+
+/* Whether layer l attends through the sliding window (Mistral: every layer; Gemma: the local
+ * ones, l % swa_pattern < swa_pattern - 1). */
+int sd_config_layer_slides(const sd_config *c, int l);
 
 /* inv (Dh/2): RoPE's inverse frequencies after c's scaling; `factors` (Dh/2, each > 0) are the
  * file's divisors for SD_ROPE_FACTORS and unused otherwise. */

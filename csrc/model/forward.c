@@ -1,10 +1,11 @@
-/* forward.c — one forward pass of a llama/qwen2/qwen3/gemma3 decoder over a batch of T tokens at
- * given positions, writing K/V into given cache slots and attending through an explicit mask, so
- * one call serves prefill, single-token decode and the scoring of a whole draft tree. */
+/* forward.c — one forward pass of a llama/qwen2/qwen3/gemma2/gemma3 decoder over a batch of T
+ * tokens at given positions, writing K/V into given cache slots and attending through an explicit
+ * mask, so one call serves prefill, single-token decode and the scoring of a whole draft tree. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/config.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "cpu/ops_cpu.h"
@@ -142,12 +143,6 @@ static sd_status window_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batc
         }
     }
     return SD_OK;
-}
-
-/* Whether layer l attends through the window (Mistral: all; Gemma 3: the local ones). */
-static int layer_slides(const sd_config *c, int l) {
-    return c->sliding_window > 0 &&
-           (c->swa_pattern == 0 || l % c->swa_pattern < c->swa_pattern - 1);
 }
 
 /* cs (T, Dh): cos/sin of pos[t] * freq[i], in double so large positions keep their precision. */
@@ -301,7 +296,7 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
     if (m->rope_freq_local != NULL) {
         rope_angles(s->rope_cs_local, pos, T, Dh, m->rope_freq_local);
     }
-    const int gemma = c->arch == SD_ARCH_GEMMA3;
+    const int gemma = sd_config_is_gemma(c);
     /* sd_attention scales q.k by 1/sqrt(Dh): another scale goes into q */
     const float q_scale = c->attn_scale > 0.0f ? c->attn_scale * sqrtf((float)Dh) : 1.0f;
 
@@ -325,7 +320,7 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         const sd_layer *L = &m->w.layers[l];
         const void *kc = sd_kv_at(kv, kv->k, sd_kv_row(kv, l, 0, 0));
         const void *vc = sd_kv_at(kv, kv->v, sd_kv_row(kv, l, 0, 0));
-        const int local = c->swa_pattern > 0 && layer_slides(c, l);
+        const int local = c->swa_pattern > 0 && sd_config_layer_slides(c, l);
         const float *cs = local ? s->rope_cs_local : s->rope_cs;
 
         /* attention block: x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n), n = rmsnorm(x) */
@@ -359,16 +354,18 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
                 }
             }
         }
-        sd_attention(m->pool, s->xb, s->q, kc, vc, kv->f16, sd_kv_row(kv, 0, 1, 0),
-                     local ? s->mask_local : s->mask, T, n_attn, H, Hkv, Dh, s->scores);
-        /* gemma3: x += rmsnorm(Wo · attn) * post-norm */
+        /* gemma2: scores = cap * tanh(scores / cap) before the mask and softmax */
+        sd_attention_capped(m->pool, s->xb, s->q, kc, vc, kv->f16, sd_kv_row(kv, 0, 1, 0),
+                            local ? s->mask_local : s->mask, T, n_attn, H, Hkv, Dh, c->attn_softcap,
+                            s->scores);
+        /* gemma: x += rmsnorm(Wo · attn) * post-norm */
         sd_matmul_job o = {gemma ? s->xo : s->x, s->xb, &L->wo, NULL, !gemma};
         sd_matmul(m->pool, T, &o, 1, s->xq, 0);
         if (gemma) {
             add_post_normed(s->x, s->xo, L->attn_post_norm, T, D, c->rms_eps);
         }
 
-        /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x); gemma3: gelu for
+        /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x); gemma: gelu for
          * silu, and the output through its post-norm */
         sd_matmul_job gu[2] = {
             {s->hb, s->xb, &L->w_gate, NULL, 0},

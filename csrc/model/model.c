@@ -41,6 +41,8 @@ typedef enum {
     R_ROPE_FREQS,
     R_ATTN_POST_NORM,
     R_FFN_POST_NORM,
+    R_QKV,     /* phi3: q, k and v stacked by rows */
+    R_GATE_UP, /* phi3: gate and up stacked by rows */
     R_COUNT
 } role;
 
@@ -65,6 +67,8 @@ static const char *const g_gguf_names[R_COUNT] = {
     "rope_freqs.weight",
     "blk.%d.post_attention_norm.weight",
     "blk.%d.post_ffw_norm.weight",
+    "blk.%d.attn_qkv.weight",
+    "blk.%d.ffn_up.weight", /* phi3's holds gate and up */
 };
 
 static const char *const g_hf_names[R_COUNT] = {
@@ -86,9 +90,11 @@ static const char *const g_hf_names[R_COUNT] = {
     "model.layers.%d.self_attn.q_norm.weight",
     "model.layers.%d.self_attn.k_norm.weight",
     "", /* Hugging Face computes RoPE's factors from config.json */
-    /* gemma3's sandwich norms; its pre-MLP norm is pre_feedforward_layernorm (load_hf) */
+    /* gemma's sandwich norms; its pre-MLP norm is pre_feedforward_layernorm (load_hf) */
     "model.layers.%d.post_attention_layernorm.weight",
     "model.layers.%d.post_feedforward_layernorm.weight",
+    "model.layers.%d.self_attn.qkv_proj.weight",
+    "model.layers.%d.mlp.gate_up_proj.weight",
 };
 
 typedef struct {
@@ -97,7 +103,7 @@ typedef struct {
     size_t vec_used; /* floats of m->vectors handed out */
     size_t vec_cap;
     unsigned char *used; /* (the file's tensor count) tensors found by role, or NULL */
-    float norm_shift;    /* added to every norm weight: HF's gemma3 norms scale by (1 + w) */
+    float norm_shift;    /* added to every norm weight: HF's gemma norms scale by (1 + w) */
 } builder;
 
 /* The file's tensors, to tell which no role read (a random model has none of its own). */
@@ -246,6 +252,46 @@ static sd_status get_vec(const float **out, builder *b, role r, int layer, int64
 
 /* Find every tensor by role: views of the matrices, f32 copies of the vectors (m->vectors), and
  * RoPE's frequencies after the model's scaling. */
+/* Rows [r0, r0 + rows) of m as a matrix of their own: a view (each row is whole blocks). */
+static sd_mat row_view(const sd_mat *m, int64_t r0, int64_t rows) {
+    sd_mat v = *m;
+    v.data = (const unsigned char *)m->data + (size_t)r0 * m->row_bytes;
+    v.rows = rows;
+    return v;
+}
+
+/* q, k, v of layer l: phi3's fused matrix cut by rows (q first, then k, then v), else (GGUF
+ * files may keep them apart) the three matrices. */
+static sd_status get_qkv(sd_layer *L, builder *b, int l, int64_t QD, int64_t KVD, int64_t D) {
+    if (b->m->cfg.arch == SD_ARCH_PHI3) {
+        sd_mat qkv;
+        SD_TRY(get_mat(&qkv, b, R_QKV, l, QD + 2 * KVD, D, b->m->gguf == NULL));
+        if (qkv.data != NULL) {
+            L->wq = row_view(&qkv, 0, QD);
+            L->wk = row_view(&qkv, QD, KVD);
+            L->wv = row_view(&qkv, QD + KVD, KVD);
+            return SD_OK;
+        }
+    }
+    SD_TRY(get_mat(&L->wq, b, R_WQ, l, QD, D, 1));
+    SD_TRY(get_mat(&L->wk, b, R_WK, l, KVD, D, 1));
+    return get_mat(&L->wv, b, R_WV, l, KVD, D, 1);
+}
+
+/* gate and up of layer l: phi3's one matrix (gate rows first, as HF's chunk(2) and llama.cpp's
+ * fused SwiGLU read it), else two. */
+static sd_status get_gate_up(sd_layer *L, builder *b, int l, int64_t F, int64_t D) {
+    if (b->m->cfg.arch == SD_ARCH_PHI3) {
+        sd_mat gu;
+        SD_TRY(get_mat(&gu, b, R_GATE_UP, l, 2 * F, D, 1));
+        L->w_gate = row_view(&gu, 0, F);
+        L->w_up = row_view(&gu, F, F);
+        return SD_OK;
+    }
+    SD_TRY(get_mat(&L->w_gate, b, R_GATE, l, F, D, 1));
+    return get_mat(&L->w_up, b, R_UP, l, F, D, 1);
+}
+
 static sd_status find_weights(sd_model *m, builder *b) {
     sd_config *c = &m->cfg;
     const int64_t D = c->hidden_size, V = c->vocab_size, F = c->ffn_size;
@@ -273,9 +319,7 @@ static sd_status find_weights(sd_model *m, builder *b) {
     for (int l = 0; l < c->n_layers; l++) {
         sd_layer *L = &m->w.layers[l];
         SD_TRY(get_vec(&L->attn_norm, b, R_ATTN_NORM, l, D, 1));
-        SD_TRY(get_mat(&L->wq, b, R_WQ, l, QD, D, 1));
-        SD_TRY(get_mat(&L->wk, b, R_WK, l, KVD, D, 1));
-        SD_TRY(get_mat(&L->wv, b, R_WV, l, KVD, D, 1));
+        SD_TRY(get_qkv(L, b, l, QD, KVD, D));
         SD_TRY(get_mat(&L->wo, b, R_WO, l, D, QD, 1));
         SD_TRY(get_vec(&L->bq, b, R_BQ, l, QD, c->has_qkv_bias));
         SD_TRY(get_vec(&L->bk, b, R_BK, l, KVD, c->has_qkv_bias));
@@ -285,12 +329,11 @@ static sd_status find_weights(sd_model *m, builder *b) {
             SD_TRY(get_vec(&L->k_norm, b, R_K_NORM, l, Dh, 1));
         }
         SD_TRY(get_vec(&L->ffn_norm, b, R_FFN_NORM, l, D, 1));
-        if (c->arch == SD_ARCH_GEMMA3) {
+        if (sd_config_is_gemma(c)) {
             SD_TRY(get_vec(&L->attn_post_norm, b, R_ATTN_POST_NORM, l, D, 1));
             SD_TRY(get_vec(&L->ffn_post_norm, b, R_FFN_POST_NORM, l, D, 1));
         }
-        SD_TRY(get_mat(&L->w_gate, b, R_GATE, l, F, D, 1));
-        SD_TRY(get_mat(&L->w_up, b, R_UP, l, F, D, 1));
+        SD_TRY(get_gate_up(L, b, l, F, D));
         SD_TRY(get_mat(&L->w_down, b, R_DOWN, l, D, F, 1));
     }
     c->weight_type = m->w.layers[0].wq.type;
@@ -400,7 +443,7 @@ static sd_status load_hf(sd_model *m, const char *dir) {
     if (st == SD_OK) {
         const char *names[R_COUNT];
         memcpy(names, g_hf_names, sizeof(names));
-        const int gemma = m->cfg.arch == SD_ARCH_GEMMA3;
+        const int gemma = sd_config_is_gemma(&m->cfg);
         if (gemma) {
             names[R_FFN_NORM] = "model.layers.%d.pre_feedforward_layernorm.weight";
         }
@@ -456,11 +499,11 @@ static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     }
     const sd_config *c = &m->cfg;
     if (p->device == SD_DEVICE_CUDA &&
-        (c->has_qk_norm || c->arch == SD_ARCH_GEMMA3 || c->swa_pattern > 0 ||
-         c->attn_scale > 0.0f || c->final_softcap > 0.0f)) {
+        (c->has_qk_norm || sd_config_is_gemma(c) || c->arch == SD_ARCH_PHI3 || c->swa_pattern > 0 ||
+         c->attn_scale > 0.0f || c->final_softcap > 0.0f || c->attn_softcap > 0.0f)) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "the CUDA backend has no %s layers yet (q/k norms, gemma3's sandwich "
-                            "norms, GeGLU, local layers and soft-cap): use the CPU",
+                            "the CUDA backend has no %s layers yet (q/k norms, gemma's sandwich "
+                            "norms, GeGLU, local layers, soft-caps, fused matrices): use the CPU",
                             c->arch_name);
     }
     if (p->device == SD_DEVICE_CUDA) {
@@ -488,7 +531,7 @@ sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight
     /* the documented fields only: no window, RoPE scaling or scales from an unset struct */
     c->sliding_window = c->swa_pattern = 0;
     c->rope_scaling = SD_ROPE_DEFAULT;
-    c->attn_scale = c->final_softcap = 0.0f;
+    c->attn_scale = c->final_softcap = c->attn_softcap = 0.0f;
     sd_status st = SD_OK;
     if (cfg->arch != SD_ARCH_LLAMA && cfg->arch != SD_ARCH_QWEN2) {
         st = sd_set_error(SD_ERR_INVALID_ARG, "unknown architecture %d (0 = llama, 1 = qwen2)",

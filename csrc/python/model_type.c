@@ -4,11 +4,13 @@
 #include "python/py_core.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "check/llamacpp_order.h"
 #include "format/gguf.h"
+#include "model/config.h"
 
 /* A new Model object owning m (freed on failure). */
 PyObject *sd_py_model_wrap(sd_model *m) {
@@ -35,17 +37,81 @@ static void model_dealloc(sd_py_Model *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* {"type", "factor", ...} of c's RoPE scaling, or None when unscaled. */
+static PyObject *rope_scaling_dict(const sd_config *c) {
+    switch (c->rope_scaling) {
+    case SD_ROPE_LINEAR:
+        return Py_BuildValue("{s:s,s:d}", "type", "linear", "factor", (double)c->rope_factor);
+    case SD_ROPE_LLAMA3:
+        return Py_BuildValue(
+            "{s:s,s:d,s:d,s:d,s:i}", "type", "llama3", "factor", (double)c->rope_factor,
+            "low_freq_factor", (double)c->rope_low_freq_factor, "high_freq_factor",
+            (double)c->rope_high_freq_factor, "original_context", c->rope_original_context);
+    case SD_ROPE_FACTORS: /* the file's per-frequency divisors (GGUF rope_freqs.weight) */
+        return Py_BuildValue("{s:s}", "type", "factors");
+    default: Py_RETURN_NONE;
+    }
+}
+
+/* x, or None when x is 0 (a feature the model does not have). */
+static PyObject *float_or_none(float x) {
+    if (x == 0.0f) {
+        Py_RETURN_NONE;
+    }
+    return PyFloat_FromDouble((double)x);
+}
+
+/* The fields of specdec.model.ModelConfig. */
 static PyObject *model_config(sd_py_Model *self, void *closure) {
     (void)closure;
     const sd_config *c = sd_model_config(self->model);
-    return Py_BuildValue(
-        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:d,s:d,s:O,s:O,s:O,s:s}", "arch", c->arch_name,
-        "vocab_size", c->vocab_size, "hidden_size", c->hidden_size, "n_layers", c->n_layers,
-        "n_heads", c->n_heads, "n_kv_heads", c->n_kv_heads, "head_dim", c->head_dim, "ffn_size",
-        c->ffn_size, "context_length", c->context_length, "rope_theta", (double)c->rope_theta,
-        "rms_eps", (double)c->rms_eps, "tied_embeddings", c->tied_embeddings ? Py_True : Py_False,
-        "rope_neox", c->rope_neox ? Py_True : Py_False, "qkv_bias",
-        c->has_qkv_bias ? Py_True : Py_False, "weight_type", sd_type_name(c->weight_type));
+    PyObject *d = NULL, *rope = NULL, *types = NULL, *softcap = NULL, *local = NULL;
+    PyObject *attn_softcap = NULL;
+    PyObject *window = NULL;
+    const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt(c->head_dim);
+    if ((rope = rope_scaling_dict(c)) == NULL || (types = PyTuple_New(c->n_layers)) == NULL ||
+        (softcap = float_or_none(c->final_softcap)) == NULL ||
+        (attn_softcap = float_or_none(c->attn_softcap)) == NULL ||
+        (local = float_or_none(c->swa_pattern > 0 ? c->rope_theta_local : 0.0f)) == NULL) {
+        goto done;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        PyObject *t = PyUnicode_FromString(sd_config_layer_slides(c, l) ? "sliding_attention"
+                                                                        : "full_attention");
+        if (t == NULL) {
+            goto done;
+        }
+        PyTuple_SET_ITEM(types, l, t);
+    }
+    if (c->sliding_window > 0) {
+        window = PyLong_FromLong(c->sliding_window);
+    } else {
+        Py_INCREF(Py_None);
+        window = Py_None;
+    }
+    if (window == NULL) {
+        goto done;
+    }
+    d = Py_BuildValue(
+        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:d,s:d,s:O,s:O,s:O,s:O,s:s,s:O,s:O,"
+        "s:O,s:O,s:d,s:O,s:O}",
+        "arch", c->arch_name, "vocab_size", c->vocab_size, "hidden_size", c->hidden_size,
+        "n_layers", c->n_layers, "n_heads", c->n_heads, "n_kv_heads", c->n_kv_heads, "head_dim",
+        c->head_dim, "ffn_size", c->ffn_size, "context_length", c->context_length, "rope_theta",
+        (double)c->rope_theta, "rms_eps", (double)c->rms_eps, "tied_embeddings",
+        c->tied_embeddings ? Py_True : Py_False, "rope_neox", c->rope_neox ? Py_True : Py_False,
+        "qkv_bias", c->has_qkv_bias ? Py_True : Py_False, "qk_norm",
+        c->has_qk_norm ? Py_True : Py_False, "weight_type", sd_type_name(c->weight_type),
+        "rope_scaling", rope, "rope_theta_local", local, "sliding_window", window, "layer_types",
+        types, "attn_scale", scale, "final_softcap", softcap, "attn_softcap", attn_softcap);
+done:
+    Py_XDECREF(rope);
+    Py_XDECREF(types);
+    Py_XDECREF(softcap);
+    Py_XDECREF(attn_softcap);
+    Py_XDECREF(local);
+    Py_XDECREF(window);
+    return d;
 }
 
 static PyObject *model_get_threads(sd_py_Model *self, void *closure) {
