@@ -100,6 +100,9 @@ def load_draft(args: argparse.Namespace, model) -> "specdec.Model":
 
 def run(args: argparse.Namespace) -> dict:
     model = specdec.load(args.model, threads=args.threads, kv_dtype=args.kv_dtype)
+    # every method computes its own prefill: with prefix reuse the methods after the first
+    # would take the prompt's keys and values from the run before and look faster than they are
+    model.prefix_cache = 0
     tok = model.require_tokenizer()
     methods = {"plain": None}
     draft_cost = {"lookup": 0.0}  # one draft token's cost relative to a target forward
