@@ -179,6 +179,9 @@ int sd_model_kv_f16(const sd_model *model);
 #define SD_PREFIX_CACHE_DEFAULT 4
 sd_status sd_model_set_prefix_cache(sd_model *model, int n);
 int sd_model_prefix_cache(const sd_model *model);
+/* The sequence steps run on the model so far, and the forwards they took: the steps of
+ * requests running at once in several threads share forwards (sd_sequence_step). */
+void sd_model_sched_counts(sd_model *model, long long *forwards, long long *steps);
 /* Bytes of weights one forward reads per token: every matrix and norm and the output head; not
  * the embedding table, of which a forward reads only its tokens' rows. */
 size_t sd_model_weight_bytes(const sd_model *model);
@@ -437,15 +440,17 @@ sd_status sd_generate_speculative(int32_t *out, int *n_out, sd_finish_reason *re
  *
  * sd_generate and sd_generate_speculative create a sequence and step it to its end. Stepping it
  * yourself gives the thread that owns a request control between steps: to stream the tokens, to
- * notice an interrupt or a cancellation, to let the requests of other threads take turns on the
- * same model. The output, and every bit of it, is the same however the steps are driven. */
+ * notice an interrupt or a cancellation. Sequences of one model may be stepped from several
+ * threads at once: the model's scheduler puts the forwards of the steps that are ready together
+ * into one forward (its weights read once for all of them) and runs the rest of every step one
+ * at a time. The output, and every bit of it, is the same however the steps are driven. */
 typedef struct sd_sequence sd_sequence;
 
 /* Checks everything sd_generate(_speculative) checks (drafter NULL: plain decoding; else its
  * target checks too), copies the prompt and the parameters' arrays and allocates the caches;
- * computes nothing. A sequence with max_new_tokens == 0 is created done. The model (and a
- * draft model) must not run anything else during a step, and must outlive the sequence; the
- * drafter too. params->on_token is called during steps, as in sd_generate. */
+ * computes nothing. A sequence with max_new_tokens == 0 is created done. While a step runs,
+ * the model may run other sequences' steps (in other threads) and nothing else; a draft model
+ * nothing else at all. Both must outlive the sequence; the drafter too. params->on_token is called during steps, as in sd_generate. */
 sd_status sd_sequence_create(sd_sequence **out, sd_model *model, const sd_drafter *drafter,
                              const int32_t *prompt, int n_prompt, const sd_generate_params *params);
 /* One step: a part of a long prompt (about 50 ms of it on the CPU), or one

@@ -152,9 +152,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2
-    model = specdec.load(args.model, threads=args.threads)
+    model = specdec.load(args.model, threads=args.threads, max_sequences=args.max_sequences)
     speculator = speculator_from_name(args.speculator, model, args.threads)
-    print(f"specdec serve: {model}, speculator {speculator!r}, on "
+    print(f"specdec serve: {model}, speculator {speculator!r}, at most {args.max_sequences} "
+          f"requests decoding at once, on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr)
     serve.serve(model, speculator, host=args.host, port=args.port, name=args.model,
                 log_level=args.log_level)
@@ -243,6 +244,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--threads", type=int, default=None)
+    v.add_argument("--max-sequences", type=int, default=16,
+                   help="requests decoding at once, their forwards batched (default 16); more "
+                        "wait in line")
     v.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     v.set_defaults(func=cmd_serve)

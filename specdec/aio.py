@@ -4,8 +4,10 @@
 Each decoding step (the C call that runs with the GIL released) runs in a worker thread while
 the event loop goes on; between steps the request is back in the loop, so cancelling the task
 that awaits it (or closing the stream) ends decoding there: the step in flight, if any, is the
-last, and the sequence and its caches are freed as soon as it returns. Requests on one model
-take turns step by step, as threads do with :func:`specdec.generate`.
+last, and the sequence and its caches are freed as soon as it returns. The steps of requests
+on one model that are ready at the same time share one forward, as with threads (see
+:func:`specdec.generate`). A request beyond :attr:`specdec.Model.max_sequences` waits for its
+slot in the event loop, so no worker thread is held by a waiting request.
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ MAX_WORKERS = 64
 
 _executor: Optional[ThreadPoolExecutor] = None
 _executor_lock = threading.Lock()
+
+
+#: how often a request waiting for a slot under Model.max_sequences looks again (seconds)
+ADMISSION_POLL_S = 0.002
+
+
+def _slot_keeper(model: Model) -> Callable[[Future], None]:
+    """For a call made in a slot taken by try_reserve: the sequence owns the slot once made;
+    if the call failed or never ran, the slot goes back."""
+    def done(fut: Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            model._core.unreserve()
+    return done
 
 
 def _workers() -> ThreadPoolExecutor:
@@ -53,15 +68,29 @@ class _Request:
         if self.closed:
             raise ValueError("the request is closed")
         if self.call is None:
-            self.call = await self._run(_Call, *self.args)
+            model = self.args[0]
+            if not isinstance(model, Model):  # _Call names the wrong type
+                self.call = await self._run(_Call, *self.args)
+                return self.call
+            # a slot under model.max_sequences, waited for here: a worker thread blocked on it
+            # could hold up the steps of the requests that have one
+            while not model._core.try_reserve():
+                await asyncio.sleep(ADMISSION_POLL_S)
+                if self.closed:
+                    raise ValueError("the request is closed")
+            self.call = await self._run(_Call, *self.args, reserved=True,
+                                        on_done=_slot_keeper(model))
         return self.call
 
     async def step(self) -> List[int]:
         call = await self.start()
         return await self._run(call.seq.step)
 
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self.inflight = fut = _workers().submit(fn, *args)
+    async def _run(self, fn: Callable[..., Any], *args: Any,
+                   on_done: Optional[Callable[[Future], None]] = None, **kw: Any) -> Any:
+        self.inflight = fut = _workers().submit(fn, *args, **kw)
+        if on_done is not None:
+            fut.add_done_callback(on_done)
         try:
             result = await asyncio.wrap_future(fut)
         except BaseException:

@@ -56,7 +56,7 @@ class _Call:
     def __init__(self, model: Model, prompt: Prompt, max_new_tokens: Any, temperature: Any,
                  seed: Optional[int], stop_tokens: Optional[Sequence[int]],
                  stop: Optional[Sequence[str]], top_k: Any, top_p: Any, min_p: Any,
-                 speculator: Optional[Speculator]) -> None:
+                 speculator: Optional[Speculator], reserved: bool = False) -> None:
         # types are checked here, ranges by the C core (its messages name the parameter)
         max_new_tokens = _int("max_new_tokens", max_new_tokens)
         temperature = _number("temperature", temperature)
@@ -96,7 +96,7 @@ class _Call:
             stop_ids=None if stop_tokens is None else list(stop_tokens),
             stop_strings=[s.encode("utf-8") for s in self.stop] or None,
             top_k=top_k, top_p=top_p, min_p=min_p,
-            drafter=None if speculator is None else speculator.drafter())
+            drafter=None if speculator is None else speculator.drafter(), reserved=reserved)
 
     def result(self, tokens: List[int], reason: str) -> Generation:
         """The Generation of these tokens; frees the sequence."""
@@ -222,8 +222,10 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
 
     Decoding runs in C a step at a time (a part of a long prompt, one token, or one speculative
     step) with the GIL released, so Ctrl-C raises KeyboardInterrupt between steps, and other
-    threads may generate with the same model at the same time: their steps take turns (each
-    request keeps its own cache; the output of each is the same as alone).
+    threads may generate with the same model at the same time: the steps that are ready
+    together share one forward (continuous batching; :attr:`Model.scheduler_stats` counts),
+    each request keeping its own cache, sampling and stop rules, and its output the same as
+    alone. :attr:`Model.max_sequences` bounds how many decode at once; more wait their turn.
     """
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")

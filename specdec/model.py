@@ -117,6 +117,33 @@ class Model:
         self._core.threads = _int("threads", n)  # the core checks the range
 
     @property
+    def max_sequences(self) -> int:
+        """The most requests decoding on this model at once (settable; 0, the default, sets no
+        limit). Each running request holds a KV cache, so this bounds the memory concurrency
+        takes: a request beyond it waits, first come first served, until one ends, with no
+        error (Ctrl-C still interrupts the wait). Counted are :func:`specdec.generate`,
+        :func:`specdec.stream` and the async calls from their start to their end."""
+        return self._core.max_sequences
+
+    @max_sequences.setter
+    def max_sequences(self, n: int) -> None:
+        self._core.max_sequences = _int("max_sequences", n)
+
+    @property
+    def open_sequences(self) -> int:
+        """Requests decoding on this model now (see :attr:`max_sequences`)."""
+        return self._core.open_sequences
+
+    @property
+    def scheduler_stats(self) -> dict:
+        """``{"steps": n, "forwards": m}``: the steps of requests run on this model so far and
+        the forwards they took. Requests generating at once in several threads share forwards
+        (continuous batching: each step's forward carries the tokens of every request ready to
+        step, the weights read once for all), so ``steps / forwards`` is the mean number of
+        requests per forward."""
+        return self._core.scheduler_stats
+
+    @property
     def prefix_cache(self) -> int:
         """How many finished requests' KV caches the model keeps for prefix reuse (settable, 0
         to 64; default 4 on the CPU, 0 on CUDA, which does not reuse yet). A request whose
@@ -241,7 +268,7 @@ def finish(core: "_core.Model", path: str, dev: int, gpu: int,
 
 
 def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
-         kv_dtype: Optional[str] = None) -> Model:
+         kv_dtype: Optional[str] = None, max_sequences: int = 0) -> Model:
     """Load a model from a ``.gguf`` file or a Hugging Face model directory.
 
     Args:
@@ -254,6 +281,8 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
         threads: worker threads, 1 to 1024 (default: the cores this process may use).
         kv_dtype: ``"f16"`` or ``"f32"``, the element type of the KV caches (default: f16 on
             the CPU, f32 on CUDA, which supports only f32); see :attr:`Model.kv_dtype`.
+        max_sequences: the most requests decoding at once (0: no limit); more wait for a free
+            slot. See :attr:`Model.max_sequences`.
 
     Raises:
         FileNotFoundError: ``path`` does not exist and is no alias.
@@ -273,5 +302,8 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
                 f"no such model file or directory: '{p}' (known model aliases: "
                 f"{', '.join(hub.known_aliases())})")
     dev, gpu = parse_device(device)
+    max_sequences = _int("max_sequences", max_sequences)
     core = _core.load(p, core_threads(threads), dev, gpu)
-    return finish(core, p, dev, gpu, kv_dtype)
+    m = finish(core, p, dev, gpu, kv_dtype)
+    m.max_sequences = max_sequences
+    return m

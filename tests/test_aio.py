@@ -116,8 +116,8 @@ def test_the_event_loop_keeps_running_while_decoding(text_model, monkeypatch):
     # broken on purpose: steps run in the loop's thread
     mod = sys.modules["specdec.aio"]
 
-    async def blocking(self, fn, *args):
-        return fn(*args)
+    async def blocking(self, fn, *args, on_done=None, **kw):
+        return fn(*args, **kw)
 
     monkeypatch.setattr(mod._Request, "_run", blocking)
     g, turns = run(with_ticker(specdec.agenerate(text_model, PROMPT, max_new_tokens=200,

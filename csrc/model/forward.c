@@ -227,70 +227,77 @@ sd_status sd_forward(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *log
     return sd_forward_ex(m, kv, b, logits, NULL);
 }
 
-sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *logits,
-                        const int32_t *tokens_dev) {
+/* The cache fits the model (its shapes, its backend). */
+static sd_status check_cache(const sd_model *m, const sd_kv_cache *kv) {
     const sd_config *c = &m->cfg;
-    int new_len = 0;
-    if (b == NULL || kv == NULL) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "sd_forward needs a batch and a cache");
-    }
     int other = kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads ||
                 kv->head_dim != c->head_dim || (kv->cuda != NULL) != (m->cuda != NULL);
 #ifdef SD_WITH_CUDA
     other = other || (kv->cuda != NULL && sd_cuda_cache_model(kv->cuda) != m->cuda);
 #endif
-    if (other) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "the cache was made for a different model");
-    }
-    const int on_device = m->cuda != NULL;
-    if (b->n_logits > 0 && logits == NULL && !on_device) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "n_logits > 0 needs a logits buffer");
-    }
-    if (tokens_dev != NULL && !on_device) {
-        return sd_set_error(SD_ERR_INTERNAL, "device token ids given to a CPU model");
-    }
-    SD_TRY(validate(m, kv, b, tokens_dev != NULL, &new_len));
-    const int T = b->n_tokens;
-    const int n_attn = b->mask != NULL ? b->n_mask_cols : new_len;
-#ifdef SD_WITH_CUDA
-    if (on_device) {
-        return forward_cuda(m, kv, b, logits, tokens_dev, new_len, n_attn);
-    }
-#endif
-    SD_TRY(sd_scratch_reserve(m, T, n_attn));
+    return other ? sd_set_error(SD_ERR_INVALID_ARG, "the cache was made for a different model")
+                 : SD_OK;
+}
+
+/* One request's part of a combined CPU forward: where its rows, positions and mask lie in the
+ * shared buffers. */
+typedef struct {
+    int t0;         /* its first row of the combined batch */
+    int n_attn;     /* its mask's columns */
+    int new_len;    /* its cache's length after the forward */
+    size_t mask_at; /* where its mask rows begin in the scratch masks */
+} segment;
+
+/* The forward of a CPU model over the requests' batches at once: every matrix multiplies the
+ * rows of all of them (the weights are read once), and each request's tokens attend to their own
+ * cache through their own mask. A row's arithmetic does not depend on the others (the kernels
+ * are batch-invariant), so each request gets the bits of its own forward. */
+static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg, int T,
+                             int max_attn) {
+    const sd_config *c = &m->cfg;
+    SD_TRY(sd_scratch_reserve(m, T, max_attn));
     sd_scratch *s = &m->s;
     const int D = c->hidden_size, Dh = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
     const int KVD = Hkv * Dh, F = c->ffn_size;
-    const int old_len = kv->length;
 
-    /* positions and slots of this batch (defaults: append at the end) */
-    int32_t *pos = calloc((size_t)T * 2 + (size_t)n_attn, sizeof(int32_t));
+    /* positions and slots of every batch (defaults: append at the end of its cache) */
+    int32_t *pos = calloc((size_t)T * 2 + (size_t)max_attn, sizeof(int32_t));
     if (pos == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
     }
     int32_t *slots = pos + T;
-    for (int t = 0; t < T; t++) {
-        pos[t] = b->pos != NULL ? b->pos[t] : old_len + t;
-        slots[t] = b->slots != NULL ? b->slots[t] : old_len + t;
-    }
     /* every layer's mask (Mistral: all windowed), or the global and the local ones (Gemma 3) */
-    build_mask(s->mask, kv, b, pos, old_len, n_attn);
     sd_status mst = SD_OK;
-    if (c->sliding_window > 0) {
-        uint8_t *wm = c->swa_pattern > 0 ? s->mask_local : s->mask;
-        if (wm != s->mask) {
-            memcpy(wm, s->mask, (size_t)T * (size_t)n_attn);
+    for (int j = 0; j < n && mst == SD_OK; j++) {
+        const sd_kv_cache *kv = jobs[j].kv;
+        const sd_batch *b = &jobs[j].b;
+        int32_t *jp = pos + sg[j].t0, *js = slots + sg[j].t0;
+        for (int t = 0; t < b->n_tokens; t++) {
+            jp[t] = b->pos != NULL ? b->pos[t] : kv->length + t;
+            js[t] = b->slots != NULL ? b->slots[t] : kv->length + t;
         }
-        mst = window_mask(wm, kv, b, pos, old_len, n_attn, c->sliding_window, slots + T);
+        uint8_t *mk = s->mask + sg[j].mask_at;
+        build_mask(mk, kv, b, jp, kv->length, sg[j].n_attn);
+        if (c->sliding_window > 0) {
+            uint8_t *wm = c->swa_pattern > 0 ? s->mask_local + sg[j].mask_at : mk;
+            if (wm != mk) {
+                memcpy(wm, mk, (size_t)b->n_tokens * (size_t)sg[j].n_attn);
+            }
+            mst =
+                window_mask(wm, kv, b, jp, kv->length, sg[j].n_attn, c->sliding_window, slots + T);
+        }
     }
     if (mst != SD_OK) {
         free(pos);
         return mst;
     }
-    for (int t = 0; t < T; t++) {
-        kv->pos[slots[t]] = pos[t];
+    for (int j = 0; j < n; j++) { /* all checked: the caches take the batches */
+        sd_kv_cache *kv = jobs[j].kv;
+        for (int t = sg[j].t0; t < sg[j].t0 + jobs[j].b.n_tokens; t++) {
+            kv->pos[slots[t]] = pos[t];
+        }
+        kv->length = sg[j].new_len;
     }
-    kv->length = new_len;
 
     rope_angles(s->rope_cs, pos, T, Dh, m->rope_freq);
     if (m->rope_freq_local != NULL) {
@@ -302,11 +309,13 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
 
     /* embeddings */
     const sd_type_traits *et = sd_type_get(m->w.tok_embd.type);
-    for (int t = 0; t < T; t++) {
-        et->to_float(s->x + (size_t)t * (size_t)D,
-                     (const unsigned char *)m->w.tok_embd.data +
-                         (size_t)b->tokens[t] * m->w.tok_embd.row_bytes,
-                     D);
+    for (int j = 0; j < n; j++) {
+        for (int t = 0; t < jobs[j].b.n_tokens; t++) {
+            et->to_float(s->x + (size_t)(sg[j].t0 + t) * (size_t)D,
+                         (const unsigned char *)m->w.tok_embd.data +
+                             (size_t)jobs[j].b.tokens[t] * m->w.tok_embd.row_bytes,
+                         D);
+        }
     }
     if (gemma) { /* Gemma scales its embeddings by sqrt(D) */
         const float e = (float)sqrt((double)D);
@@ -315,11 +324,9 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         }
     }
 
-    const int n_layers = b->n_layers > 0 ? b->n_layers : c->n_layers;
+    const int n_layers = jobs[0].b.n_layers > 0 ? jobs[0].b.n_layers : c->n_layers;
     for (int l = 0; l < n_layers; l++) {
         const sd_layer *L = &m->w.layers[l];
-        const void *kc = sd_kv_at(kv, kv->k, sd_kv_row(kv, l, 0, 0));
-        const void *vc = sd_kv_at(kv, kv->v, sd_kv_row(kv, l, 0, 0));
         const int local = c->swa_pattern > 0 && sd_config_layer_slides(c, l);
         const float *cs = local ? s->rope_cs_local : s->rope_cs;
 
@@ -341,23 +348,31 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         for (size_t i = 0; q_scale != 1.0f && i < (size_t)T * (size_t)H * (size_t)Dh; i++) {
             s->q[i] *= q_scale;
         }
-        for (int t = 0; t < T; t++) {
-            for (int h = 0; h < Hkv; h++) {
-                const size_t src = (size_t)t * (size_t)KVD + (size_t)h * (size_t)Dh;
-                const size_t dst = sd_kv_row(kv, l, h, slots[t]);
-                sd_key_put(sd_kv_at(kv, kv->k, sd_kv_row(kv, l, h, 0)), kv->f16, slots[t], Dh,
-                           s->k + src);
-                if (kv->f16) {
-                    sd_f32_to_f16_row((uint16_t *)kv->v + dst, s->v + src, Dh);
-                } else {
-                    memcpy((float *)kv->v + dst, s->v + src, (size_t)Dh * sizeof(float));
+        for (int j = 0; j < n; j++) { /* each request: its keys and values, its attention */
+            sd_kv_cache *kv = jobs[j].kv;
+            const int Tj = jobs[j].b.n_tokens, t0 = sg[j].t0;
+            for (int t = t0; t < t0 + Tj; t++) {
+                for (int h = 0; h < Hkv; h++) {
+                    const size_t src = (size_t)t * (size_t)KVD + (size_t)h * (size_t)Dh;
+                    const size_t dst = sd_kv_row(kv, l, h, slots[t]);
+                    sd_key_put(sd_kv_at(kv, kv->k, sd_kv_row(kv, l, h, 0)), kv->f16, slots[t], Dh,
+                               s->k + src);
+                    if (kv->f16) {
+                        sd_f32_to_f16_row((uint16_t *)kv->v + dst, s->v + src, Dh);
+                    } else {
+                        memcpy((float *)kv->v + dst, s->v + src, (size_t)Dh * sizeof(float));
+                    }
                 }
             }
+            const void *kc = sd_kv_at(kv, kv->k, sd_kv_row(kv, l, 0, 0));
+            const void *vc = sd_kv_at(kv, kv->v, sd_kv_row(kv, l, 0, 0));
+            const size_t qa = (size_t)t0 * (size_t)H * (size_t)Dh;
+            /* gemma2: scores = cap * tanh(scores / cap) before the mask and softmax */
+            sd_attention_capped(m->pool, s->xb + qa, s->q + qa, kc, vc, kv->f16,
+                                sd_kv_row(kv, 0, 1, 0),
+                                (local ? s->mask_local : s->mask) + sg[j].mask_at, Tj, sg[j].n_attn,
+                                H, Hkv, Dh, c->attn_softcap, s->scores);
         }
-        /* gemma2: scores = cap * tanh(scores / cap) before the mask and softmax */
-        sd_attention_capped(m->pool, s->xb, s->q, kc, vc, kv->f16, sd_kv_row(kv, 0, 1, 0),
-                            local ? s->mask_local : s->mask, T, n_attn, H, Hkv, Dh, c->attn_softcap,
-                            s->scores);
         /* gemma: x += rmsnorm(Wo · attn) * post-norm */
         sd_matmul_job o = {gemma ? s->xo : s->x, s->xb, &L->wo, NULL, !gemma};
         sd_matmul(m->pool, T, &o, 1, s->xq, 0);
@@ -385,18 +400,127 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
             sd_matmul(m->pool, T, &down, 1, s->xq, q_down);
         }
     }
+    free(pos);
 
-    if (b->n_logits > 0) {
-        const int first = T - b->n_logits;
-        sd_rmsnorm(s->xb, s->x + (size_t)first * (size_t)D, m->w.out_norm, b->n_logits, D,
-                   c->rms_eps);
-        sd_matmul_job out = {logits, s->xb, &m->w.output, NULL, 0};
-        sd_matmul(m->pool, b->n_logits, &out, 1, s->xq, 0);
-        const float cap = c->final_softcap;
-        for (size_t i = 0; cap > 0.0f && i < (size_t)b->n_logits * (size_t)c->vocab_size; i++) {
-            logits[i] = cap * tanhf(logits[i] / cap);
+    /* the head over every request's last n_logits rows at once: into the caller's buffer when
+     * there is one request, else through one buffer handed out by rows */
+    int n_rows = 0;
+    for (int j = 0; j < n; j++) {
+        const int nl = jobs[j].b.n_logits, first = sg[j].t0 + jobs[j].b.n_tokens - nl;
+        sd_rmsnorm(s->xb + (size_t)n_rows * (size_t)D, s->x + (size_t)first * (size_t)D,
+                   m->w.out_norm, nl, D, c->rms_eps);
+        n_rows += nl;
+    }
+    if (n_rows == 0) {
+        return SD_OK;
+    }
+    const size_t V = (size_t)c->vocab_size;
+    float *rows = n == 1 ? jobs[0].logits : malloc((size_t)n_rows * V * sizeof(float));
+    if (rows == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for %d rows of logits", n_rows);
+    }
+    sd_matmul_job out = {rows, s->xb, &m->w.output, NULL, 0};
+    sd_matmul(m->pool, n_rows, &out, 1, s->xq, 0);
+    const float cap = c->final_softcap;
+    for (size_t i = 0; cap > 0.0f && i < (size_t)n_rows * V; i++) {
+        rows[i] = cap * tanhf(rows[i] / cap);
+    }
+    if (n > 1) {
+        for (int j = 0, at = 0; j < n; at += jobs[j].b.n_logits, j++) {
+            memcpy(jobs[j].logits, rows + (size_t)at * V,
+                   (size_t)jobs[j].b.n_logits * V * sizeof(float));
+        }
+        free(rows);
+    }
+    return SD_OK;
+}
+
+/* Everything about batch j of a combined forward, before any state changes; *new_len: its
+ * cache's length after it. */
+static sd_status check_job(const sd_model *m, const sd_fwd *jobs, int j, int *new_len) {
+    const sd_fwd *f = &jobs[j];
+    if (f->kv == NULL) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "sd_forward needs a batch and a cache");
+    }
+    SD_TRY(check_cache(m, f->kv));
+    if (f->b.n_logits > 0 && f->logits == NULL && m->cuda == NULL) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "n_logits > 0 needs a logits buffer");
+    }
+    if (f->b.n_layers != jobs[0].b.n_layers) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "the batches of a combined forward run different layer counts");
+    }
+    for (int i = 0; i < j; i++) {
+        if (jobs[i].kv == f->kv) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "batches %d and %d of a combined forward write one cache", i, j);
         }
     }
-    free(pos);
-    return SD_OK;
+    return validate(m, f->kv, &f->b, 0, new_len);
+}
+
+sd_status sd_forward_multi(sd_model *m, const sd_fwd *jobs, int n) {
+    if (n < 1 || jobs == NULL) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "a combined forward needs at least one batch");
+    }
+    segment one, *sg = n == 1 ? &one : calloc((size_t)n, sizeof(segment));
+    if (sg == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
+    }
+    sd_status st = SD_OK;
+    int T = 0, max_attn = 0;
+    size_t mask_at = 0;
+    for (int j = 0; j < n && st == SD_OK; j++) {
+        st = check_job(m, jobs, j, &sg[j].new_len);
+        if (st == SD_OK) {
+            const sd_batch *b = &jobs[j].b;
+            sg[j].t0 = T;
+            sg[j].n_attn = b->mask != NULL ? b->n_mask_cols : sg[j].new_len;
+            sg[j].mask_at = mask_at;
+            T += b->n_tokens;
+            mask_at += (size_t)b->n_tokens * (size_t)sg[j].n_attn;
+            max_attn = sg[j].n_attn > max_attn ? sg[j].n_attn : max_attn;
+        }
+    }
+#ifdef SD_WITH_CUDA
+    if (st == SD_OK && m->cuda != NULL) { /* one batch after the other on the device */
+        for (int j = 0; j < n && st == SD_OK; j++) {
+            st = sd_forward_ex(m, jobs[j].kv, &jobs[j].b, jobs[j].logits, NULL);
+        }
+        if (sg != &one) {
+            free(sg);
+        }
+        return st;
+    }
+#endif
+    if (st == SD_OK) {
+        st = forward_cpu(m, jobs, n, sg, T, max_attn);
+    }
+    if (sg != &one) {
+        free(sg);
+    }
+    return st;
+}
+
+sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *logits,
+                        const int32_t *tokens_dev) {
+    if (b == NULL || kv == NULL) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "sd_forward needs a batch and a cache");
+    }
+    if (m->cuda == NULL) {
+        if (tokens_dev != NULL) {
+            return sd_set_error(SD_ERR_INTERNAL, "device token ids given to a CPU model");
+        }
+        sd_fwd job = {kv, *b, logits, 0.0, 0};
+        return sd_forward_multi(m, &job, 1); /* which checks the rest */
+    }
+#ifdef SD_WITH_CUDA
+    int new_len = 0;
+    SD_TRY(check_cache(m, kv));
+    SD_TRY(validate(m, kv, b, tokens_dev != NULL, &new_len));
+    const int n_attn = b->mask != NULL ? b->n_mask_cols : new_len;
+    return forward_cuda(m, kv, b, logits, tokens_dev, new_len, n_attn);
+#else
+    return sd_set_error(SD_ERR_INTERNAL, "a CUDA model in a build without CUDA");
+#endif
 }

@@ -2,6 +2,7 @@
 #ifndef SD_FORWARD_H
 #define SD_FORWARD_H
 
+#include "model/sched.h" /* sd_fwd */
 #include "specdec.h"
 
 /* sd_forward, with the batch's token ids optionally already on the device (tokens_dev, CUDA
@@ -10,6 +11,12 @@
  * n_logits > 0: the rows then stay on the device, for the device-side picking and verifying. */
 sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *logits,
                         const int32_t *tokens_dev);
+
+/* The forward of n requests' batches at once: one pass of the weights for all their rows, each
+ * request's tokens attending only to its own cache (the caches distinct, the layer counts
+ * equal). Every batch is checked before any cache changes; a request gets the bits of its own
+ * sd_forward. A CUDA model runs the batches one after the other. */
+sd_status sd_forward_multi(sd_model *m, const sd_fwd *jobs, int n);
 
 /* SD_ERR_INVALID_ARG unless 0 <= tok < the vocabulary size (index: where it stands, for the
  * message): the one check of a token id. */

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "model/config.h"
+#include "model/sched.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/dispatch.h"
 #include "cpu/quant.h"
@@ -494,6 +495,7 @@ static sd_status check_params(const sd_model_params *p) {
 static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     m->device = p->device;
     m->kv_f16 = p->device != SD_DEVICE_CUDA;
+    SD_TRY(sd_sched_create(&m->sched));
     if (p->device != SD_DEVICE_CUDA) {
         SD_TRY(sd_kv_pool_create(&m->prefix, SD_PREFIX_CACHE_DEFAULT));
     }
@@ -618,6 +620,7 @@ void sd_model_free(sd_model *m) {
         return;
     }
     sd_kv_pool_free(m->prefix);
+    sd_sched_free(m->sched);
     sd_threadpool_free(m->pool);
     scratch_free(&m->s);
     free(m->w.layers);
@@ -660,6 +663,10 @@ sd_status sd_model_set_prefix_cache(sd_model *m, int n) {
     }
     sd_kv_pool_resize(m->prefix, n);
     return SD_OK;
+}
+
+void sd_model_sched_counts(sd_model *m, long long *forwards, long long *steps) {
+    sd_sched_counts(m->sched, forwards, steps);
 }
 
 int sd_model_prefix_cache(const sd_model *m) {

@@ -81,6 +81,7 @@ struct sd_model {
     size_t *piece_off; /* (V + 1) offsets into pieces, or NULL */
     size_t weight_bytes;
     int kv_f16; /* caches created from now on keep keys and values as IEEE halves (CPU only) */
+    struct sd_sched *sched;    /* the step scheduler of the requests running on it (sched.h) */
     struct sd_kv_pool *prefix; /* caches of finished requests, for prefix reuse (kv_cache.c);
                                 * NULL for a CUDA model */
 };

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 PyObject *sd_py_raise(sd_status st) {
     if (PyErr_Occurred()) {
@@ -37,7 +38,8 @@ PyObject *sd_py_token_list(const int32_t *out, int n) {
     return list;
 }
 
-int sd_py_model_enter(sd_py_Model *self) {
+/* Takes self->lock (see sd_py_model_enter), not yet waiting for shared steps. */
+static int take_lock(sd_py_Model *self) {
     if (self->model == NULL || self->lock == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "model is not loaded");
         return -1;
@@ -72,31 +74,144 @@ int sd_py_model_enter(sd_py_Model *self) {
     return 0;
 }
 
+int sd_py_model_enter(sd_py_Model *self) {
+    if (take_lock(self) < 0) {
+        return -1;
+    }
+    /* the steps running now end (no new one starts while the lock is held) */
+    while (self->shared > 0) {
+        Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+        Py_END_ALLOW_THREADS if (PyErr_CheckSignals() < 0) {
+            sd_py_model_leave(self);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 void sd_py_model_leave(sd_py_Model *self) {
     self->owner = 0;
     PyThread_release_lock(self->lock);
 }
 
-int sd_py_models_enter(sd_py_Model *a, sd_py_Model *b) {
-    if (b == NULL || b == a) {
-        return sd_py_model_enter(a);
-    }
-    sd_py_Model *first = (uintptr_t)a < (uintptr_t)b ? a : b, *second = first == a ? b : a;
-    if (sd_py_model_enter(first) < 0) {
+/* a shared holder: waits for a call holding the model alone, then counts itself in */
+static int enter_shared(sd_py_Model *self) {
+    if (take_lock(self) < 0) {
         return -1;
     }
-    if (sd_py_model_enter(second) < 0) {
-        sd_py_model_leave(first);
+    self->shared++;
+    sd_py_model_leave(self);
+    return 0;
+}
+
+static int enter_either(sd_py_Model *self, int shared) {
+    return shared ? enter_shared(self) : sd_py_model_enter(self);
+}
+
+static void leave_either(sd_py_Model *self, int shared) {
+    if (shared) {
+        self->shared--;
+    } else {
+        sd_py_model_leave(self);
+    }
+}
+
+/* a and b (b may be NULL or a; a shared when a_shared), in one global order */
+static int enter_pair(sd_py_Model *a, sd_py_Model *b, int a_shared) {
+    if (b == NULL || b == a) {
+        return enter_either(a, a_shared);
+    }
+    const int a_first = (uintptr_t)a < (uintptr_t)b;
+    sd_py_Model *first = a_first ? a : b, *second = a_first ? b : a;
+    const int s1 = a_first && a_shared, s2 = !a_first && a_shared;
+    if (enter_either(first, s1) < 0) {
+        return -1;
+    }
+    if (enter_either(second, s2) < 0) {
+        leave_either(first, s1);
         return -1;
     }
     return 0;
 }
 
-void sd_py_models_leave(sd_py_Model *a, sd_py_Model *b) {
-    sd_py_model_leave(a);
+static void leave_pair(sd_py_Model *a, sd_py_Model *b, int a_shared) {
+    leave_either(a, a_shared);
     if (b != NULL && b != a) {
-        sd_py_model_leave(b);
+        leave_either(b, 0);
     }
+}
+
+int sd_py_models_enter(sd_py_Model *a, sd_py_Model *b) {
+    return enter_pair(a, b, 0);
+}
+
+void sd_py_models_leave(sd_py_Model *a, sd_py_Model *b) {
+    leave_pair(a, b, 0);
+}
+
+int sd_py_step_enter(sd_py_Model *a, sd_py_Model *b) {
+    return enter_pair(a, b, 1);
+}
+
+void sd_py_step_leave(sd_py_Model *a, sd_py_Model *b) {
+    leave_pair(a, b, 1);
+}
+
+/* a slot is free (max_sequences 0: no limit) */
+static int slot_free(const sd_py_Model *self) {
+    return self->max_sequences <= 0 || self->n_sequences < self->max_sequences;
+}
+
+int sd_py_sequence_try_admit(sd_py_Model *self) {
+    if (self->first == NULL && slot_free(self)) {
+        self->n_sequences++;
+        return 1;
+    }
+    return 0;
+}
+
+int sd_py_sequence_admit(sd_py_Model *self) {
+    if (self->first == NULL && slot_free(self)) {
+        self->n_sequences++;
+        return 0;
+    }
+    sd_py_waiter me = {self->last, NULL};
+    if (self->last != NULL) {
+        self->last->next = &me;
+    } else {
+        self->first = &me;
+    }
+    self->last = &me;
+    int interrupted = 0;
+    while (self->first != &me || !slot_free(self)) {
+        Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        Py_END_ALLOW_THREADS if (PyErr_CheckSignals() < 0) {
+            interrupted = 1;
+            break;
+        }
+    }
+    /* out of the line */
+    if (me.prev != NULL) {
+        me.prev->next = me.next;
+    } else {
+        self->first = me.next;
+    }
+    if (me.next != NULL) {
+        me.next->prev = me.prev;
+    } else {
+        self->last = me.prev;
+    }
+    if (interrupted) {
+        return -1;
+    }
+    self->n_sequences++;
+    return 0;
+}
+
+void sd_py_sequence_release(sd_py_Model *self) {
+    self->n_sequences--;
 }
 
 /* A 1-D int32 copy of a token sequence. Only integers are token ids (floats and bools are a

@@ -22,6 +22,9 @@ PyObject *sd_py_model_wrap(sd_model *m) {
     self->model = m;
     self->owner = 0;
     self->waiting = 0;
+    self->shared = 0;
+    self->max_sequences = self->n_sequences = 0;
+    self->first = self->last = NULL;
     if ((self->lock = PyThread_allocate_lock()) == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -481,6 +484,21 @@ static PyObject *model_gguf_metadata(sd_py_Model *self, PyObject *unused) {
     return dict;
 }
 
+static PyObject *model_try_reserve(sd_py_Model *self, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(sd_py_sequence_try_admit(self));
+}
+
+static PyObject *model_unreserve(sd_py_Model *self, PyObject *unused) {
+    (void)unused;
+    if (self->n_sequences <= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "no sequence slot is taken");
+        return NULL;
+    }
+    sd_py_sequence_release(self);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef model_methods[] = {
     {"gguf_metadata", (PyCFunction)model_gguf_metadata, METH_NOARGS,
      "gguf_metadata() -> dict of the GGUF key/value metadata ({} for HF directories)"},
@@ -495,7 +513,13 @@ static PyMethodDef model_methods[] = {
      "on_token=None) -> (tokens, finish_reason, stats): the whole loop in one call"},
     {"sequence", (PyCFunction)(void (*)(void))sd_py_model_sequence, METH_VARARGS | METH_KEYWORDS,
      "sequence(prompt, *, ...) -> Sequence: generate's arguments (on_token aside), decoded a "
-     "step at a time by Sequence.step()"},
+     "step at a time by Sequence.step(); waits for a free slot under max_sequences, unless "
+     "reserved=True (a slot taken by try_reserve, which stays the caller's if this fails)"},
+    {"try_reserve", (PyCFunction)model_try_reserve, METH_NOARGS,
+     "try_reserve() -> bool: takes a sequence slot now if one is free and no one waits "
+     "(asyncio admission: the event loop never blocks)"},
+    {"unreserve", (PyCFunction)model_unreserve, METH_NOARGS,
+     "unreserve(): gives back a slot taken by try_reserve that no sequence took"},
     {"bench_forward", (PyCFunction)model_bench_forward, METH_VARARGS,
      "bench_forward(T, context, iters) -> seconds per forward over T tokens"},
     {"bench_synthetic", (PyCFunction)model_bench_synthetic, METH_VARARGS,
@@ -505,6 +529,45 @@ static PyMethodDef model_methods[] = {
      "set_token_pieces(list of bytes): the bytes of every token id, for stop strings"},
     {NULL, NULL, 0, NULL},
 };
+
+static PyObject *model_get_max_sequences(sd_py_Model *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(self->max_sequences);
+}
+
+static int model_set_max_sequences(sd_py_Model *self, PyObject *value, void *closure) {
+    (void)closure;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete max_sequences");
+        return -1;
+    }
+    const long n = PyLong_AsLong(value);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (n < 0 || n > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "max_sequences must be >= 0 (0: no limit), got %ld", n);
+        return -1;
+    }
+    self->max_sequences = (int)n;
+    return 0;
+}
+
+static PyObject *model_get_open_sequences(sd_py_Model *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(self->n_sequences);
+}
+
+static PyObject *model_get_scheduler_stats(sd_py_Model *self, void *closure) {
+    (void)closure;
+    if (self->model == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "model is not loaded");
+        return NULL;
+    }
+    long long forwards = 0, steps = 0;
+    sd_model_sched_counts(self->model, &forwards, &steps);
+    return Py_BuildValue("{sLsL}", "steps", steps, "forwards", forwards);
+}
 
 static PyObject *model_get_prefix_cache(sd_py_Model *self, void *closure) {
     (void)closure;
@@ -564,6 +627,13 @@ static int model_set_kv_dtype(sd_py_Model *self, PyObject *value, void *closure)
 static PyGetSetDef model_getset[] = {
     {"config", (getter)model_config, NULL, "hyper-parameters as a dict", NULL},
     {"threads", (getter)model_get_threads, (setter)model_set_threads, "worker threads", NULL},
+    {"max_sequences", (getter)model_get_max_sequences, (setter)model_set_max_sequences,
+     "the most sequences open at once (0: no limit); Model.sequence waits for a free slot", NULL},
+    {"open_sequences", (getter)model_get_open_sequences, NULL, "sequences open now", NULL},
+    {"scheduler_stats", (getter)model_get_scheduler_stats, NULL,
+     "{'steps': n, 'forwards': m}: the sequence steps run on this model so far and the forwards "
+     "they took (steps of requests running at once share one forward)",
+     NULL},
     {"prefix_cache", (getter)model_get_prefix_cache, (setter)model_set_prefix_cache,
      "finished requests' caches kept for prefix reuse", NULL},
     {"kv_dtype", (getter)model_get_kv_dtype, (setter)model_set_kv_dtype,

@@ -21,14 +21,30 @@
 
 #include <pythread.h>
 
-/* A model and the lock of its calls: one computes at a time (its scratch buffers are shared);
- * a thread that finds the model running waits, with the GIL released, for its turn. */
+/* A thread waiting for a sequence slot (on its stack; a list under the GIL). */
+typedef struct sd_py_waiter {
+    struct sd_py_waiter *prev, *next;
+} sd_py_waiter;
+
+/* A model and the lock of its calls. A call holds it alone (its scratch buffers are shared),
+ * except the steps of sequences, which share it: the model's scheduler runs them (sched.h). A
+ * thread that finds the model held waits, with the GIL released, for its turn. */
 typedef struct {
     PyObject_HEAD sd_model *model;
     PyThread_type_lock lock;
-    unsigned long owner; /* the thread holding `lock` (read and written under the GIL), or 0 */
-    int waiting;         /* threads waiting for `lock` (under the GIL): the holder, coming back
-                          * for its next step, queues behind them instead of taking it first */
+    /* the thread holding `lock` alone (read and written under the GIL), or 0 */
+    unsigned long owner;
+    /* threads waiting for `lock` (under the GIL): a holder coming back for its next call queues
+     * behind them instead of taking it first */
+    int waiting;
+    /* sequence steps (and creations) running now (under the GIL): a call that holds the model
+     * alone waits for them to end */
+    int shared;
+    /* admission (under the GIL): at most max_sequences open sequences (0: no limit); more wait
+     * in line, first come first in */
+    int max_sequences;
+    int n_sequences;
+    sd_py_waiter *first, *last;
 } sd_py_Model;
 
 typedef struct {
@@ -67,6 +83,17 @@ int sd_py_model_enter(sd_py_Model *self);
 void sd_py_model_leave(sd_py_Model *self);
 int sd_py_models_enter(sd_py_Model *a, sd_py_Model *b);
 void sd_py_models_leave(sd_py_Model *a, sd_py_Model *b);
+/* The same for a sequence's step (or creation) on target a with draft model b (NULL, or a: the
+ * target itself drafts): a is shared with the other sequences' steps, b held alone (its own
+ * forwards have no scheduler); in the same global order. */
+int sd_py_step_enter(sd_py_Model *a, sd_py_Model *b);
+void sd_py_step_leave(sd_py_Model *a, sd_py_Model *b);
+/* Waits (the GIL released, noticing Ctrl-C: -1 with the exception) until the model has a free
+ * sequence slot and this thread is first in line, and takes the slot; gives one back. */
+int sd_py_sequence_admit(sd_py_Model *self);
+void sd_py_sequence_release(sd_py_Model *self);
+/* Takes a free slot without waiting (when no one waits in line): 1, else 0. */
+int sd_py_sequence_try_admit(sd_py_Model *self);
 /* A 1-D int32 copy of a token sequence (PyMem_Free it), *n its length; `what` names it in
  * errors. Only integers are token ids. */
 int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n);
@@ -93,6 +120,7 @@ typedef struct {
     sd_py_bytes_list strings;
     sd_py_Drafter *drafter;
     PyObject *on_token;
+    int reserved; /* Model.sequence's: its slot was taken by Model.try_reserve */
 } sd_py_call;
 int sd_py_call_parse(sd_py_call *c, PyObject *args, PyObject *kwds, int with_on_token);
 void sd_py_call_free(sd_py_call *c);

@@ -1,7 +1,8 @@
 /* sequence_type.c — the Sequence type: one request decoded a step at a time (sd_sequence), each
- * step a C call with the GIL released and the model's lock held, so that the thread stepping it
- * streams the tokens, notices Ctrl-C, and lets other threads' requests on the same model take
- * turns between its steps. specdec.generate and specdec.stream are loops over its steps. */
+ * step a C call with the GIL released, so that the thread stepping it streams the tokens and
+ * notices Ctrl-C between steps. Steps share the model's lock: the steps of other threads'
+ * requests on the same model go through the model's scheduler with it, which puts their forwards
+ * into one. specdec.generate and specdec.stream are loops over its steps. */
 #include "python/py_core.h"
 
 #include <string.h>
@@ -13,8 +14,17 @@ typedef struct {
     int stepping;           /* a step runs (the GIL released): another thread may not step */
 } sd_py_Sequence;
 
+/* Frees the sequence and gives its slot back (once). */
+static void close_seq(sd_py_Sequence *self) {
+    if (self->seq != NULL) {
+        sd_sequence_free(self->seq);
+        self->seq = NULL;
+        sd_py_sequence_release(self->model);
+    }
+}
+
 static void sequence_dealloc(sd_py_Sequence *self) {
-    sd_sequence_free(self->seq);
+    close_seq(self);
     Py_XDECREF(self->model);
     Py_XDECREF(self->drafter);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -35,7 +45,15 @@ PyObject *sd_py_model_sequence(sd_py_Model *self, PyObject *args, PyObject *kwds
         goto done;
     }
     sd_py_Model *draft = c.drafter != NULL ? c.drafter->model : NULL;
-    if (sd_py_models_enter(self, draft) < 0) {
+    /* a slot: the caller's (reserved: it keeps it when this fails), or one waited for */
+    const int own_slot = !c.reserved;
+    if (own_slot && sd_py_sequence_admit(self) < 0) {
+        goto done;
+    }
+    if (sd_py_step_enter(self, draft) < 0) {
+        if (own_slot) {
+            sd_py_sequence_release(self);
+        }
         goto done;
     }
     sd_sequence *seq = NULL;
@@ -43,14 +61,20 @@ PyObject *sd_py_model_sequence(sd_py_Model *self, PyObject *args, PyObject *kwds
     Py_BEGIN_ALLOW_THREADS st =
         sd_sequence_create(&seq, self->model, c.drafter != NULL ? c.drafter->drafter : NULL,
                            c.prompt, (int)c.n_prompt, &c.p);
-    Py_END_ALLOW_THREADS sd_py_models_leave(self, draft);
+    Py_END_ALLOW_THREADS sd_py_step_leave(self, draft);
     if (st != SD_OK) {
+        if (own_slot) {
+            sd_py_sequence_release(self);
+        }
         sd_py_raise(st);
         goto done;
     }
     obj = PyObject_New(sd_py_Sequence, &sd_py_SequenceType);
     if (obj == NULL) {
         sd_sequence_free(seq);
+        if (own_slot) {
+            sd_py_sequence_release(self);
+        }
         goto done;
     }
     obj->seq = seq;
@@ -84,7 +108,7 @@ static PyObject *sequence_step(sd_py_Sequence *self, PyObject *unused) {
         return NULL;
     }
     self->stepping = 1; /* before the wait: no other thread steps or closes it meanwhile */
-    if (sd_py_models_enter(self->model, draft_of(self)) < 0) {
+    if (sd_py_step_enter(self->model, draft_of(self)) < 0) {
         self->stepping = 0;
         return NULL;
     }
@@ -92,7 +116,7 @@ static PyObject *sequence_step(sd_py_Sequence *self, PyObject *unused) {
     sd_status st;
     Py_BEGIN_ALLOW_THREADS st = sd_sequence_step(seq, &n_new);
     Py_END_ALLOW_THREADS self->stepping = 0;
-    sd_py_models_leave(self->model, draft_of(self));
+    sd_py_step_leave(self->model, draft_of(self));
     if (st != SD_OK) {
         return sd_py_raise(st);
     }
@@ -106,8 +130,7 @@ static PyObject *sequence_close(sd_py_Sequence *self, PyObject *unused) {
     if (self->seq != NULL && usable(self) == NULL) {
         return NULL;
     }
-    sd_sequence_free(self->seq);
-    self->seq = NULL;
+    close_seq(self);
     Py_RETURN_NONE;
 }
 

@@ -23,32 +23,49 @@ double sd_now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-sd_status sd_prefill_step(sd_prefill *pf, sd_model *m, sd_kv_cache *kv, const int32_t *toks, int n,
-                          float *logits) {
+void sd_prefill_next(const sd_prefill *pf, const sd_model *m, sd_kv_cache *kv, const int32_t *toks,
+                     int n, float *logits, sd_fwd *f) {
+    memset(f, 0, sizeof(*f));
     const int left = n - pf->fed;
     if (left <= 0) {
-        return SD_OK;
+        return;
     }
     int take = left;
     if (m->cuda == NULL) {
-        if (pf->chunk <= 0) {
-            pf->chunk = 32; /* a first step short enough on any model */
-        }
-        take = pf->chunk < left ? pf->chunk : left;
+        /* a first step short enough on any model */
+        const int chunk = pf->chunk > 0 ? pf->chunk : 32;
+        take = chunk < left ? chunk : left;
     }
-    sd_batch b = {0};
-    b.n_tokens = take;
-    b.tokens = toks + pf->fed;
-    b.n_logits = take == left && logits != NULL ? 1 : 0;
-    const double t0 = sd_now_s();
-    SD_TRY(sd_forward(m, kv, &b, b.n_logits ? logits : NULL));
-    const double dt = sd_now_s() - t0;
-    pf->fed += take;
-    /* the next step: as many tokens as fit in SD_PREFILL_STEP_S at this step's speed, in
-     * multiples of 16 (the kernels' widest pass), 16 .. 1024 */
-    const double per_token = dt / take > 1e-7 ? dt / take : 1e-7;
+    f->kv = kv;
+    f->b.n_tokens = take;
+    f->b.tokens = toks + pf->fed;
+    f->b.n_logits = take == left && logits != NULL ? 1 : 0;
+    f->logits = f->b.n_logits ? logits : NULL;
+}
+
+void sd_prefill_fed(sd_prefill *pf, const sd_fwd *f) {
+    pf->fed += f->b.n_tokens;
+    /* the next step: as many tokens as fit in SD_PREFILL_STEP_S at this step's speed (that of
+     * all the forward's tokens, when it was shared), in multiples of 16 (the kernels' widest
+     * pass), 16 .. 1024 */
+    const int all = f->n_all > f->b.n_tokens ? f->n_all : f->b.n_tokens;
+    const double per_token = f->seconds / all > 1e-7 ? f->seconds / all : 1e-7;
     const double fit = SD_PREFILL_STEP_S / per_token;
     pf->chunk = fit < 16.0 ? 16 : fit > 1024.0 ? 1024 : (int)fit / 16 * 16;
+}
+
+sd_status sd_prefill_step(sd_prefill *pf, sd_model *m, sd_kv_cache *kv, const int32_t *toks, int n,
+                          float *logits) {
+    sd_fwd f;
+    sd_prefill_next(pf, m, kv, toks, n, logits, &f);
+    if (f.b.n_tokens == 0) {
+        return SD_OK;
+    }
+    const double t0 = sd_now_s();
+    SD_TRY(sd_forward(m, kv, &f.b, f.logits));
+    f.seconds = sd_now_s() - t0;
+    f.n_all = f.b.n_tokens;
+    sd_prefill_fed(pf, &f);
     return SD_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/forward.h"
 #include "model/model.h"
 #include "spec/verify.h"
 #include "specdec.h"
@@ -44,6 +45,12 @@ typedef struct {
  * logits is not NULL, the last token's logits go there. Nothing to feed: nothing happens. */
 sd_status sd_prefill_step(sd_prefill *pf, sd_model *m, sd_kv_cache *kv, const int32_t *toks, int n,
                           float *logits);
+/* The same in two halves around a forward that a scheduler may share with other requests: the
+ * next step's batch into f (f->b.n_tokens = 0 when nothing is left), then, after its forward
+ * (f->seconds for f->n_all tokens), the tokens counted in and the next step sized. */
+void sd_prefill_next(const sd_prefill *pf, const sd_model *m, sd_kv_cache *kv, const int32_t *toks,
+                     int n, float *logits, sd_fwd *f);
+void sd_prefill_fed(sd_prefill *pf, const sd_fwd *f);
 
 /* The checks every generate call makes before it computes anything (the prompt, max_new_tokens,
  * the sampling parameters, the context length, stop strings without pieces); fills s from p. */
@@ -65,6 +72,8 @@ typedef struct {
     sd_prefill pf;
     sd_kv_cache *kv;
     float *logits; /* (2 V): the last logits, then the processed distribution */
+    int pending;   /* the step's second half has work: it picks a token (2) or counts a part of
+                    * the prompt in (1) */
     int32_t *work; /* (V) */
     sd_emitter e;
 } sd_plain;
@@ -75,8 +84,11 @@ typedef struct {
 sd_status sd_plain_begin(sd_plain *P, sd_model *m, const int32_t *prompt, int n_prompt,
                          const sd_generate_params *p, const sd_sampling *s, int32_t *out,
                          sd_kv_cache *kv, int reused);
-/* One step: a part of the prompt, or (once it is all in) one token emitted. */
-sd_status sd_plain_step(sd_plain *P);
+/* One step: a part of the prompt, or (once it is all in) one token emitted; in two halves around
+ * the step's forward, f (f->b.n_tokens = 0: the first half did the whole step, as on a CUDA
+ * model), which the second half is given with the forward's status. */
+sd_status sd_plain_step_before(sd_plain *P, sd_fwd *f);
+sd_status sd_plain_step_after(sd_plain *P, const sd_fwd *f, sd_status forward);
 void sd_plain_end(sd_plain *P);
 
 #ifdef SD_WITH_CUDA

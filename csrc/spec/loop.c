@@ -165,15 +165,20 @@ int sd_spec_capacity(int n_prompt, int max_new_tokens, int K, int ctx) {
     return total + K < ctx ? total + K : ctx;
 }
 
-sd_status sd_spec_prefill(sd_spec_loop *L, int *ready) {
-    SD_TRY(sd_prefill_step(&L->pf, L->m, L->kv, L->hist, L->n_prompt - 1, NULL));
-    *ready = L->pf.fed >= L->n_prompt - 1;
-    if (*ready && L->d != NULL && !L->begun) {
+/* The prompt is in: the drafter begins its request. */
+static sd_status begin_drafter(sd_spec_loop *L) {
+    if (L->d != NULL && !L->begun) {
         L->begun = 1;
         L->draft_cost = L->d->ops->cost(L->d, L->m);
         SD_TRY(L->d->ops->begin(L->d, &L->dstate, L));
     }
     return SD_OK;
+}
+
+sd_status sd_spec_prefill(sd_spec_loop *L, int *ready) {
+    SD_TRY(sd_prefill_step(&L->pf, L->m, L->kv, L->hist, L->n_prompt - 1, NULL));
+    *ready = L->pf.fed >= L->n_prompt - 1;
+    return *ready ? begin_drafter(L) : SD_OK;
 }
 
 sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_reason *reason) {
@@ -198,6 +203,7 @@ sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_
     free(L->iwork);
     free(L->q);
     free(L->dlog);
+    free(L->tmask);
     free(L->e.text);
     return st;
 }
@@ -288,19 +294,11 @@ static int rows_next(int have, int k) {
     return have + run < k + 1 ? have + run : k + 1;
 }
 
-sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int *k_used_out,
-                         int32_t *next_out) {
-#ifdef SD_WITH_CUDA
-    if (L->sp != NULL) {
-        return spec_verify_cuda(L, k, with_q, n_acc_out, k_used_out, next_out);
-    }
-#endif
+/* The chain rule over the rows of L->logits after the verify forward of L->batch = [last, d1 ..
+ * dk] (with_q: the drafts' distributions are L->q): *n_acc drafts kept and *next, the token
+ * after them. */
+static void chain_rows(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int32_t *next_out) {
     const int V = L->m->cfg.vocab_size;
-    sd_batch b = {0};
-    b.n_tokens = k + 1;
-    b.tokens = L->batch;
-    b.n_logits = k + 1; /* in one pass: the head's weights are read once for all rows */
-    SD_TRY(sd_forward(L->m, L->kv, &b, L->logits));
     /* uniforms keyed by the output position they decide: none is ever used twice */
     double ua[SD_MAX_TREE], un[SD_MAX_TREE + 1]; /* a chain of a tree drafter may be long */
     const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
@@ -329,56 +327,87 @@ sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int
                                  have - 1 - n_acc, V, ua + n_acc, un + n_acc, L->fwork);
         if (n_acc < have - 1 || have == k + 1) {
             *n_acc_out = n_acc;
-            *k_used_out = k;
             *next_out = next;
-            return SD_OK;
+            return;
         }
     }
 }
 
-/* The verify step of a tree (CPU): one forward over [last, nodes] with the tree's mask (node i
- * at position len - 1 + depth(i), seeing the prefix, the root, its ancestors and itself; the
- * attention gives it a sequence's bits, ops_cpu.h), the tree rule of verify.h, and the accepted
- * path's keys and values moved into consecutive slots (ascending copies: a path node's slot is
- * never below its place in the path). L->batch[1 .. n_acc] receives the path's tokens. */
-static sd_status spec_verify_tree(sd_spec_loop *L, const sd_draft *dr, const int *depth,
-                                  int *n_acc_out, int32_t *next_out) {
+/* The verify forward of a chain: [last, d1 .. dk] with all rows of logits, in one pass (the
+ * head's weights are read once for all rows). */
+static void chain_batch(sd_spec_loop *L, int k, sd_fwd *f) {
+    f->kv = L->kv;
+    f->b.n_tokens = k + 1;
+    f->b.tokens = L->batch;
+    f->b.n_logits = k + 1;
+    f->logits = L->logits;
+}
+
+sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int *k_used_out,
+                         int32_t *next_out) {
+#ifdef SD_WITH_CUDA
+    if (L->sp != NULL) {
+        return spec_verify_cuda(L, k, with_q, n_acc_out, k_used_out, next_out);
+    }
+#endif
+    sd_fwd f;
+    memset(&f, 0, sizeof(f));
+    chain_batch(L, k, &f);
+    SD_TRY(sd_forward(L->m, f.kv, &f.b, f.logits));
+    chain_rows(L, k, with_q, n_acc_out, next_out);
+    *k_used_out = k;
+    return SD_OK;
+}
+
+/* The verify forward of a tree (CPU): [last, nodes] with the tree's mask (node i at position
+ * len - 1 + depth(i), seeing the prefix, the root, its ancestors and itself; the attention gives
+ * it a sequence's bits, ops_cpu.h). The mask and positions live in L until the step ends. */
+static sd_status tree_batch(sd_spec_loop *L, const sd_draft *dr, const int *depth, sd_fwd *f) {
     if (L->sp != NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "the %s drafter proposed a tree: tree verification runs on the CPU "
                             "only so far",
                             L->d->ops->name);
     }
-    const int V = L->m->cfg.vocab_size, n = dr->n, len = L->len;
+    const int n = dr->n, len = L->len;
     const int cols = len + n;
-    int32_t pos[SD_MAX_TREE + 1];
-    int max_depth = 0;
-    pos[0] = len - 1;
+    L->tpos[0] = len - 1;
     for (int i = 0; i < n; i++) {
-        pos[1 + i] = len - 1 + depth[i];
-        max_depth = depth[i] > max_depth ? depth[i] : max_depth;
+        L->tpos[1 + i] = len - 1 + depth[i];
     }
-    uint8_t *mask = calloc((size_t)(n + 1) * (size_t)cols, 1);
-    if (mask == NULL) {
+    free(L->tmask);
+    L->tmask = calloc((size_t)(n + 1) * (size_t)cols, 1);
+    if (L->tmask == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory for a tree's mask");
     }
     for (int r = 0; r <= n; r++) {
-        uint8_t *row = mask + (size_t)r * (size_t)cols;
+        uint8_t *row = L->tmask + (size_t)r * (size_t)cols;
         memset(row, 1, (size_t)len); /* the prefix and the root */
         for (int a = r - 1; a >= 0; a = dr->parent[a]) {
             row[len + a] = 1;
         }
     }
-    sd_batch b = {0};
-    b.n_tokens = n + 1;
-    b.tokens = L->batch;
-    b.pos = pos;
-    b.mask = mask;
-    b.n_mask_cols = cols;
-    b.n_logits = n + 1;
-    sd_status st = sd_forward(L->m, L->kv, &b, L->logits);
-    free(mask);
-    SD_TRY(st);
+    f->kv = L->kv;
+    f->b.n_tokens = n + 1;
+    f->b.tokens = L->batch;
+    f->b.pos = L->tpos;
+    f->b.mask = L->tmask;
+    f->b.n_mask_cols = cols;
+    f->b.n_logits = n + 1;
+    f->logits = L->logits;
+    return SD_OK;
+}
+
+/* After a tree's verify forward: the tree rule of verify.h, and the accepted path's keys and
+ * values moved into consecutive slots (ascending copies: a path node's slot is never below its
+ * place in the path). L->batch[1 .. n_acc] receives the path's tokens. */
+static sd_status tree_rows(sd_spec_loop *L, const sd_draft *dr, const int *depth, int *n_acc_out,
+                           int32_t *next_out) {
+    const int V = L->m->cfg.vocab_size, n = dr->n, len = L->len;
+    int max_depth = 0;
+    for (int i = 0; i < n; i++) {
+        max_depth = depth[i] > max_depth ? depth[i] : max_depth;
+    }
     for (int r = 0; r <= n; r++) {
         sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s, L->iwork);
     }
@@ -441,40 +470,79 @@ static sd_status check_tree(const sd_drafter *d, const sd_draft *dr, const sd_sp
     return SD_OK;
 }
 
-sd_status sd_spec_step(sd_spec_loop *L) {
-    sd_spec_stats *ss = L->ss;
+/* The end of a step once the verify has decided (k drafts, n_acc kept, then next): accept
+ * (emit the kept tokens, roll the cache back), commit (the drafter), the timings. */
+static sd_status finish_step(sd_spec_loop *L, int k, int n_acc, int32_t next) {
+    const sd_draft *dr = &L->dr;
+    sd_status st = spec_accept_tree(L, k, L->chain_step ? NULL : L->depth, n_acc, next);
+    if (st == SD_OK && !L->e.done) {
+        st = L->d->ops->commit(L->d, L->dstate, L, dr, n_acc, next);
+    }
+    L->ss->time_draft_s += L->t1 - L->t0;
+    L->ss->time_verify_s += sd_now_s() - L->t1;
+    return st;
+}
+
+sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f) {
+    memset(f, 0, sizeof(*f));
+    L->phase = SD_SPEC_PHASE_NONE;
+    if (!L->begun) { /* a part of the prompt; the drafter begins once it is all in */
+        sd_prefill_next(&L->pf, L->m, L->kv, L->hist, L->n_prompt - 1, NULL, f);
+        if (f->b.n_tokens > 0) {
+            L->phase = SD_SPEC_PHASE_PREFILL;
+            return SD_OK;
+        }
+        return begin_drafter(L);
+    }
     const sd_drafter *d = L->d;
-    const double t0 = sd_now_s();
-    sd_draft dr;
-    memset(&dr, 0, sizeof(dr));
-    SD_TRY(d->ops->propose(d, L->dstate, L, sd_spec_room(L), &dr));
-    int depth[SD_MAX_TREE], chain = 1;
-    if (!dr.on_device) {
-        SD_TRY(check_tree(d, &dr, L, depth, &chain));
-        if (dr.n > 0 && dr.tokens != L->batch + 1) {
-            memmove(L->batch + 1, dr.tokens, (size_t)dr.n * sizeof(int32_t));
+    L->t0 = sd_now_s();
+    memset(&L->dr, 0, sizeof(L->dr));
+    SD_TRY(d->ops->propose(d, L->dstate, L, sd_spec_room(L), &L->dr));
+    const sd_draft *dr = &L->dr;
+    L->chain_step = 1;
+    if (!dr->on_device) {
+        SD_TRY(check_tree(d, dr, L, L->depth, &L->chain_step));
+        if (dr->n > 0 && dr->tokens != L->batch + 1) {
+            memmove(L->batch + 1, dr->tokens, (size_t)dr->n * sizeof(int32_t));
         }
     }
     L->batch[0] = L->hist[L->len - 1];
-    const double t1 = sd_now_s();
-    /* verify, accept (emit the kept tokens, roll the cache back), commit (the drafter) */
-    int n_acc = 0, k_used = dr.n;
+    L->t1 = sd_now_s();
+    if (!L->chain_step) {
+        SD_TRY(tree_batch(L, dr, L->depth, f));
+        L->phase = SD_SPEC_PHASE_TREE;
+        return SD_OK;
+    }
+    if (L->sp == NULL) {
+        chain_batch(L, dr->n, f);
+        L->phase = SD_SPEC_PHASE_CHAIN;
+        return SD_OK;
+    }
+    /* a CUDA target: the whole step here (its forward reads the drafts on the device) */
+    int n_acc = 0, k_used = dr->n;
     int32_t next = 0;
-    sd_status st;
-    if (chain) {
-        st = sd_spec_verify(L, dr.n, dr.q != NULL || dr.on_device, &n_acc, &k_used, &next);
-    } else {
-        st = spec_verify_tree(L, &dr, depth, &n_acc, &next);
+    SD_TRY(sd_spec_verify(L, dr->n, dr->q != NULL || dr->on_device, &n_acc, &k_used, &next));
+    return finish_step(L, k_used, n_acc, next);
+}
+
+sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward) {
+    const int phase = L->phase;
+    L->phase = SD_SPEC_PHASE_NONE;
+    SD_TRY(forward);
+    int n_acc = 0;
+    int32_t next = 0;
+    switch (phase) {
+    case SD_SPEC_PHASE_PREFILL:
+        sd_prefill_fed(&L->pf, f);
+        return L->pf.fed >= L->n_prompt - 1 ? begin_drafter(L) : SD_OK;
+    case SD_SPEC_PHASE_CHAIN:
+        chain_rows(L, L->dr.n, L->dr.q != NULL, &n_acc, &next);
+        return finish_step(L, L->dr.n, n_acc, next);
+    case SD_SPEC_PHASE_TREE:
+        SD_TRY(tree_rows(L, &L->dr, L->depth, &n_acc, &next));
+        return finish_step(L, L->dr.n, n_acc, next);
+    default: return SD_OK;
     }
-    if (st == SD_OK) {
-        st = spec_accept_tree(L, k_used, chain ? NULL : depth, n_acc, next);
-    }
-    if (st == SD_OK && !L->e.done) {
-        st = d->ops->commit(d, L->dstate, L, &dr, n_acc, next);
-    }
-    ss->time_draft_s += t1 - t0;
-    ss->time_verify_s += sd_now_s() - t1;
-    return st;
 }
 
 /* ---- drafting with a model (a draft model, or the target's first layers) ------------------- */

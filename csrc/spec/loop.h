@@ -8,8 +8,8 @@
  *             and the chain rule of verify.h keeps a prefix and picks one more token;
  *   accept  — the kept tokens are emitted and the cache rolls back to them (its length set);
  *   commit  — the drafter hears what was kept and rolls its own state back.
- * The phases are separate functions so that a scheduler can later gather the verify forwards
- * of several sequences into one batch. */
+ * The step comes in two halves around the verify forward, so that the model's scheduler
+ * (model/sched.h) can put the verify forwards of several sequences into one. */
 #ifndef SD_LOOP_H
 #define SD_LOOP_H
 
@@ -53,7 +53,22 @@ typedef struct sd_spec_loop {
     int begun;               /* d->ops->begin has run (dstate is d's) */
     void *dstate;            /* the drafter's state of this request */
     double draft_cost;       /* d's cost of one draft token relative to a target forward */
+    /* the step between its halves */
+    int phase;                     /* what the second half does: sd_spec_phase */
+    sd_draft dr;                   /* the proposal */
+    int depth[SD_MAX_TREE];        /* its nodes' depths */
+    int chain_step;                /* it is a chain */
+    int32_t tpos[SD_MAX_TREE + 1]; /* a tree's positions, and its mask ((n + 1, len + n)) */
+    uint8_t *tmask;
+    double t0, t1; /* when the proposal began and ended */
 } sd_spec_loop;
+
+typedef enum {
+    SD_SPEC_PHASE_NONE,    /* the first half did the whole step */
+    SD_SPEC_PHASE_PREFILL, /* a part of the prompt went in */
+    SD_SPEC_PHASE_CHAIN,   /* a chain's verify forward ran */
+    SD_SPEC_PHASE_TREE,    /* a tree's */
+} sd_spec_phase;
 
 /* Allocates a sequence for drafts of up to K tokens (with rows for their distributions when
  * draft_rows) over a target cache of prompt + output + K slots, at most ctx (sd_spec_capacity),
@@ -77,8 +92,14 @@ int sd_spec_room(const sd_spec_loop *L);
  * cache, the tokens left to emit, and the run of attention slots the tree starts in. */
 int sd_spec_tree_room(const sd_spec_loop *L, int *depth);
 
-/* One step of the drafter's loop (propose, verify, accept, commit), timed into L->ss. */
-sd_status sd_spec_step(sd_spec_loop *L);
+/* One step of the drafter's loop (propose, verify, accept, commit), timed into L->ss, in two
+ * halves around the verify forward f, so that a scheduler can put the forwards of several
+ * sequences into one: before — a part of the prompt, or the proposal and its verify batch
+ * (f->b.n_tokens = 0: the half did the whole step, as on a CUDA target); after, given the
+ * forward's status — the rule, accept, commit. Before the prompt is all in, a step feeds a part
+ * of it (and the drafter begins once it is). */
+sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f);
+sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward);
 
 /* The phases of a step. verify: the target scores L->batch = [last, d1 .. dk] in one forward
  * and the chain rule keeps a prefix (with_q: the drafts' distributions are L->q (k, V), else

@@ -68,25 +68,42 @@ static sd_status plain_step_cuda(sd_plain *P) {
 }
 #endif
 
-sd_status sd_plain_step(sd_plain *P) {
+sd_status sd_plain_step_before(sd_plain *P, sd_fwd *f) {
+    memset(f, 0, sizeof(*f));
+    P->pending = 0;
 #ifdef SD_WITH_CUDA
     if (P->m->cuda != NULL) {
         return plain_step_cuda(P);
     }
 #endif
-    const int V = P->m->cfg.vocab_size;
-    if (P->pf.fed < P->n_prompt) {
-        SD_TRY(sd_prefill_step(&P->pf, P->m, P->kv, P->prompt, P->n_prompt, P->logits));
-        if (P->pf.fed < P->n_prompt) {
-            return SD_OK; /* more of the prompt next step */
-        }
-    } else {
-        sd_batch b = {0};
-        b.n_tokens = 1;
-        b.tokens = &P->e.out[P->e.n - 1];
-        b.n_logits = 1;
-        SD_TRY(sd_forward(P->m, P->kv, &b, P->logits));
+    if (P->pf.fed < P->n_prompt) { /* a part of the prompt; its last logits with the last part */
+        sd_prefill_next(&P->pf, P->m, P->kv, P->prompt, P->n_prompt, P->logits, f);
+        P->pending = f->b.n_logits ? 2 : 1;
+        return SD_OK;
     }
+    f->kv = P->kv;
+    f->b.n_tokens = 1;
+    f->b.tokens = &P->e.out[P->e.n - 1];
+    f->b.n_logits = 1;
+    f->logits = P->logits;
+    P->pending = 2;
+    return SD_OK;
+}
+
+sd_status sd_plain_step_after(sd_plain *P, const sd_fwd *f, sd_status forward) {
+    const int pending = P->pending;
+    P->pending = 0;
+    SD_TRY(forward);
+    if (pending == 0) {
+        return SD_OK;
+    }
+    if (P->pf.fed < P->n_prompt) {
+        sd_prefill_fed(&P->pf, f);
+    }
+    if (pending == 1) {
+        return SD_OK; /* more of the prompt next step */
+    }
+    const int V = P->m->cfg.vocab_size;
     int32_t tok;
     if (P->s.temperature == 0.0f) {
         tok = sd_argmax(P->logits, V);

@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/forward.h"
 #include "model/model.h"
+#include "model/sched.h"
 #include "spec/decode.h"
 #include "spec/drafter.h"
 #include "spec/loop.h"
@@ -27,6 +29,7 @@ struct sd_sequence {
     int ended;   /* done, or a step failed */
     int failed;  /* a step failed: the caches may be half written */
     int reused;  /* prompt tokens whose keys and values came from the prefix pool */
+    int joined;  /* counted among the scheduler's running requests (until it ends) */
     sd_spec_stats ss;
     sd_plain P;     /* plain decoding's state */
     sd_spec_loop L; /* the speculative loop's */
@@ -103,10 +106,19 @@ static void keep_cache(sd_sequence *q) {
     }
 }
 
+/* The request ends for the scheduler (once). */
+static void leave(sd_sequence *q) {
+    if (q->joined) {
+        q->joined = 0;
+        sd_sched_leave(q->m->sched);
+    }
+}
+
 void sd_sequence_free(sd_sequence *q) {
     if (q == NULL) {
         return;
     }
+    leave(q);
     if (q->started) {
         /* between steps the target cache holds exactly the text's first tokens: the model
          * keeps it for a later request that starts the same way */
@@ -175,8 +187,24 @@ sd_status sd_sequence_create(sd_sequence **out, sd_model *m, const sd_drafter *d
         sd_sequence_free(q);
         return st;
     }
+    if (!q->ended) {
+        q->joined = 1;
+        sd_sched_join(m->sched);
+    }
     *out = q;
     return SD_OK;
+}
+
+/* The halves of a step, as the model's scheduler runs them (sched.h). */
+static sd_status step_before(void *ctx, sd_fwd *f) {
+    sd_sequence *q = ctx;
+    return q->d == NULL ? sd_plain_step_before(&q->P, f) : sd_spec_step_before(&q->L, f);
+}
+
+static sd_status step_after(void *ctx, const sd_fwd *f, sd_status forward) {
+    sd_sequence *q = ctx;
+    return q->d == NULL ? sd_plain_step_after(&q->P, f, forward)
+                        : sd_spec_step_after(&q->L, f, forward);
 }
 
 sd_status sd_sequence_step(sd_sequence *q, int *n_new) {
@@ -184,20 +212,20 @@ sd_status sd_sequence_step(sd_sequence *q, int *n_new) {
     if (q->ended) {
         return sd_set_error(SD_ERR_INVALID_ARG, "the sequence has ended: no more steps");
     }
+    sd_sched_job job;
+    memset(&job, 0, sizeof(job));
+    job.before = step_before;
+    job.after = step_after;
+    job.ctx = q;
     const int before = emitter(q)->n;
-    sd_status st;
-    if (q->d == NULL) {
-        st = sd_plain_step(&q->P);
-    } else if (!q->L.begun) { /* a part of the prompt; the drafter begins once it is all in */
-        int ready = 0;
-        st = sd_spec_prefill(&q->L, &ready);
-    } else {
-        st = sd_spec_step(&q->L);
-    }
+    const sd_status st = sd_sched_run(q->m->sched, q->m, sd_forward_multi, &job);
     q->ss.time_total_s = sd_now_s() - q->t_start;
     *n_new = emitter(q)->n - before;
     q->failed = st != SD_OK;
     q->ended = q->failed || emitter(q)->done;
+    if (q->ended) {
+        leave(q);
+    }
     return st;
 }
 

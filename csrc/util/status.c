@@ -7,8 +7,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define SD_ERRMSG_CAP 1024
-
 /* One message per thread: the forward pass and the Python boundary may run on different
  * threads of a serving process. */
 static __thread char g_errmsg[SD_ERRMSG_CAP];

@@ -6,6 +6,9 @@
 
 #include "specdec.h"
 
+/* The longest message kept (with its terminating zero). */
+#define SD_ERRMSG_CAP 1024
+
 /* Record a printf-style message for status `st` on this thread and return `st`. */
 sd_status sd_set_error(sd_status st, const char *fmt, ...)
 #if defined(__GNUC__)
