@@ -450,7 +450,9 @@ typedef struct sd_sequence sd_sequence;
  * target checks too), copies the prompt and the parameters' arrays and allocates the caches;
  * computes nothing. A sequence with max_new_tokens == 0 is created done. While a step runs,
  * the model may run other sequences' steps (in other threads) and nothing else; a draft model
- * nothing else at all. Both must outlive the sequence; the drafter too. params->on_token is called during steps, as in sd_generate. */
+ * nothing else at all. Both must outlive the sequence; the drafter too. params->on_token is
+ * called during steps, as in sd_generate, in the thread that runs the step: with sequences
+ * stepped from several threads, that may be another of them. */
 sd_status sd_sequence_create(sd_sequence **out, sd_model *model, const sd_drafter *drafter,
                              const int32_t *prompt, int n_prompt, const sd_generate_params *params);
 /* One step: a part of a long prompt (about 50 ms of it on the CPU), or one

@@ -106,6 +106,13 @@ def test_requests_at_once_share_forwards_with_their_own_bits(model):
     assert in_threads([lambda r=r: run(model, *r) for r in MIX]) == alone
 
 
+def test_eight_threads_greedy_each_output_its_own(model):
+    model.prefix_cache = 0
+    reqs = [(LOOP[i:], "plain" if i % 2 else "lookup", dict(temperature=0.0)) for i in range(8)]
+    alone = [run(model, *r, n=40) for r in reqs]
+    assert in_threads([lambda r=r: run(model, *r, n=40) for r in reqs]) == alone
+
+
 def test_long_prompts_go_in_beside_other_requests_decoding(model):
     """Prompts of 1,400 tokens are fed a part per step while short requests decode; two long
     ones at once exceed a forward's token cap, and go into forwards of their own."""
