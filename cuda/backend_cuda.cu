@@ -64,14 +64,16 @@ struct sd_cuda_model {
     int stage_next;
 
     /* decoding */
-    float *probs; /* (SD_MAX_DRAFT + 1, V) */
-    float *work;  /* (V) */
+    float *probs; /* (SPEC_ROWS, V) */
+    float *work;  /* (2 V) */
     sd_cuda_sorter sorter;
     int32_t *pick_dev;  /* (2) */
     int32_t *pick_host; /* (2) pinned */
     cudaEvent_t join_ev;
     /* a speculative call's device state (one call at a time per model): batch (SD_MAX_DRAFT + 1),
-     * result (2), k_stop (1), next_in (1); q (SD_MAX_DRAFT, V); host copy (3 + SD_MAX_DRAFT) */
+     * result (2), k_stop (1), next_in (1), then a tree's tokens and parents (SD_MAX_TREE_NODES
+     * each) and its result (2 + SD_MAX_TREE_NODES); q (SD_MAX_DRAFT, V); host copy (3 +
+     * SD_MAX_DRAFT, then TREE_INTS) */
     int32_t *spec_ints;
     float *spec_q;
     int32_t *spec_host;
@@ -80,6 +82,13 @@ struct sd_cuda_model {
     graph_entry graphs[MAX_GRAPHS];
     int n_graphs;
 };
+
+/* Rows a verify step processes at most: a tree of SD_MAX_TREE_NODES nodes and its root (a chain
+ * has at most SD_MAX_DRAFT drafts, fewer). */
+#define SPEC_ROWS (SD_MAX_TREE_NODES + 1)
+/* A tree's device ints: tokens and parents (SD_MAX_TREE_NODES each), result (2 + nodes). */
+#define TREE_INTS (3 * SD_MAX_TREE_NODES + 2)
+#define SPEC_INTS (SD_MAX_DRAFT + 5 + TREE_INTS)
 
 struct sd_cuda_cache {
     sd_cuda_model *cm;
@@ -95,7 +104,9 @@ struct sd_cuda_spec {
     int32_t *result;  /* (2) accepted, next */
     int32_t *k_stop;  /* (1) draft length after p_min */
     int32_t *next_in; /* (1) a model drafter's next input */
-    int32_t *host;    /* pinned: result, k_stop, drafts (3 + K) */
+    int32_t *tree;    /* (TREE_INTS) a tree's tokens, parents and result */
+    int32_t *host;    /* pinned: result, k_stop, drafts (3 + K); from host + 3 + SD_MAX_DRAFT,
+                       * a tree's (TREE_INTS) */
 };
 
 static int env_flag(const char *name, int dflt) {
@@ -248,21 +259,21 @@ extern "C" sd_status sd_cuda_model_create(sd_cuda_model **out, const sd_model *m
     }
     const int V = m->cfg.vocab_size;
     if (st == SD_OK) {
-        st = sd_cuda_sorter_reserve(&cm->ctx, &cm->sorter, SD_MAX_DRAFT + 1, V);
+        st = sd_cuda_sorter_reserve(&cm->ctx, &cm->sorter, SPEC_ROWS, V);
     }
     if (st == SD_OK) {
         const cudaError_t e1 =
-            cudaMalloc((void **)&cm->probs, (size_t)(SD_MAX_DRAFT + 1) * (size_t)V * sizeof(float));
-        const cudaError_t e2 = cudaMalloc((void **)&cm->work, (size_t)V * sizeof(float));
+            cudaMalloc((void **)&cm->probs, (size_t)SPEC_ROWS * (size_t)V * sizeof(float));
+        const cudaError_t e2 = cudaMalloc((void **)&cm->work, 2 * (size_t)V * sizeof(float));
         const cudaError_t e3 = cudaMalloc((void **)&cm->pick_dev, 2 * sizeof(int32_t));
         const cudaError_t e4 = cudaMallocHost((void **)&cm->pick_host, 2 * sizeof(int32_t));
         const cudaError_t e5 = cudaEventCreateWithFlags(&cm->join_ev, cudaEventDisableTiming);
         const cudaError_t e6 =
-            cudaMalloc((void **)&cm->spec_ints, (size_t)(SD_MAX_DRAFT + 5) * sizeof(int32_t));
+            cudaMalloc((void **)&cm->spec_ints, (size_t)SPEC_INTS * sizeof(int32_t));
         const cudaError_t e7 =
             cudaMalloc((void **)&cm->spec_q, (size_t)SD_MAX_DRAFT * (size_t)V * sizeof(float));
         const cudaError_t e8 =
-            cudaMallocHost((void **)&cm->spec_host, (size_t)(SD_MAX_DRAFT + 3) * sizeof(int32_t));
+            cudaMallocHost((void **)&cm->spec_host, (size_t)SPEC_INTS * sizeof(int32_t));
         const cudaError_t e9 = cudaMalloc((void **)&cm->in_kv, sizeof(sd_cuda_kv_desc));
         if (e1 != cudaSuccess || e2 != cudaSuccess || e3 != cudaSuccess || e4 != cudaSuccess ||
             e5 != cudaSuccess || e6 != cudaSuccess || e7 != cudaSuccess || e8 != cudaSuccess ||
@@ -719,8 +730,9 @@ __global__ void set_int_kernel(int32_t *p, int v) {
 
 extern "C" sd_status sd_cuda_spec_create(sd_cuda_spec **out, sd_cuda_model *cm, int K) {
     *out = NULL;
-    if (K < 1 || K > SD_MAX_DRAFT) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "k must be in [1, %d], got %d", SD_MAX_DRAFT, K);
+    if (K < 1 || K > SD_MAX_TREE_NODES) { /* a chain drafter's k, or a tree drafter's nodes */
+        return sd_set_error(SD_ERR_INVALID_ARG, "k must be in [1, %d], got %d", SD_MAX_TREE_NODES,
+                            K);
     }
     sd_cuda_spec *sp = (sd_cuda_spec *)calloc(1, sizeof(*sp));
     if (sp == NULL) {
@@ -734,6 +746,7 @@ extern "C" sd_status sd_cuda_spec_create(sd_cuda_spec **out, sd_cuda_model *cm, 
     sp->result = sp->batch + SD_MAX_DRAFT + 1;
     sp->k_stop = sp->result + 2;
     sp->next_in = sp->k_stop + 1;
+    sp->tree = sp->next_in + 1;
     sp->q = cm->spec_q;
     sp->host = cm->spec_host;
     *out = sp;
@@ -818,6 +831,38 @@ extern "C" sd_status sd_cuda_spec_verify(sd_cuda_spec *sp, sd_cuda_model *cm, in
                               with_q ? sp->k_stop : NULL, V, seed, pos0, cm->work));
     /* k_stop sits right after result: copied with it */
     return spec_result(sp, cm, k, d, n_acc, drafts, next, k_used);
+}
+
+extern "C" sd_status sd_cuda_spec_verify_tree(sd_cuda_spec *sp, sd_cuda_model *cm, int n,
+                                              const int32_t *tokens, const int32_t *parent,
+                                              const sd_cuda_sampling *s, uint64_t seed,
+                                              uint64_t out_pos, int *n_acc, int32_t *path,
+                                              int32_t *next) {
+    USE_DEVICE(cm);
+    if (n < 1 || n > SD_MAX_TREE_NODES) {
+        return sd_set_error(SD_ERR_INTERNAL, "a tree of %d nodes (at most %d)", n,
+                            SD_MAX_TREE_NODES);
+    }
+    const int V = sp->V;
+    cudaStream_t st = cm->ctx.stream;
+    int32_t *h = sp->host + 3 + SD_MAX_DRAFT; /* tokens, parents, then the result comes back */
+    int32_t *tok = sp->tree, *par = tok + SD_MAX_TREE_NODES, *res = par + SD_MAX_TREE_NODES;
+    memcpy(h, tokens, (size_t)n * sizeof(int32_t));
+    memcpy(h + SD_MAX_TREE_NODES, parent, (size_t)n * sizeof(int32_t));
+    SD_CUDA_TRY(cudaMemcpyAsync(tok, h, 2 * SD_MAX_TREE_NODES * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, st));
+    SD_TRY(sd_cuda_process_rows(&cm->ctx, &cm->sorter, cm->probs, cm->logits, n + 1, V,
+                                s->temperature, s->top_k, s->top_p, s->min_p));
+    SD_TRY(sd_cuda_verify_tree_dev(&cm->ctx, res, cm->probs, NULL, tok, par, n, V, seed, out_pos,
+                                   cm->work));
+    int32_t *hr = h + 2 * SD_MAX_TREE_NODES;
+    SD_CUDA_TRY(cudaMemcpyAsync(hr, res, (size_t)(2 + n) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                st));
+    SD_CUDA_TRY(cudaStreamSynchronize(st));
+    *n_acc = hr[0];
+    *next = hr[1];
+    memcpy(path, hr + 2, (size_t)hr[0] * sizeof(int32_t));
+    return SD_OK;
 }
 
 extern "C" sd_status sd_cuda_spec_synthetic(sd_cuda_spec *sp, sd_cuda_model *cm, int k,

@@ -371,6 +371,127 @@ sd_status sd_cuda_verify_dev(sd_cuda_ctx *ctx, int32_t *result, const float *p, 
     return SD_OK;
 }
 
+/* ---- the tree rule ---------------------------------------------------------------------------- */
+
+/* Copies row src (V floats) into dst with the block, then waits for every thread. */
+__device__ void block_copy(float *dst, const float *src, int V) {
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        dst[i] = src[i];
+    }
+    __syncthreads();
+}
+
+/* Rejecting child token t at a node (verify.c's tree_reject): the current p (sum *P) and, for
+ * sampled children, q (sum *Q) lose t as the rule says; the sums in double over the block. */
+__device__ void tree_reject_dev(float *cp, double *P, float *cq, double *Q, int t, int V,
+                                double *shd) {
+    if (cq == NULL) { /* deterministic: p(t) <- 0 */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            cp[t] = 0.0f;
+        }
+        __syncthreads();
+    } else { /* sampled: p <- max(0, p/P - q/Q), unless that has no mass */
+        const double p0 = *P, q0 = *Q;
+        double mass = 0.0;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            mass += cp[i] / p0 > cq[i] / q0 ? cp[i] / p0 - cq[i] / q0 : 0.0;
+        }
+        mass = sd_block_sum_d(mass, shd);
+        if (mass > 0.0) {
+            for (int i = threadIdx.x; i < V; i += blockDim.x) {
+                const float r =
+                    p0 == 1.0 && q0 == 1.0 ? cp[i] - cq[i] : (float)(cp[i] / p0 - cq[i] / q0);
+                cp[i] = r > 0.0f ? r : 0.0f;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            cq[t] = 0.0f;
+        }
+        __syncthreads();
+        double qs = 0.0;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            qs += (double)cq[i];
+        }
+        *Q = sd_block_sum_d(qs, shd);
+    }
+    double ps = 0.0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        ps += (double)cp[i];
+    }
+    *P = sd_block_sum_d(ps, shd);
+}
+
+/* sd_verify_tree over n nodes (tokens, parent) with p (n + 1, V) and q (n, V) or NULL, the
+ * uniforms keyed as the CPU loop keys them: node i's coin (seed, SD_STREAM_TREE, out_pos *
+ * SD_MAX_TREE_NODES + i), the token after a accepted nodes (seed, SD_STREAM_EMIT, out_pos + a).
+ * result[0] = accepted nodes, result[1] = the next token, result[2 ..] = the path. One block;
+ * every thread takes the same decisions (the sums are the block's). work: 2 V floats. */
+__global__ void verify_tree_kernel(int32_t *result, const float *p, const float *q,
+                                   const int32_t *tokens, const int32_t *parent, int n, int V,
+                                   uint64_t seed, uint64_t out_pos, float *work) {
+    __shared__ double shd[32];
+    float *cp = work, *cq = q != NULL ? work + V : NULL;
+    int node = -1, n_acc = 0;
+    block_copy(cp, p, V);
+    double P = 1.0;
+    for (;;) {
+        int acc = -1, first = 1;
+        double Q = 1.0;
+        for (int c = node + 1; c < n && acc < 0; c++) {
+            if (parent[c] != node) {
+                continue;
+            }
+            const int t = tokens[c];
+            if (cq != NULL && first) {
+                __syncthreads();
+                block_copy(cq, q + (size_t)c * (size_t)V, V);
+            }
+            first = 0;
+            const double u = sd_hd_uniform(seed, SD_STREAM_TREE,
+                                           out_pos * SD_MAX_TREE_NODES + (uint64_t)c);
+            const double qt = cq != NULL ? (double)cq[t] * P : P;
+            const double pt = cq != NULL ? (double)cp[t] * Q : (double)cp[t];
+            const int ok = P == 1.0 && Q == 1.0
+                               ? u * (cq != NULL ? (double)cq[t] : 1.0) < (double)cp[t]
+                               : u * qt < pt;
+            if (ok) {
+                acc = c;
+            } else {
+                tree_reject_dev(cp, &P, cq, &Q, t, V, shd);
+            }
+        }
+        if (acc < 0) {
+            __syncthreads();
+            const double un = sd_hd_uniform(seed, SD_STREAM_EMIT, out_pos + (uint64_t)n_acc);
+            const int next = block_sample(cp, V, un);
+            if (threadIdx.x == 0) {
+                result[0] = n_acc;
+                result[1] = next;
+            }
+            return;
+        }
+        if (threadIdx.x == 0) {
+            result[2 + n_acc] = acc;
+        }
+        n_acc++;
+        node = acc;
+        __syncthreads();
+        block_copy(cp, p + (size_t)(1 + acc) * (size_t)V, V);
+        P = 1.0;
+    }
+}
+
+sd_status sd_cuda_verify_tree_dev(sd_cuda_ctx *ctx, int32_t *result, const float *p,
+                                  const float *q, const int32_t *tokens, const int32_t *parent,
+                                  int n, int V, uint64_t seed, uint64_t out_pos, float *work) {
+    verify_tree_kernel<<<1, SAMPLE_THREADS, 0, ctx->stream>>>(result, p, q, tokens, parent, n, V,
+                                                              seed, out_pos, work);
+    SD_CUDA_LAUNCHED("verify_tree_kernel");
+    return SD_OK;
+}
+
 /* Benchmarks: accept draft i while its uniform (seed, SD_STREAM_SYNTH, pos0 + i) < alpha; the
  * next token is the argmax of logits row n (logits NULL: none). */
 __global__ void synthetic_kernel(int32_t *result, int K, double alpha, uint64_t seed, uint64_t pos0,
@@ -486,6 +607,22 @@ extern "C" sd_status sd_cuda_verify(sd_cuda_ctx *ctx, int32_t *result, const flo
     sd_status st = sd_cuda_verify_dev(ctx, result, p, q, draft, K, NULL, V, seed, pos0, work);
     if (st == SD_OK && cudaStreamSynchronize(ctx->stream) != cudaSuccess) {
         st = sd_set_error(SD_ERR_CUDA, "%s:%d: verify: %s", __FILE__, __LINE__,
+                          cudaGetErrorString(cudaGetLastError()));
+    }
+    cudaFree(work);
+    return st;
+}
+
+extern "C" sd_status sd_cuda_verify_tree(sd_cuda_ctx *ctx, int32_t *result, const float *p,
+                                         const float *q, const int32_t *tokens,
+                                         const int32_t *parent, int n, int V, uint64_t seed,
+                                         uint64_t out_pos) {
+    float *work = NULL;
+    SD_CUDA_TRY(cudaMalloc((void **)&work, 2 * (size_t)V * sizeof(float)));
+    sd_status st =
+        sd_cuda_verify_tree_dev(ctx, result, p, q, tokens, parent, n, V, seed, out_pos, work);
+    if (st == SD_OK && cudaStreamSynchronize(ctx->stream) != cudaSuccess) {
+        st = sd_set_error(SD_ERR_CUDA, "%s:%d: verify_tree: %s", __FILE__, __LINE__,
                           cudaGetErrorString(cudaGetLastError()));
     }
     cudaFree(work);

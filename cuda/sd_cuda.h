@@ -94,7 +94,7 @@ sd_status sd_cuda_pick(sd_cuda_model *cm, int row, const sd_cuda_sampling *s, ui
 /* State of one speculative decoding call on the device: the batch [last, d1 .. dK] and, for
  * drafters with distributions, the drafts' processed rows q (K, V); the result of a step. */
 typedef struct sd_cuda_spec sd_cuda_spec;
-sd_status sd_cuda_spec_create(sd_cuda_spec **out, sd_cuda_model *cm, int K);
+sd_status sd_cuda_spec_create(sd_cuda_spec **out, sd_cuda_model *cm, int K); /* K nodes at most */
 void sd_cuda_spec_free(sd_cuda_spec *sp);
 /* The device array of batch tokens (K + 1), and the one a model drafter's next forward reads
  * its input token from. */
@@ -122,6 +122,17 @@ sd_status sd_cuda_spec_begin(sd_cuda_spec *sp, sd_cuda_model *dm, int32_t last, 
 sd_status sd_cuda_spec_verify(sd_cuda_spec *sp, sd_cuda_model *target, int k, int with_q,
                               const sd_cuda_sampling *s, uint64_t seed, uint64_t pos0, int *n_acc,
                               int32_t *drafts, int32_t *next, int *k_used);
+
+/* The verify step of a tree of n deterministic nodes (tokens, parents on the host) after the
+ * target's forward over [last, nodes] with the tree's mask: process its n + 1 logits rows, run
+ * the tree rule of verify.h (sd_verify_tree) with uniforms keyed as the CPU loop keys them (node
+ * i: (seed, SD_STREAM_TREE, out_pos * SD_MAX_TREE_NODES + i); the token after a accepted nodes:
+ * (seed, SD_STREAM_EMIT, out_pos + a)); copy back *n_acc, the path (*n_acc nodes) and *next:
+ * the step's one synchronisation. */
+sd_status sd_cuda_spec_verify_tree(sd_cuda_spec *sp, sd_cuda_model *target, int n,
+                                   const int32_t *tokens, const int32_t *parent,
+                                   const sd_cuda_sampling *s, uint64_t seed, uint64_t out_pos,
+                                   int *n_acc, int32_t *path, int32_t *next);
 
 /* Benchmarks only (sd_bench_synthetic): after the target's forward over batch[0 .. k], accept
  * each draft with probability alpha (uniforms keyed (seed, SD_STREAM_SYNTH, pos0 + i)) instead
@@ -178,6 +189,11 @@ sd_status sd_cuda_sample(sd_cuda_ctx *ctx, int32_t *out, const float *probs, int
                          uint64_t seed, uint64_t stream, uint64_t index0);
 sd_status sd_cuda_verify(sd_cuda_ctx *ctx, int32_t *result, const float *p, const float *q,
                          const int32_t *draft, int K, int V, uint64_t seed, uint64_t pos0);
+/* result (2 + n): accepted nodes, the next token, the path (sd_verify_tree, uniforms keyed by
+ * out_pos as the CPU loop keys them). */
+sd_status sd_cuda_verify_tree(sd_cuda_ctx *ctx, int32_t *result, const float *p, const float *q,
+                              const int32_t *tokens, const int32_t *parent, int n, int V,
+                              uint64_t seed, uint64_t out_pos);
 sd_status sd_cuda_synthetic_accept(sd_cuda_ctx *ctx, int32_t *n_acc, int K, double alpha,
                                    uint64_t seed, uint64_t pos0);
 sd_status sd_cuda_dummy_fill(sd_cuda_ctx *ctx, void *dst, int type, int64_t rows, int64_t cols,

@@ -174,6 +174,46 @@ def sample_case(rows: int, V: int, seed: int):
     return [np.full(rows, -1, np.int32), p.astype(np.float32), rows, V, 2**63 + seed, 1, 5]
 
 
+def verify_tree_case(n: int, V: int, with_q: bool, seed: int):
+    """A draft tree of n nodes (parents before children, distinct tokens among siblings, drawn
+    from q without replacement when with_q, siblings sharing their parent's q row), the target
+    rows p (n + 1, V), and the kernel's arguments (result, p, q, tokens, parent, n, V, seed,
+    out_pos)."""
+    rng = np.random.default_rng(seed)
+
+    def dist(k):
+        d = rng.random((k, V)) ** 3
+        return (d / d.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    parent = np.array([int(rng.integers(-1, i)) for i in range(n)], np.int32)
+    p, q = dist(n + 1), dist(n)
+    tokens = np.zeros(n, np.int32)
+    for node in range(-1, n):
+        kids = [c for c in range(n) if parent[c] == node]
+        if not kids:
+            continue
+        w = q[kids[0]].astype(np.float64) if with_q else np.ones(V)
+        picks = rng.choice(V, size=len(kids), replace=False, p=w / w.sum())
+        for c, t in zip(kids, picks):
+            tokens[c] = t
+            q[c] = q[kids[0]]
+    return [np.full(n + 2, -1, np.int32), p, q if with_q else None, tokens, parent, n, V,
+            777 + seed, 5 * seed + 1]
+
+
+def rng_uniform(seed: int, stream: int, index: int) -> float:
+    """util/hd.h's sd_hd_uniform: SplitMix64's finaliser over (seed, stream, index), 53 bits."""
+    m = (1 << 64) - 1
+
+    def mix(z):
+        z = (z + 0x9E3779B97F4A7C15) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return z ^ (z >> 31)
+
+    return (mix(mix(mix(seed & m) ^ stream) ^ (index & m)) >> 11) / float(1 << 53)
+
+
 def verify_case(K: int, V: int, with_q: bool, seed: int):
     rng = np.random.default_rng(seed)
 

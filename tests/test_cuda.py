@@ -188,6 +188,17 @@ def test_verify(with_q):
         np.testing.assert_array_equal(gpu[0], cpu[0], err_msg=f"seed {seed}")
 
 
+@pytest.mark.parametrize("with_q", [False, True])
+def test_verify_tree(with_q):
+    """The tree rule on the device: the same accepted path and next token as its CPU twin
+    (sd_verify_tree) on the same rows and keyed uniforms."""
+    for seed in range(40):
+        cpu, gpu = both("verify_tree", K.verify_tree_case(1 + seed % 16, 97, with_q, seed))
+        n_acc = cpu[0][0]
+        np.testing.assert_array_equal(gpu[0][:2 + n_acc], cpu[0][:2 + n_acc],
+                                      err_msg=f"seed {seed}")
+
+
 def test_synthetic_accept_and_dummy_fill():
     for i in range(50):
         cpu, gpu = both("synthetic_accept", [np.zeros(1, np.int32), 6, 0.8, 3, 11 * i])
@@ -340,6 +351,33 @@ def test_speculative_greedy_is_plain_greedy(gpu_pair, k):
             assert got.tokens == plain.tokens, (type(sp).__name__, seed)
             st = got.stats
             assert st.accepted + st.steps == st.new_tokens == 40
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, seed=3),
+                                      dict(temperature=0.8, top_k=5, top_p=0.9, seed=4)])
+def test_trees_on_the_gpu_are_the_cpus(gpu_pair, sampling):
+    """Prompt lookup's trees (deterministic children) on a CUDA target: the tree-masked forward,
+    the tree rule on the device and the compaction of its cache give the CPU's tokens (greedy:
+    plain decoding's; sampled: the same keyed draws), with the cache checked after every step.
+    (Token Recycling reads its successors from logits on the host: CPU only so far.)"""
+    for seed in range(3):
+        prompt = tm.random_tokens(CFG.vocab, 6, seed) * 3
+        got = [specdec.generate(gpu_pair[name], prompt, max_new_tokens=40, stop_tokens=[],
+                                speculator=specdec.PromptLookup(k=4, branching=3,
+                                                                verify_slope=0),
+                                **sampling)
+               for name in ("target", "target-cpu")]
+        assert got[0].tokens == got[1].tokens, seed
+        assert got[0].stats.drafted > 0
+        if sampling["temperature"] == 0.0:
+            plain = specdec.generate(gpu_pair["target"], prompt, max_new_tokens=40,
+                                     stop_tokens=[]).tokens
+            assert got[0].tokens == plain
+        tokens, reason, _ = gpu_pair["target"]._core.generate(
+            prompt, max_new_tokens=30, stop_ids=[], check_cache=True,
+            drafter=specdec.PromptLookup(k=4, branching=3, verify_slope=0).drafter(),
+            **sampling)
+        assert len(tokens) == 30 and reason == "length"
 
 
 @pytest.mark.parametrize("sampling", [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)])

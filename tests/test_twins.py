@@ -283,6 +283,32 @@ def test_verify_twin_accepts_identical_drafts_and_checks_sizes():
         K.run("verify", K.CPU, bad)
 
 
+@pytest.mark.parametrize("with_q", [False, True])
+def test_verify_tree_twin_is_the_loops_tree_rule(with_q):
+    """The twin of the CUDA tree kernel is sd_verify_tree with the uniforms the CPU loop keys by
+    the step's output position (node i: stream 5, out_pos * 64 + i; the token after a accepted
+    nodes: stream 2, out_pos + a): the same path and next token as the rule's direct binding
+    fed those uniforms, computed here from util/hd.h's generator."""
+    for seed in range(60):
+        n = 1 + seed % 12
+        args = K.verify_tree_case(n, 41, with_q, seed)
+        res = K.run("verify_tree", K.CPU, args)[0]
+        _, p, q, tokens, parent, _, _, rseed, out_pos = args
+        ua = np.array([K.rng_uniform(rseed, 5, out_pos * 64 + i) for i in range(n)])
+        depth = [0] * n
+        for i in range(n):
+            depth[i] = 1 if parent[i] < 0 else depth[parent[i]] + 1
+        un = np.array([K.rng_uniform(rseed, 2, out_pos + a) for a in range(max(depth) + 1)])
+        na, paths, nx = _core.verify_trees(parent, tokens[None], p[None],
+                                           None if q is None else q[None], ua[None], un[None])
+        assert res[0] == na[0] and res[1] == nx[0], seed
+        assert list(res[2:2 + res[0]]) == list(paths[0][:na[0]]), seed
+    bad = K.verify_tree_case(3, 41, False, 1)
+    bad[4] = np.array([-1, 2, 0], np.int32)  # a child before its parent
+    with pytest.raises(ValueError, match="node 1 has token"):
+        K.run("verify_tree", K.CPU, bad)
+
+
 def test_synthetic_accept_twin_rate():
     """Draft i is accepted while its uniform is below alpha: over many positions the number
     accepted has the truncated geometric law, mean sum_{i=1..K} alpha^i (tested at 5 sigma)."""

@@ -294,6 +294,34 @@ static sd_status run_verify(kctx *c, void **p, const sd_karg *a) {
     ON_GPU(sd_cuda_verify(c, p[0], p[1], p[2], p[3], I(4), I(5), U(6), U(7)));
 }
 
+/* verify_tree(result, p, q, tokens, parent, n, V, seed, out_pos): a tree's nodes with parents
+ * before children and distinct sibling tokens, as a drafter proposes them */
+static void sz_verify_tree(const sd_karg *a, size_t *n) {
+    n[0] = (size_t)(I(5) + 2) * 4;
+    n[1] = (size_t)(I(5) + 1) * (size_t)I(6) * 4;
+    n[2] = (size_t)I(5) * (size_t)I(6) * 4;
+    n[3] = n[4] = (size_t)I(5) * 4;
+}
+static sd_status run_verify_tree(kctx *c, void **p, const sd_karg *a) {
+    const int32_t *t = p[3], *par = p[4];
+    if (I(5) < 1 || I(5) > SD_MAX_TREE_NODES) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "verify_tree: %d nodes outside [1, %d]", I(5),
+                            SD_MAX_TREE_NODES);
+    }
+    for (int i = 0; c == NULL && i < I(5); i++) { /* host arrays: the twin's inputs */
+        if (t[i] < 0 || t[i] >= I(6) || par[i] < -1 || par[i] >= i) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "verify_tree: node %d has token %d (V = %d) and parent %d", i, t[i],
+                                I(6), par[i]);
+        }
+    }
+    if (c == NULL) {
+        sd_twin_verify_tree(p[0], p[1], p[2], p[3], p[4], I(5), I(6), U(7), U(8));
+        return SD_OK;
+    }
+    ON_GPU(sd_cuda_verify_tree(c, p[0], p[1], p[2], p[3], p[4], I(5), I(6), U(7), U(8)));
+}
+
 /* synthetic_accept(n_acc, K, alpha, seed, pos0) */
 static void sz_synthetic(const sd_karg *a, size_t *n) {
     (void)a;
@@ -335,6 +363,7 @@ static const kop g_ops[] = {
     {"argmax", "bbii", sz_argmax, run_argmax},
     {"sample", "bbiiuuu", sz_sample, run_sample},
     {"verify", "bbnbiiuu", sz_verify, run_verify},
+    {"verify_tree", "bbnbbiiuu", sz_verify_tree, run_verify_tree},
     {"synthetic_accept", "bifuu", sz_synthetic, run_synthetic},
     {"dummy_fill", "biiiuuf", sz_dummy, run_dummy},
 };

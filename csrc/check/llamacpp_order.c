@@ -31,9 +31,9 @@ static float lc_exp(float x) {
     const float n = z - r;
     const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
     const float u = b * b;
-    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
-                              fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-                         u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    const float j = fmaf(
+        fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+        u, fmaf(0x1.ffffecp-1f, b, 1.0f));
     if (n != n) {
         return n;
     }
@@ -116,7 +116,8 @@ typedef struct {
     int K;
 } lc_act;
 
-/* Rows of x (T, K) to 8-bit blocks of 32, as ggml's quantize_row_q8_1 (q8_0: the same without s). */
+/* Rows of x (T, K) to 8-bit blocks of 32, as ggml's quantize_row_q8_1 (q8_0: the same without s).
+ */
 static void lc_quantize(lc_act *a, const float *x, int T, int K) {
     const int nb = K / 32;
     a->K = K;
@@ -149,8 +150,8 @@ typedef struct {
     const sd_mat *w; /* (rows, K) of Q4_1 or Q8_0 */
     const lc_act *a; /* T rows */
     int T;
-    float *out;   /* (T, rows) */
-    float *acc;   /* (n_threads, T * 9): eight lanes and the offset sum per token */
+    float *out; /* (T, rows) */
+    float *acc; /* (n_threads, T * 9): eight lanes and the offset sum per token */
 } lc_mm;
 
 /* The body of a task, inlined into a portable and an AVX2+FMA build of it: the same operations
@@ -211,25 +212,25 @@ __attribute__((target("avx2,fma"))) static void lc_mm_task_fma(void *ctx, int ta
 
 typedef struct {
     sd_model *m;
-    int n;         /* tokens of the call */
-    int nt;        /* worker threads */
-    float *x;      /* (n, D) residual stream */
-    float *h;      /* (n, max(D, F)) normed rows, then the SwiGLU product */
-    float *q;      /* (n, H*Dh) */
-    float *k;      /* (n, Hkv*Dh) */
-    float *v;      /* (n, Hkv*Dh) */
-    float *att;    /* (n, H*Dh) attention output */
-    float *gate;   /* (n, F) */
-    float *up;     /* (n, F) */
-    float *tmp;    /* (n, max(D, F)) matrix outputs */
-    float *kc;     /* (L, Hkv, n_pad, Dh) keys as halves, zeros past n */
-    float *vc;     /* (L, Hkv, n_pad, Dh) values as halves, zeros past n */
-    float *rope;   /* (n, Dh) cos, sin pairs */
-    float *work;   /* (nt, 2 * n_pad + Dh) per-thread attention rows */
-    float *acc;    /* (nt, n * 9) matrix-product lanes */
-    lc_act act;    /* n rows of max(D, F) */
-    int n_pad;     /* n rounded up to 64: the slots the attention products run over */
-    int fma;       /* the CPU runs the AVX2+FMA build of the matrix products */
+    int n;       /* tokens of the call */
+    int nt;      /* worker threads */
+    float *x;    /* (n, D) residual stream */
+    float *h;    /* (n, max(D, F)) normed rows, then the SwiGLU product */
+    float *q;    /* (n, H*Dh) */
+    float *k;    /* (n, Hkv*Dh) */
+    float *v;    /* (n, Hkv*Dh) */
+    float *att;  /* (n, H*Dh) attention output */
+    float *gate; /* (n, F) */
+    float *up;   /* (n, F) */
+    float *tmp;  /* (n, max(D, F)) matrix outputs */
+    float *kc;   /* (L, Hkv, n_pad, Dh) keys as halves, zeros past n */
+    float *vc;   /* (L, Hkv, n_pad, Dh) values as halves, zeros past n */
+    float *rope; /* (n, Dh) cos, sin pairs */
+    float *work; /* (nt, 2 * n_pad + Dh) per-thread attention rows */
+    float *acc;  /* (nt, n * 9) matrix-product lanes */
+    lc_act act;  /* n rows of max(D, F) */
+    int n_pad;   /* n rounded up to 64: the slots the attention products run over */
+    int fma;     /* the CPU runs the AVX2+FMA build of the matrix products */
 } lc_state;
 
 static void lc_matmul(lc_state *st, const sd_mat *w, const float *x, int T, float *out) {
@@ -409,7 +410,7 @@ static sd_status lc_check(const sd_model *m) {
     }
     for (int l = 0; l < c->n_layers; l++) {
         const sd_layer *ly = &m->w.layers[l];
-        const sd_mat *mats[7] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo,
+        const sd_mat *mats[7] = {&ly->wq,     &ly->wk,   &ly->wv,    &ly->wo,
                                  &ly->w_gate, &ly->w_up, &ly->w_down};
         for (int i = 0; i < 7; i++) {
             if (mats[i]->type != SD_TYPE_Q4_1) {
@@ -424,9 +425,8 @@ static sd_status lc_check(const sd_model *m) {
 }
 
 static void lc_free(lc_state *st) {
-    float *bufs[] = {st->x,  st->h,  st->q,  st->k,    st->v,    st->att,  st->gate,
-                     st->up, st->tmp, st->kc, st->vc, st->rope, st->work, st->acc,
-                     st->act.d, st->act.s};
+    float *bufs[] = {st->x,   st->h,  st->q,  st->k,    st->v,    st->att, st->gate,  st->up,
+                     st->tmp, st->kc, st->vc, st->rope, st->work, st->acc, st->act.d, st->act.s};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         free(bufs[i]);
     }
@@ -484,13 +484,15 @@ sd_status sd_forward_llamacpp_order(sd_model *m, const int32_t *tokens, int n, i
         !st.kc || !st.vc || !st.rope || !st.work || !st.acc || !st.act.q || !st.act.d ||
         !st.act.s) {
         lc_free(&st);
-        return sd_set_error(SD_ERR_NOMEM, "out of memory for a %d-token forward in llama.cpp's "
-                                          "float order", n);
+        return sd_set_error(SD_ERR_NOMEM,
+                            "out of memory for a %d-token forward in llama.cpp's "
+                            "float order",
+                            n);
     }
     /* embedding rows: d * q per block of the Q8_0 matrix */
     for (int t = 0; t < n; t++) {
-        const uint8_t *row = (const uint8_t *)m->w.tok_embd.data +
-                             (size_t)tokens[t] * m->w.tok_embd.row_bytes;
+        const uint8_t *row =
+            (const uint8_t *)m->w.tok_embd.data + (size_t)tokens[t] * m->w.tok_embd.row_bytes;
         const size_t blk_bytes = m->w.tok_embd.row_bytes / (size_t)(D / 32);
         for (int b = 0; b < D / 32; b++) {
             sd_sub32 sb;

@@ -157,6 +157,26 @@ void sd_twin_verify(int32_t *result, const float *p, const float *q, const int32
     free(work);
 }
 
+void sd_twin_verify_tree(int32_t *result, const float *p, const float *q, const int32_t *tokens,
+                         const int32_t *parent, int n, int V, uint64_t seed, uint64_t out_pos) {
+    double ua[SD_MAX_TREE], un[SD_MAX_TREE + 1];
+    float *work = malloc(2 * (size_t)V * sizeof(float));
+    if (work == NULL || n > SD_MAX_TREE) {
+        free(work);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        ua[i] = sd_rng_uniform(seed, SD_STREAM_TREE, out_pos * SD_MAX_TREE + (uint64_t)i);
+    }
+    for (int a = 0; a <= n; a++) { /* at most n accepted: the path is no deeper */
+        un[a] = sd_rng_uniform(seed, SD_STREAM_EMIT, out_pos + (uint64_t)a);
+    }
+    int32_t next = 0;
+    result[0] = sd_verify_tree(result + 2, &next, tokens, parent, n, p, q, V, ua, un, work);
+    result[1] = next;
+    free(work);
+}
+
 void sd_twin_synthetic_accept(int32_t *n_acc, int K, double alpha, uint64_t seed, uint64_t pos0) {
     *n_acc = sd_verify_synthetic(K, alpha, seed, pos0);
 }

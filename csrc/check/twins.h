@@ -46,6 +46,10 @@ void sd_twin_sample(int32_t *out, const float *probs, int rows, int V, uint64_t 
  * pos0 + i) as the decoding loops key them. */
 void sd_twin_verify(int32_t *result, const float *p, const float *q, const int32_t *draft, int K,
                     int V, uint64_t seed, uint64_t pos0);
+/* result (2 + n): accepted nodes, the next token, the path: the tree rule (sd_verify_tree) with
+ * the uniforms keyed by out_pos as the CPU loop keys them (sd_cuda_verify_tree's twin). */
+void sd_twin_verify_tree(int32_t *result, const float *p, const float *q, const int32_t *tokens,
+                         const int32_t *parent, int n, int V, uint64_t seed, uint64_t out_pos);
 /* *n_acc = how many of K drafts the synthetic rule of benchmarks accepts: draft i while the
  * uniform (seed, SD_STREAM_SYNTH, pos0 + i) < alpha. */
 void sd_twin_synthetic_accept(int32_t *n_acc, int K, double alpha, uint64_t seed, uint64_t pos0);

@@ -5,6 +5,8 @@
 #include <string.h>
 
 PyObject *sd_py_stats_dict(const sd_spec_stats *st, int k) {
+    k = k < SD_MAX_DRAFT ? k : SD_MAX_DRAFT; /* the per-depth counts stop there (a tree drafter's
+                                              * k is its node count, which may be more) */
     PyObject *drafted = PyList_New(k), *accepted = PyList_New(k);
     for (int i = 0; drafted != NULL && accepted != NULL && i < k; i++) {
         PyList_SET_ITEM(drafted, i, PyLong_FromLong(st->drafted_at[i]));

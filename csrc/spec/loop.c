@@ -359,14 +359,14 @@ sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int
     return SD_OK;
 }
 
-/* The verify forward of a tree (CPU): [last, nodes] with the tree's mask (node i at position
+/* The verify forward of a tree: [last, nodes] with the tree's mask (node i at position
  * len - 1 + depth(i), seeing the prefix, the root, its ancestors and itself; the attention gives
  * it a sequence's bits, ops_cpu.h). The mask and positions live in L until the step ends. */
 static sd_status tree_batch(sd_spec_loop *L, const sd_draft *dr, const int *depth, sd_fwd *f) {
-    if (L->sp != NULL) {
+    if (L->sp != NULL && dr->q != NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "the %s drafter proposed a tree: tree verification runs on the CPU "
-                            "only so far",
+                            "the %s drafter proposed a tree of sampled children: on a CUDA "
+                            "target trees are verified for deterministic children only so far",
                             L->d->ops->name);
     }
     const int n = dr->n, len = L->len;
@@ -398,9 +398,23 @@ static sd_status tree_batch(sd_spec_loop *L, const sd_draft *dr, const int *dept
     return SD_OK;
 }
 
-/* After a tree's verify forward: the tree rule of verify.h, and the accepted path's keys and
- * values moved into consecutive slots (ascending copies: a path node's slot is never below its
- * place in the path). L->batch[1 .. n_acc] receives the path's tokens. */
+/* The accepted path (n_acc nodes, root to leaf) moved into consecutive slots after the root
+ * (ascending copies: a path node's slot is never below its place in the path), and its tokens
+ * into L->batch[1 .. n_acc]. */
+static sd_status compact_path(sd_spec_loop *L, const int32_t *path, int n_acc) {
+    int32_t toks[SD_MAX_TREE];
+    for (int j = 0; j < n_acc; j++) {
+        toks[j] = L->batch[1 + path[j]];
+        if (path[j] != j) {
+            SD_TRY(sd_kv_cache_copy_slot(L->kv, L->len + j, L->len + path[j]));
+        }
+    }
+    memcpy(L->batch + 1, toks, (size_t)n_acc * sizeof(int32_t));
+    return SD_OK;
+}
+
+/* After a tree's verify forward: the tree rule of verify.h, and the accepted path compacted
+ * (compact_path). */
 static sd_status tree_rows(sd_spec_loop *L, const sd_draft *dr, const int *depth, int *n_acc_out,
                            int32_t *next_out) {
     const int V = L->m->cfg.vocab_size, n = dr->n, len = L->len;
@@ -423,17 +437,23 @@ static sd_status tree_rows(sd_spec_loop *L, const sd_draft *dr, const int *depth
     int32_t path[SD_MAX_TREE];
     const int n_acc = sd_verify_tree(path, next_out, L->batch + 1, dr->parent, n, L->probs, dr->q,
                                      V, ua, un, L->fwork);
-    int32_t toks[SD_MAX_TREE];
-    for (int j = 0; j < n_acc; j++) {
-        toks[j] = L->batch[1 + path[j]];
-        if (path[j] != j) {
-            SD_TRY(sd_kv_cache_copy_slot(L->kv, len + j, len + path[j]));
-        }
-    }
-    memcpy(L->batch + 1, toks, (size_t)n_acc * sizeof(int32_t));
     *n_acc_out = n_acc;
-    return SD_OK;
+    return compact_path(L, path, n_acc);
 }
+
+#ifdef SD_WITH_CUDA
+/* A tree's whole verify step on a CUDA target: the masked forward (its rows stay on the
+ * device), the tree rule there (sd_cuda_spec_verify_tree, uniforms keyed as on the CPU), and
+ * the accepted path compacted in the device cache. */
+static sd_status tree_verify_cuda(sd_spec_loop *L, const sd_fwd *f, int *n_acc, int32_t *next) {
+    SD_TRY(sd_forward_ex(L->m, L->kv, &f->b, NULL, NULL));
+    const sd_cuda_sampling cs = sd_cuda_sampling_of(&L->s);
+    int32_t path[SD_MAX_TREE];
+    SD_TRY(sd_cuda_spec_verify_tree(L->sp, L->m->cuda, L->dr.n, L->batch + 1, L->dr.parent, &cs,
+                                    L->seed, (uint64_t)(L->len - L->n_prompt), n_acc, path, next));
+    return compact_path(L, path, *n_acc);
+}
+#endif
 
 /* ---- the step ------------------------------------------------------------------------------ */
 
@@ -510,6 +530,16 @@ sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f) {
     L->t1 = sd_now_s();
     if (!L->chain_step) {
         SD_TRY(tree_batch(L, dr, L->depth, f));
+#ifdef SD_WITH_CUDA
+        if (L->sp != NULL) { /* the whole step here, as a CUDA chain's */
+            int n_acc = 0;
+            int32_t next = 0;
+            const sd_fwd tf = *f;
+            memset(f, 0, sizeof(*f));
+            SD_TRY(tree_verify_cuda(L, &tf, &n_acc, &next));
+            return finish_step(L, dr->n, n_acc, next);
+        }
+#endif
         L->phase = SD_SPEC_PHASE_TREE;
         return SD_OK;
     }
