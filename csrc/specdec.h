@@ -385,7 +385,8 @@ sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *loo
  * same vocabulary and its own KV cache, proposes up to dp->k tokens one at a time (greedily at
  * temperature 0, else sampled from its processed distribution q); the verify step accepts a
  * prefix with the probabilities min(1, p/q), correcting from norm(max(0, p - q)). Both caches
- * roll back to the accepted prefix; when all k are accepted the draft catches up on dk. The
+ * roll back to the accepted prefix; when all k are accepted the draft catches up on dk (a tree
+ * with dp->branching > 1: the draft's cache keeps the accepted path, compacted). The
  * drafter does not own `draft`, which must outlive it and must not run another call while a
  * generation uses it. At generation: SD_ERR_INVALID_ARG when the draft's vocabulary, device or
  * context length does not fit the target's. */
