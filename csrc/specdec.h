@@ -359,9 +359,22 @@ typedef struct {
      * acceptance rate measured so far in the request, c one draft token's cost relative to a
      * target forward (weights read: the draft's over the target's, or n_layers over the
      * layer count); where no k pays, one token is still drafted every fourth step to keep
-     * measuring. 0 = off (always draft up to k, or until p_min). */
+     * measuring. 0 = off (always draft up to k, or until p_min). A chain's only (b = 1). */
     float verify_slope;
+    /* 1: a chain of up to k drafts, as above. b > 1: a tree up to k deep (EAGLE-2's dynamic
+     * tree, Li et al. 2024): a node gets the draft's b most probable tokens as children at
+     * temperature 0, b tokens drawn without replacement from its processed distribution q when
+     * sampling; the most probable nodes are expanded, a depth's nodes drafted in one tree-masked
+     * draft forward, and the tree keeps at most `nodes` nodes: at temperature 0 the most
+     * probable paths (a parent before its child); when sampling, each node is kept or dropped
+     * before its token is drawn (from how probable its parent's path and its undrawn tokens
+     * are), which keeps the tree rule exact (a node kept for the token it drew would bias it).
+     * p_min: a node the draft gave less than p_min is not expanded. 1 <= b <=
+     * SD_MODEL_MAX_BRANCHING; CPU targets only for b > 1 (tree verification). */
+    int branching;
+    int nodes; /* 1 <= nodes <= SD_MAX_TREE_NODES: a tree's most nodes (b > 1) */
 } sd_draft_params;
+#define SD_MODEL_MAX_BRANCHING 8
 
 /* A drafter proposes the draft tokens of speculative decoding; the one speculative loop
  * (sd_generate_speculative) verifies them. A drafter holds only its parameters: one drafter may
@@ -375,7 +388,8 @@ sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *loo
  * same vocabulary and its own KV cache, proposes up to dp->k tokens one at a time (greedily at
  * temperature 0, else sampled from its processed distribution q); the verify step accepts a
  * prefix with the probabilities min(1, p/q), correcting from norm(max(0, p - q)). Both caches
- * roll back to the accepted prefix; when all k are accepted the draft catches up on dk. The
+ * roll back to the accepted prefix; when all k are accepted the draft catches up on dk (a tree
+ * with dp->branching > 1: the draft's cache keeps the accepted path, compacted). The
  * drafter does not own `draft`, which must outlive it and must not run another call while a
  * generation uses it. At generation: SD_ERR_INVALID_ARG when the draft's vocabulary, device or
  * context length does not fit the target's. */

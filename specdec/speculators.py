@@ -87,12 +87,16 @@ class LayerSkip(Speculator):
     p_min: float = 0.0
     #: adaptive draft length (see :class:`DraftModel`); 0 = off
     verify_slope: float = 0.2
+    #: 1: a chain. b > 1: a tree ``k`` deep of at most ``nodes`` nodes (see :class:`DraftModel`)
+    branching: int = 1
+    nodes: int = 16
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = _core.layerskip(_int("layers", self.layers), _int("k", self.k),
                             _number("p_min", self.p_min),
-                            _number("verify_slope", self.verify_slope))
+                            _number("verify_slope", self.verify_slope),
+                            _int("branching", self.branching), _int("nodes", self.nodes))
         object.__setattr__(self, "_drafter", d)
 
 
@@ -178,25 +182,40 @@ class DraftModel(Speculator):
     keep measuring. A draft that does not pay thus costs little instead of slowing decoding
     (self-speculation on SmolLM2: 0.89x of plain speed with it, 0.52x without, and 0.63x with
     ``p_min`` = 0.6 alone; benchmarks/RESULTS.md). 0 = always draft up to k (or until p_min).
+    Chains only.
+
+    ``branching`` > 1 drafts a tree instead of a chain (EAGLE-2's dynamic tree, Li et al.
+    2024), ``k`` deep and of at most ``nodes`` (<= 64) nodes, verified in one target forward:
+    at each depth the most probable nodes so far get the draft's ``branching`` most probable
+    tokens as children (at temperature 0) or ``branching`` tokens drawn without replacement
+    from its distribution (when sampling), one draft forward per depth. At temperature 0 the
+    tree keeps the ``nodes`` most probable paths; when sampling, each node is kept or dropped
+    before its token is drawn, which keeps the output exactly the target's. The draft's cache
+    keeps the accepted path. Pays where a verify forward of many tokens costs little more than
+    one (AVX-512, AMX, GPUs); CPU models only so far. ``branching`` = 1 is the chain.
     """
 
     def __init__(self, model: "Model", k: int = 5, p_min: float = 0.0,
-                 verify_slope: float = 0.2) -> None:
+                 verify_slope: float = 0.2, branching: int = 1, nodes: int = 16) -> None:
         from .model import Model
 
         if not isinstance(model, Model):
             raise TypeError(f"model must be a specdec.Model (from specdec.load), got "
                             f"{type(model).__name__}")
         self._drafter = _core.draft_model(model._core, _int("k", k), _number("p_min", p_min),
-                                          _number("verify_slope", verify_slope))
+                                          _number("verify_slope", verify_slope),
+                                          _int("branching", branching), _int("nodes", nodes))
         self.model = model
         self.k = k
         self.p_min = float(p_min)
         self.verify_slope = float(verify_slope)
+        self.branching = branching
+        self.nodes = nodes
 
     def __repr__(self) -> str:
+        tree = f", branching={self.branching}, nodes={self.nodes}" if self.branching > 1 else ""
         return (f"DraftModel({self.model.path!r}, k={self.k}, p_min={self.p_min}, "
-                f"verify_slope={self.verify_slope})")
+                f"verify_slope={self.verify_slope}{tree})")
 
     def check_target(self, target: "Model") -> None:
         """Raise ValueError unless the draft and ``target`` share one tokenizer (the C core

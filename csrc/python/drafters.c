@@ -67,14 +67,15 @@ static PyObject *py_prompt_lookup(PyObject *mod, PyObject *args, PyObject *kwds)
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
 }
 
-/* draft_model(model, k, p_min, verify_slope) -> Drafter */
+/* draft_model(model, k, p_min, verify_slope, branching=1, nodes=16) -> Drafter */
 static PyObject *py_draft_model(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"model", "k", "p_min", "verify_slope", NULL};
+    static char *kwlist[] = {"model", "k", "p_min", "verify_slope", "branching", "nodes", NULL};
     sd_py_Model *model = NULL;
-    sd_draft_params dp = {0, 0.0f, 0.0f};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iff:draft_model", kwlist, &sd_py_ModelType,
-                                     &model, &dp.k, &dp.p_min, &dp.verify_slope)) {
+    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iff|ii:draft_model", kwlist, &sd_py_ModelType,
+                                     &model, &dp.k, &dp.p_min, &dp.verify_slope, &dp.branching,
+                                     &dp.nodes)) {
         return NULL;
     }
     sd_drafter *d = NULL;
@@ -82,14 +83,14 @@ static PyObject *py_draft_model(PyObject *mod, PyObject *args, PyObject *kwds) {
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, model);
 }
 
-/* layerskip(layers, k, p_min, verify_slope) -> Drafter */
+/* layerskip(layers, k, p_min, verify_slope, branching=1, nodes=16) -> Drafter */
 static PyObject *py_layerskip(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"layers", "k", "p_min", "verify_slope", NULL};
+    static char *kwlist[] = {"layers", "k", "p_min", "verify_slope", "branching", "nodes", NULL};
     int layers = 0;
-    sd_draft_params dp = {0, 0.0f, 0.0f};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiff:layerskip", kwlist, &layers, &dp.k,
-                                     &dp.p_min, &dp.verify_slope)) {
+    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiff|ii:layerskip", kwlist, &layers, &dp.k,
+                                     &dp.p_min, &dp.verify_slope, &dp.branching, &dp.nodes)) {
         return NULL;
     }
     sd_drafter *d = NULL;
@@ -186,9 +187,11 @@ PyMethodDef sd_py_drafter_methods[] = {
      "prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1) -> Drafter "
      "(sd_prompt_lookup)"},
     {"draft_model", (PyCFunction)(void (*)(void))py_draft_model, METH_VARARGS | METH_KEYWORDS,
-     "draft_model(model, k, p_min, verify_slope) -> Drafter (sd_draft_params)"},
+     "draft_model(model, k, p_min, verify_slope, branching=1, nodes=16) -> Drafter "
+     "(sd_draft_params)"},
     {"layerskip", (PyCFunction)(void (*)(void))py_layerskip, METH_VARARGS | METH_KEYWORDS,
-     "layerskip(layers, k, p_min, verify_slope) -> Drafter (the target's first layers)"},
+     "layerskip(layers, k, p_min, verify_slope, branching=1, nodes=16) -> Drafter (the "
+     "target's first layers)"},
     {"token_recycling", (PyCFunction)(void (*)(void))py_token_recycling,
      METH_VARARGS | METH_KEYWORDS,
      "token_recycling(nodes, widths, top, adaptive) -> Drafter (sd_token_recycling)"},

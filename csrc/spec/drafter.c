@@ -64,6 +64,14 @@ sd_status sd_drafter_check_draft_params(const sd_draft_params *dp) {
         return sd_set_error(SD_ERR_INVALID_ARG, "p_min must be in [0, 1], got %g",
                             (double)dp->p_min);
     }
+    if (dp->branching < 1 || dp->branching > SD_MODEL_MAX_BRANCHING) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "branching must be in [1, %d], got %d",
+                            SD_MODEL_MAX_BRANCHING, dp->branching);
+    }
+    if (dp->nodes < 1 || dp->nodes > SD_MAX_TREE_NODES) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "nodes must be in [1, %d], got %d",
+                            SD_MAX_TREE_NODES, dp->nodes);
+    }
     return sd_drafter_check_slope(dp->verify_slope);
 }
 

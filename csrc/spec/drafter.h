@@ -96,8 +96,8 @@ struct sd_drafter {
 
 /* SD_ERR_INVALID_ARG unless 1 <= k <= SD_MAX_DRAFT (the most drafts a step may carry). */
 sd_status sd_check_max_draft(int k);
-/* The constructors' common checks of sd_draft_params (k, p_min, verify_slope), and of a
- * verify_slope alone. */
+/* The constructors' common checks of sd_draft_params (k, p_min, verify_slope, branching, nodes),
+ * and of a verify_slope alone. */
 sd_status sd_drafter_check_draft_params(const sd_draft_params *dp);
 sd_status sd_drafter_check_slope(float verify_slope);
 /* A zeroed drafter with these operations and sizes (SD_ERR_NOMEM). */

@@ -1,10 +1,12 @@
 /* draft_model.c — the draft-model drafter (speculative sampling: Leviathan et al. 2023, Chen et
  * al. 2023): a smaller model with the target's vocabulary and its own KV cache drafts k tokens
  * one forward at a time, greedily at temperature 0, else sampled from its processed
- * distribution q, which the verify step weighs against the target's. */
+ * distribution q, which the verify step weighs against the target's; with branching > 1, a tree
+ * of them (model_tree.h), whose accepted path the draft cache keeps, compacted. */
 #include <stdlib.h>
 
 #include "spec/drafter.h"
+#include "spec/drafters/model_tree.h"
 #include "spec/loop.h"
 #include "util/status.h"
 #ifdef SD_WITH_CUDA
@@ -35,6 +37,11 @@ static sd_status draft_check(const sd_drafter *d, const sd_model *m, int n_promp
                             sd_cuda_model_gpu(dm->cuda), sd_cuda_model_gpu(m->cuda));
     }
 #endif
+    if (d->u.m.dp.branching > 1 && m->device != SD_DEVICE_CPU) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "a draft model with branching > 1 drafts trees, verified on CPU "
+                            "targets only so far: use branching=1 on a GPU");
+    }
     if (max_new_tokens > 0 && (int64_t)n_prompt + max_new_tokens > dm->cfg.context_length) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "prompt (%d tokens) + max_new_tokens (%d) exceeds the context length "
@@ -44,28 +51,45 @@ static sd_status draft_check(const sd_drafter *d, const sd_model *m, int n_promp
     return SD_OK;
 }
 
-/* The draft's own cache, of the sequence's size (sd_spec_loop.capacity). */
+/* A request's state: the draft's own cache, of the sequence's size (sd_spec_loop.capacity),
+ * and for trees their drafting. */
+typedef struct {
+    sd_kv_cache *dkv;
+    sd_model_tree *tree; /* NULL for a chain */
+} draft_state;
+
 static sd_status draft_begin(const sd_drafter *d, void **state, sd_spec_loop *L) {
-    sd_kv_cache *dkv = NULL;
-    SD_TRY(sd_kv_cache_create(&dkv, d->model, L->capacity));
-    *state = dkv;
-    return SD_OK;
+    draft_state *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    *state = s;
+    SD_TRY(sd_kv_cache_create(&s->dkv, d->model, L->capacity));
+    return d->u.m.dp.branching > 1 ? sd_model_tree_create(&s->tree, &d->u.m.dp, L) : SD_OK;
 }
 
 static sd_status draft_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
                                sd_draft *out) {
-    return sd_spec_model_propose(L, d->model, state, 0, &d->u.m.dp, room, out);
+    draft_state *s = state;
+    if (s->tree != NULL) {
+        return sd_model_tree_propose(s->tree, L, d->model, s->dkv, 0, &d->u.m.dp, out);
+    }
+    return sd_spec_model_propose(L, d->model, s->dkv, 0, &d->u.m.dp, room, out);
 }
 
-/* The draft cache was fed up to d(k-1), so it keeps what was accepted; when all k were, dk is
- * left for the next step's first draft forward, which feeds it together with the new last
- * token. */
+/* A chain: the draft cache was fed up to d(k-1), so it keeps what was accepted; when all k
+ * were, dk is left for the next step's first draft forward, which feeds it together with the
+ * new last token. A tree: the accepted path's fed nodes are moved into consecutive slots
+ * (sd_model_tree_commit), and the rest is forgotten in the same way. */
 static sd_status draft_commit(const sd_drafter *d, void *state, sd_spec_loop *L,
                               const sd_draft *draft, int n_acc, int32_t next) {
     (void)draft;
-    (void)n_acc;
     (void)next;
-    sd_kv_cache *dkv = state;
+    draft_state *s = state;
+    sd_kv_cache *dkv = s->dkv;
+    if (s->tree != NULL) {
+        SD_TRY(sd_model_tree_commit(s->tree, L, dkv, n_acc));
+    }
     if (sd_kv_cache_length(dkv) > L->len - 1) {
         SD_TRY(sd_kv_cache_set_length(dkv, L->len - 1));
     }
@@ -91,7 +115,12 @@ static double draft_cost(const sd_drafter *d, const sd_model *target) {
 
 static void draft_end(const sd_drafter *d, void *state) {
     (void)d;
-    sd_kv_cache_free(state);
+    draft_state *s = state;
+    if (s != NULL) {
+        sd_kv_cache_free(s->dkv);
+        sd_model_tree_free(s->tree);
+        free(s);
+    }
 }
 
 static const sd_drafter_ops draft_ops = {
@@ -110,7 +139,7 @@ sd_status sd_drafter_draft_model(sd_drafter **out, sd_model *draft, const sd_dra
         return sd_set_error(SD_ERR_INVALID_ARG, "the draft model is missing");
     }
     SD_TRY(sd_drafter_check_draft_params(dp));
-    SD_TRY(sd_drafter_alloc(out, &draft_ops, dp->k, 1));
+    SD_TRY(sd_drafter_alloc(out, &draft_ops, dp->branching > 1 ? dp->nodes : dp->k, 1));
     (*out)->model = draft;
     (*out)->context = draft->cfg.context_length;
     (*out)->u.m.dp = *dp;

@@ -2,8 +2,10 @@
  * training): the draft is the target's own first n_layers layers followed by its final norm and
  * head. It needs no weights or cache of its own: the first n_layers layers of a token compute
  * exactly what the target's do, so the drafts write the target's cache and the verify forward
- * rewrites the same slots; no second cache, no catch-up. */
+ * rewrites the same slots; no second cache, no catch-up. With branching > 1 the draft is a tree
+ * (model_tree.h), its nodes fed through the target's cache in the same way. */
 #include "spec/drafter.h"
+#include "spec/drafters/model_tree.h"
 #include "spec/loop.h"
 #include "util/status.h"
 
@@ -17,21 +19,33 @@ static sd_status skip_check(const sd_drafter *d, const sd_model *m, int n_prompt
                             "the draft's layers must be in [1, %d) (the target has %d), got %d",
                             m->cfg.n_layers, m->cfg.n_layers, n_layers);
     }
+    if (d->u.m.dp.branching > 1 && m->device != SD_DEVICE_CPU) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "layer skip with branching > 1 drafts trees, verified on CPU targets "
+                            "only so far: use branching=1 on a GPU");
+    }
     return SD_OK;
 }
 
+/* A tree's drafting (its buffers), or nothing for a chain. */
 static sd_status skip_begin(const sd_drafter *d, void **state, sd_spec_loop *L) {
-    (void)d;
-    (void)L;
     *state = NULL;
+    if (d->u.m.dp.branching > 1) {
+        sd_model_tree *t = NULL;
+        SD_TRY(sd_model_tree_create(&t, &d->u.m.dp, L));
+        *state = t;
+    }
     return SD_OK;
 }
 
 static sd_status skip_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
                               sd_draft *out) {
-    (void)state;
-    SD_TRY(sd_spec_model_propose(L, L->m, L->kv, d->u.m.n_layers, &d->u.m.dp, room, out));
-    /* the verify forward rewrites the drafts' slots */
+    if (state != NULL) {
+        SD_TRY(sd_model_tree_propose(state, L, L->m, L->kv, d->u.m.n_layers, &d->u.m.dp, out));
+    } else {
+        SD_TRY(sd_spec_model_propose(L, L->m, L->kv, d->u.m.n_layers, &d->u.m.dp, room, out));
+    }
+    /* the verify forward rewrites the drafts' slots (a tree's: the nodes' own, then compacts) */
     return sd_kv_cache_set_length(L->kv, L->len - 1);
 }
 
@@ -53,7 +67,7 @@ static double skip_cost(const sd_drafter *d, const sd_model *target) {
 
 static void skip_end(const sd_drafter *d, void *state) {
     (void)d;
-    (void)state;
+    sd_model_tree_free(state);
 }
 
 static const sd_drafter_ops skip_ops = {
@@ -73,7 +87,7 @@ sd_status sd_drafter_layerskip(sd_drafter **out, int n_layers, const sd_draft_pa
                             n_layers);
     }
     SD_TRY(sd_drafter_check_draft_params(dp));
-    SD_TRY(sd_drafter_alloc(out, &skip_ops, dp->k, 1));
+    SD_TRY(sd_drafter_alloc(out, &skip_ops, dp->branching > 1 ? dp->nodes : dp->k, 1));
     (*out)->u.m.dp = *dp;
     (*out)->u.m.n_layers = n_layers;
     return SD_OK;

@@ -1,0 +1,387 @@
+/* model_tree.c — tree drafting with a model (model_tree.h): EAGLE-2's dynamic tree (Li et al.
+ * 2024) for the draft-model and layer-skip drafters, grown a depth at a time, one tree-masked
+ * draft forward per depth, and the draft cache's accepted path compacted after the verify.
+ *
+ * A step, with b = branching, D = min(k, the depth room), N = the most nodes (and slots):
+ *   the root (the text's last token) is fed with the tokens the draft cache lacks;
+ *   at each depth, the frontier's fed nodes give children: at temperature 0 each node's b most
+ *   probable tokens, when sampling b draws without replacement from its processed q; a child is
+ *   scored by its path probability (the product of the draft's probabilities down its path);
+ *   the next frontier is the depth's b most probable nodes (not below p_min), fed in one
+ *   forward, each seeing the prefix, its ancestors and itself.
+ * Which nodes the tree keeps (at most N):
+ *   temperature 0: the N most probable of all candidates, a parent before its child on ties (a
+ *   child's path probability never exceeds its parent's), so the kept nodes form a tree;
+ *   sampling: the tree rule is exact only if each parent's children are the first draws of
+ *   sampling without replacement, however many, so a child is kept or dropped before its token
+ *   is drawn and never after: each depth gets an equal share of the nodes left, and its draws go,
+ *   one at a time, to the parent whose next draw promises most (its path probability times its
+ *   largest undrawn q, known before the draw). Dropping drawn children by their own path
+ *   probability, EAGLE-2's re-ranking, would favour probable draws and bias the output. */
+#include "spec/drafters/model_tree.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec/sampler.h"
+#include "spec/verify.h"
+#include "util/hd.h"
+#include "util/status.h"
+
+#define B_MAX SD_MODEL_MAX_BRANCHING
+#define FED_MAX (SD_MAX_TREE_NODES + 1) /* the root and up to SD_MAX_TREE_NODES expanded nodes */
+#define CAND_MAX (FED_MAX * B_MAX)      /* every fed node's children */
+
+/* A node fed to the draft: its b most probable tokens and the children drawn so far. */
+typedef struct {
+    int node;            /* its candidate, -1 for the root */
+    int n_top;           /* tokens in top (those of nonzero probability, at most b) */
+    int32_t top[B_MAX];  /* by decreasing probability, the lower id first on ties */
+    float ptop[B_MAX];   /* their probabilities: softmax at temperature 0, else q */
+    int drawn;           /* children drawn */
+    int32_t kids[B_MAX]; /* their tokens */
+} fed_node;
+
+struct sd_model_tree {
+    int V, b, sampling, max_fed;
+    float *logits; /* (b, V) a draft forward's logits */
+    float *qrows;  /* (max_fed, V) when sampling: fed node i's processed distribution */
+    uint8_t *mask; /* (b, capacity) a draft forward's tree mask */
+    /* a step's candidates: token, parent candidate (-1: the root), depth, fed index (0: not
+     * fed), path probability, the draft's probability of the token at its parent */
+    int n_cand;
+    int32_t tok[CAND_MAX], par[CAND_MAX], dep[CAND_MAX], fed[CAND_MAX];
+    double P[CAND_MAX];
+    float own[CAND_MAX];
+    int n_fed;
+    fed_node fn[FED_MAX];
+    /* the proposal: base = the text's length then; slot[i] node i's slot in the draft cache,
+     * -1 when it was not fed */
+    int base, n;
+    int32_t tokens[SD_MAX_TREE_NODES], parent[SD_MAX_TREE_NODES], slot[SD_MAX_TREE_NODES];
+};
+
+sd_status sd_model_tree_create(sd_model_tree **out, const sd_draft_params *dp,
+                               const sd_spec_loop *L) {
+    *out = NULL;
+    sd_model_tree *t = calloc(1, sizeof(*t));
+    if (t == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for a draft tree");
+    }
+    t->V = L->m->cfg.vocab_size;
+    t->b = dp->branching;
+    t->sampling = L->s.temperature != 0.0f;
+    t->max_fed = dp->nodes + 1 < FED_MAX ? dp->nodes + 1 : FED_MAX;
+    t->logits = malloc((size_t)t->b * (size_t)t->V * sizeof(float));
+    t->mask = malloc((size_t)t->b * (size_t)L->capacity);
+    if (t->sampling) {
+        t->qrows = malloc((size_t)t->max_fed * (size_t)t->V * sizeof(float));
+    }
+    if (t->logits == NULL || t->mask == NULL || (t->sampling && t->qrows == NULL)) {
+        sd_model_tree_free(t);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for a draft tree");
+    }
+    *out = t;
+    return SD_OK;
+}
+
+void sd_model_tree_free(sd_model_tree *t) {
+    if (t != NULL) {
+        free(t->logits);
+        free(t->qrows);
+        free(t->mask);
+        free(t);
+    }
+}
+
+/* f's b largest entries of row (V) into its top list, by decreasing value, the lower id first
+ * on ties (so the first is sd_argmax's). */
+static void best_of(fed_node *f, int b, const float *row, int V) {
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        const float x = row[i];
+        if (n == b && !(x > f->ptop[b - 1])) {
+            continue;
+        }
+        int j = n < b ? n++ : b - 1;
+        for (; j > 0 && x > f->ptop[j - 1]; j--) {
+            f->ptop[j] = f->ptop[j - 1];
+            f->top[j] = f->top[j - 1];
+        }
+        f->ptop[j] = x;
+        f->top[j] = i;
+    }
+    f->n_top = n;
+}
+
+/* Fed node i's rows from its logits lg (V): its processed q when sampling, its best tokens. */
+static void fed_rows(sd_model_tree *t, sd_spec_loop *L, int i, int node, const float *lg) {
+    fed_node *f = &t->fn[i];
+    const int V = t->V;
+    f->node = node;
+    f->drawn = 0;
+    if (t->sampling) {
+        float *q = t->qrows + (size_t)i * (size_t)V;
+        sd_process_logits(q, lg, V, &L->s, L->iwork);
+        best_of(f, t->b, q, V);
+        while (f->n_top > 0 && !(f->ptop[f->n_top - 1] > 0.0f)) {
+            f->n_top--; /* filtered out: never drawn */
+        }
+        return;
+    }
+    best_of(f, t->b, lg, V); /* by logit, then their softmax probabilities */
+    const float mx = f->ptop[0];
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) {
+        sum += exp((double)(lg[v] - mx));
+    }
+    for (int j = 0; j < f->n_top; j++) {
+        f->ptop[j] = (float)(exp((double)(f->ptop[j] - mx)) / sum);
+    }
+}
+
+static double path_of(const sd_model_tree *t, const fed_node *f) {
+    return f->node < 0 ? 1.0 : t->P[f->node];
+}
+
+/* What f's next child promises before it is drawn: f's path probability times the largest
+ * probability among its undrawn tokens (at temperature 0, its next best token's); 0 when f has
+ * no child left to give. */
+static double next_score(const sd_model_tree *t, const fed_node *f) {
+    if (f->drawn >= t->b) {
+        return 0.0;
+    }
+    for (int j = t->sampling ? 0 : f->drawn; j < f->n_top; j++) {
+        int taken = 0;
+        for (int c = 0; t->sampling && c < f->drawn; c++) {
+            taken |= f->kids[c] == f->top[j];
+        }
+        if (!taken) {
+            return path_of(t, f) * (double)f->ptop[j];
+        }
+    }
+    return 0.0;
+}
+
+/* f's next child: its next best token, or a draw from q without its children so far (q's
+ * entries zeroed for the draw, then restored). Returns the token and its probability. */
+static int32_t next_child(sd_model_tree *t, fed_node *f, int fi, double u, float *prob) {
+    if (!t->sampling) {
+        *prob = f->ptop[f->drawn];
+        return f->top[f->drawn];
+    }
+    float *q = t->qrows + (size_t)fi * (size_t)t->V;
+    float keep[B_MAX];
+    for (int c = 0; c < f->drawn; c++) {
+        keep[c] = q[f->kids[c]];
+        q[f->kids[c]] = 0.0f;
+    }
+    const int32_t tok = sd_sample_probs(q, t->V, u);
+    for (int c = f->drawn - 1; c >= 0; c--) {
+        q[f->kids[c]] = keep[c];
+    }
+    *prob = q[tok];
+    return tok;
+}
+
+/* Candidate x's rank among all: how many are more probable, or as probable and earlier. */
+static int rank_of(const sd_model_tree *t, int x) {
+    int r = 0;
+    for (int y = 0; y < t->n_cand; y++) {
+        r += t->P[y] > t->P[x] || (t->P[y] == t->P[x] && y < x);
+    }
+    return r;
+}
+
+/* Feeds candidates pick[0 .. np) (one depth's, increasing) in one forward with the tree mask,
+ * as fed nodes n_fed .. n_fed + np - 1 in slots base + (fed index - 1). */
+static sd_status feed(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
+                      int n_layers, const int *pick, int np) {
+    const int base = t->base, cols = base + t->n_fed + np - 1;
+    int32_t tokens[B_MAX], pos[B_MAX], slots[B_MAX];
+    memset(t->mask, 0, (size_t)np * (size_t)cols);
+    for (int j = 0; j < np; j++) {
+        const int x = pick[j];
+        t->fed[x] = t->n_fed + j;
+        tokens[j] = t->tok[x];
+        pos[j] = base - 1 + t->dep[x];
+        slots[j] = base + t->fed[x] - 1;
+        uint8_t *row = t->mask + (size_t)j * (size_t)cols;
+        memset(row, 1, (size_t)base); /* the prefix and the root */
+        for (int a = x; a >= 0; a = t->par[a]) {
+            row[base + t->fed[a] - 1] = 1; /* itself and its ancestors, all fed */
+        }
+    }
+    sd_batch bt = {0};
+    bt.n_tokens = np;
+    bt.tokens = tokens;
+    bt.pos = pos;
+    bt.slots = slots;
+    bt.mask = t->mask;
+    bt.n_mask_cols = cols;
+    bt.n_logits = np;
+    bt.n_layers = n_layers;
+    SD_TRY(sd_forward(dm, dkv, &bt, t->logits));
+    for (int j = 0; j < np; j++) {
+        fed_rows(t, L, t->n_fed + j, pick[j], t->logits + (size_t)j * (size_t)t->V);
+    }
+    t->n_fed += np;
+    return SD_OK;
+}
+
+/* The next frontier: up to b candidates of [from, n_cand) by decreasing path probability (the
+ * earlier on ties), each given at least p_min by the draft, and at temperature 0 only those
+ * whose children could still be among the `budget` kept; as many as the fed slots allow.
+ * Returns the count, pick in increasing order. */
+static int frontier(const sd_model_tree *t, int from, int budget, float p_min, int *pick) {
+    const int b = t->b, room = budget + 1 - t->n_fed;
+    int np = 0;
+    for (int x = from; x < t->n_cand; x++) {
+        if ((p_min > 0.0f && t->own[x] < p_min) || (!t->sampling && rank_of(t, x) >= budget - 1) ||
+            (np == b && !(t->P[x] > t->P[pick[b - 1]]))) {
+            continue;
+        }
+        int j = np < b ? np++ : b - 1;
+        for (; j > 0 && t->P[x] > t->P[pick[j - 1]]; j--) {
+            pick[j] = pick[j - 1];
+        }
+        pick[j] = x;
+    }
+    np = np < room ? np : room > 0 ? room : 0;
+    for (int i = 1; i < np; i++) { /* in candidate order */
+        for (int j = i; j > 0 && pick[j] < pick[j - 1]; j--) {
+            const int s = pick[j];
+            pick[j] = pick[j - 1];
+            pick[j - 1] = s;
+        }
+    }
+    return np;
+}
+
+sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
+                                int n_layers, const sd_draft_params *dp, sd_draft *out) {
+    const int V = t->V, len = L->len;
+    int depth_room = 0;
+    const int room = sd_spec_tree_room(L, &depth_room);
+    const int D = dp->k < depth_room ? dp->k : depth_room;
+    const int budget = room < t->max_fed - 1 ? room : t->max_fed - 1;
+    t->base = len;
+    t->n = t->n_cand = t->n_fed = 0;
+    out->n = 0;
+    out->tokens = t->tokens;
+    out->parent = t->parent;
+    out->q = NULL;
+    out->on_device = 0;
+    if (D < 1 || budget < 1) {
+        return SD_OK;
+    }
+    /* the root, with the tokens the draft has not seen */
+    const int have = sd_kv_cache_length(dkv);
+    sd_batch bt = {0};
+    bt.n_tokens = len - have;
+    bt.tokens = L->hist + have;
+    bt.n_logits = 1;
+    bt.n_layers = n_layers;
+    SD_TRY(sd_forward(dm, dkv, &bt, t->logits));
+    fed_rows(t, L, 0, -1, t->logits);
+    t->n_fed = 1;
+    /* draws keyed by (output position, draw): never one twice */
+    const uint64_t key0 = (uint64_t)(len - L->n_prompt) << 12;
+    uint64_t draws = 0;
+    for (int d = 1, f0 = 0, f1 = 1; d <= D; d++) {
+        const int level0 = t->n_cand;
+        int cap = CAND_MAX - t->n_cand; /* temperature 0: all, cut at the end */
+        if (t->sampling) {              /* an equal share of the nodes left */
+            cap = (budget - t->n_cand + (D - d)) / (D - d + 1);
+        }
+        while (t->n_cand - level0 < cap) {
+            int best = -1;
+            double bs = 0.0;
+            for (int f = f0; f < f1; f++) {
+                const double s = next_score(t, &t->fn[f]);
+                if (s > bs) {
+                    bs = s;
+                    best = f;
+                }
+            }
+            if (best < 0) {
+                break;
+            }
+            fed_node *f = &t->fn[best];
+            const double u = sd_rng_uniform(L->seed, SD_STREAM_DRAFT, key0 + draws++);
+            float pr = 0.0f;
+            const int32_t tk = next_child(t, f, best, u, &pr);
+            const int x = t->n_cand++;
+            t->tok[x] = tk;
+            t->par[x] = f->node;
+            t->dep[x] = d;
+            t->fed[x] = 0;
+            t->own[x] = pr;
+            t->P[x] = path_of(t, f) * (double)pr;
+            f->kids[f->drawn++] = tk;
+        }
+        if (d == D || t->n_cand == level0 || (t->sampling && t->n_cand >= budget)) {
+            break;
+        }
+        int pick[B_MAX];
+        const int np = frontier(t, level0, budget, dp->p_min, pick);
+        if (np == 0) {
+            break;
+        }
+        f0 = t->n_fed;
+        SD_TRY(feed(t, L, dm, dkv, n_layers, pick, np));
+        f1 = t->n_fed;
+    }
+    /* the kept candidates in their order (parents first, siblings as drawn): at temperature 0
+     * the `budget` most probable, a set closed under parents (a child is never more probable
+     * than its parent, and comes later); when sampling, all */
+    int idx[CAND_MAX];
+    for (int x = 0; x < t->n_cand; x++) {
+        idx[x] = -1;
+        if (!t->sampling && t->n_cand > budget && rank_of(t, x) >= budget) {
+            continue;
+        }
+        const int p = t->par[x];
+        if (p >= 0 && idx[p] < 0) {
+            return sd_set_error(SD_ERR_INTERNAL, "a draft tree kept a node without its parent");
+        }
+        const int i = idx[x] = t->n++;
+        t->tokens[i] = t->tok[x];
+        t->parent[i] = p < 0 ? -1 : idx[p];
+        t->slot[i] = t->fed[x] > 0 ? t->base + t->fed[x] - 1 : -1;
+        if (t->sampling) { /* the distribution it was drawn from: its parent's */
+            const int pf = p < 0 ? 0 : t->fed[p];
+            memcpy(L->q + (size_t)i * (size_t)V, t->qrows + (size_t)pf * (size_t)V,
+                   (size_t)V * sizeof(float));
+        }
+    }
+    out->n = t->n;
+    out->q = t->sampling ? L->q : NULL;
+    return SD_OK;
+}
+
+sd_status sd_model_tree_commit(sd_model_tree *t, const sd_spec_loop *L, sd_kv_cache *dkv,
+                               int n_acc) {
+    const int base = t->base;
+    int kept = 0;
+    for (int j = 0, at = -1; j < n_acc; j++) {
+        int i = at + 1;
+        while (i < t->n && !(t->parent[i] == at && t->tokens[i] == L->hist[base + j])) {
+            i++;
+        }
+        if (i == t->n) {
+            return sd_set_error(SD_ERR_INTERNAL, "the accepted path left the draft tree");
+        }
+        if (t->slot[i] < 0) {
+            break; /* not fed: the path's last node */
+        }
+        if (t->slot[i] != base + j) { /* ascending: a fed node's slot is >= base + depth - 1 */
+            SD_TRY(sd_kv_cache_copy_slot(dkv, base + j, t->slot[i]));
+        }
+        kept = j + 1;
+        at = i;
+    }
+    int n = base + kept < L->len - 1 ? base + kept : L->len - 1;
+    return sd_kv_cache_length(dkv) > n ? sd_kv_cache_set_length(dkv, n) : SD_OK;
+}

@@ -1,0 +1,36 @@
+/* model_tree.h — tree drafting with a model (a draft model, or the target's first layers), for
+ * sd_draft_params.branching > 1: EAGLE-2's dynamic tree (Li et al. 2024), one tree-masked draft
+ * forward per depth, and the draft cache's accepted path compacted after the verify. */
+#ifndef SD_MODEL_TREE_H
+#define SD_MODEL_TREE_H
+
+#include "spec/drafter.h"
+#include "spec/loop.h"
+
+/* A request's tree drafting: buffers sized for the sequence L (its vocabulary, sampling and
+ * capacity), and the last proposal (tokens, parents, and each node's slot in the draft cache). */
+typedef struct sd_model_tree sd_model_tree;
+
+sd_status sd_model_tree_create(sd_model_tree **out, const sd_draft_params *dp,
+                               const sd_spec_loop *L);
+void sd_model_tree_free(sd_model_tree *t);
+
+/* Drafts a tree after L's text with dm (its first n_layers layers; 0 = all) over the cache
+ * dkv, which holds a prefix of L->hist (at most all but the last token): one forward feeds the
+ * tokens dkv lacks (the last one, the root, among them), then each depth's expanded nodes are
+ * fed in one forward with a tree mask, node x at position len - 1 + depth(x) in slot len + (its
+ * rank among the fed nodes), seeing the prefix, its ancestors and itself. The tree lies within
+ * sd_spec_tree_room, dp->k deep, at most dp->nodes nodes (sd_draft_params.branching says how it
+ * is grown and cut). out receives it; when sampling, L->q row i is the processed distribution
+ * node i was drawn from (its parent's, as the tree rule wants), else out->q is NULL (the
+ * children are deterministic). dkv then holds the fed nodes past the text. */
+sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
+                                int n_layers, const sd_draft_params *dp, sd_draft *out);
+
+/* After the verify kept n_acc nodes (L->hist now holds their tokens after the proposal's root):
+ * the fed nodes of the accepted path, a prefix of it, move into consecutive slots after the
+ * root, and dkv keeps the text up to the last of them (at most all but the last token). */
+sd_status sd_model_tree_commit(sd_model_tree *t, const sd_spec_loop *L, sd_kv_cache *dkv,
+                               int n_acc);
+
+#endif /* SD_MODEL_TREE_H */
