@@ -115,12 +115,16 @@ def run(args: argparse.Namespace) -> dict:
         elif name == "layerskip":
             methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k,
                                                      p_min=args.p_min,
-                                                     verify_slope=args.model_slope)
+                                                     verify_slope=args.model_slope,
+                                                     branching=args.model_branching,
+                                                     nodes=args.model_nodes)
             draft_cost["layerskip"] = args.skip_layers / model.config.n_layers
         elif name == "draft":
             draft = load_draft(args, model)
             methods["draft"] = specdec.DraftModel(draft, k=args.draft_k, p_min=args.p_min,
-                                                  verify_slope=args.model_slope)
+                                                  verify_slope=args.model_slope,
+                                                  branching=args.model_branching,
+                                                  nodes=args.model_nodes)
             # a draft forward reads the draft's weights as a target forward reads the target's
             draft_cost["draft"] = draft.weight_bytes / model.weight_bytes
         elif name == "recycling":
@@ -226,6 +230,10 @@ def main(argv=None) -> int:
                    help="recycling: children per node at each depth, comma-separated")
     p.add_argument("--branching", type=int, default=1,
                    help="lookup: sibling branches from other occurrences (1 = a chain)")
+    p.add_argument("--model-branching", type=int, default=1,
+                   help="layerskip, draft: children per expanded node (1 = a chain)")
+    p.add_argument("--model-nodes", type=int, default=16,
+                   help="layerskip, draft: the most nodes of a tree (with --model-branching > 1)")
     p.add_argument("--tree-whole", action="store_true",
                    help="recycling: draft the whole template every step (default: the nodes "
                         "that pay at the measured verify costs)")
