@@ -180,29 +180,24 @@ def test_a_sequence_nobody_steps_does_not_stall_the_others(model):
 
 
 def test_max_sequences_queues_requests_beyond_it(model):
-    """With max_sequences=2, six requests at once: never more than two decode together, the
-    rest wait their turn and all finish with their own output; no error."""
+    """With max_sequences=2, six requests at once: never more than two decode together (each
+    request looks at every token), the rest wait their turn and all finish with their own
+    output; no error."""
     model.prefix_cache = 0
     alone = [run(model, LOOP[i:], "plain", dict(temperature=0.0), n=24) for i in range(6)]
-    seen, stop = [], threading.Event()
+    seen = []
 
-    def watch():
-        while not stop.is_set():
-            seen.append(model.open_sequences)
-            time.sleep(0.0005)
+    def request(i):
+        return specdec.generate(model, LOOP[i:], max_new_tokens=24, stop_tokens=[],
+                                on_token=lambda t: seen.append(model.open_sequences)).tokens
 
-    w = threading.Thread(target=watch)
     model.max_sequences = 2
     try:
-        w.start()
-        together = in_threads([lambda i=i: run(model, LOOP[i:], "plain",
-                                               dict(temperature=0.0), n=24) for i in range(6)])
+        together = in_threads([lambda i=i: request(i) for i in range(6)])
     finally:
-        stop.set()
-        w.join()
         model.max_sequences = 0
     assert together == alone
-    assert max(seen) <= 2 and max(seen) >= 1
+    assert len(seen) == 6 * 24 and 1 <= min(seen) and max(seen) <= 2
     assert model.open_sequences == 0
 
 

@@ -16,6 +16,8 @@ struct sd_sched {
     int n_queued;
     int active;      /* requests begun and not ended */
     int running;     /* a leader runs a round */
+    int last_n;      /* the steps of the last round */
+    int fresh;       /* requests begun since the last round began */
     double window_s; /* how long the next leader may wait for the others */
     long long forwards, steps;
 };
@@ -42,6 +44,7 @@ sd_status sd_sched_create(sd_sched **out) {
         return sd_set_error(SD_ERR_INTERNAL, "could not create the step scheduler's lock");
     }
     s->window_s = SD_SCHED_WAIT_MAX_S;
+    s->last_n = 0;
     *out = s;
     return SD_OK;
 }
@@ -57,6 +60,7 @@ void sd_sched_free(sd_sched *s) {
 void sd_sched_join(sd_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->active++;
+    s->fresh++;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -186,10 +190,14 @@ sd_status sd_sched_run(sd_sched *s, sd_model *m, sd_forward_fn forward, sd_sched
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
-        /* lead: wait a moment for the steps of the other running requests */
+        /* lead: wait a moment for the steps of the other running requests: as many as the last
+         * round had, and those begun since (a request whose caller steps it rarely is not
+         * waited for every time) */
         s->running = 1;
         const double deadline = now_s() + s->window_s;
-        while (s->n_queued < s->active) {
+        const int regular = s->last_n + s->fresh;
+        const int expect = s->active < regular ? s->active : regular;
+        while (s->n_queued < expect) {
             const double left = deadline - now_s();
             if (left <= 0.0) {
                 break;
@@ -201,11 +209,12 @@ sd_status sd_sched_run(sd_sched *s, sd_model *m, sd_forward_fn forward, sd_sched
             ts.tv_nsec = (long)(ns % 1000000000LL);
             (void)pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         }
-        const int all_came = s->n_queued >= s->active;
+        const int all_came = s->n_queued >= expect;
         sd_sched_job *list = s->head;
         const int n = s->n_queued;
         s->head = s->tail = NULL;
         s->n_queued = 0;
+        s->fresh = 0;
         long long forwards = 0;
         pthread_mutex_unlock(&s->mu);
         const double spent = run_round(m, forward, list, n, &forwards);
@@ -220,6 +229,7 @@ sd_status sd_sched_run(sd_sched *s, sd_model *m, sd_forward_fn forward, sd_sched
                                                       : quarter;
         s->forwards += forwards;
         s->steps += n;
+        s->last_n = n;
         for (sd_sched_job *j = list; j != NULL;) {
             sd_sched_job *next = j->next; /* j may be gone once done */
             j->done = 1;

@@ -5,12 +5,13 @@
  *
  * A thread with a step to run hands it over (sd_sched_run) and waits. When no step is running,
  * the thread that finds it so leads: it waits a moment for the steps of the other running
- * requests (about a quarter of the last forward's time, within SD_SCHED_WAIT_MIN_S ..
- * SD_SCHED_WAIT_MAX_S, and less after a request failed to come), then runs, one request after the other, the part of every step before
- * its forward (its drafting), one forward for all of them, and the part after it (accept,
- * commit, emit). Every step's work is thus done by one thread at a time, as when each request
- * runs alone, and a request's bits are its own (the forward's rows are batch-invariant). The
- * scheduler knows nothing of requests: a step is two callbacks. */
+ * requests, as many as its last round had and those begun since (about a quarter of the last
+ * forward's time, within SD_SCHED_WAIT_MIN_S .. SD_SCHED_WAIT_MAX_S, and less after a request
+ * failed to come), then runs, one request after the other, the part of every step before its
+ * forward (its drafting), one forward for all of them, and the part after it (accept, commit,
+ * emit). Every step's work is thus done by one thread at a time, as when each request runs alone,
+ * and a request's bits are its own (the forward's rows are batch-invariant). The scheduler knows
+ * nothing of requests: a step is two callbacks. */
 #ifndef SD_SCHED_H
 #define SD_SCHED_H
 

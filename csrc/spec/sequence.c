@@ -203,8 +203,12 @@ static sd_status step_before(void *ctx, sd_fwd *f) {
 
 static sd_status step_after(void *ctx, const sd_fwd *f, sd_status forward) {
     sd_sequence *q = ctx;
-    return q->d == NULL ? sd_plain_step_after(&q->P, f, forward)
-                        : sd_spec_step_after(&q->L, f, forward);
+    const sd_status st = q->d == NULL ? sd_plain_step_after(&q->P, f, forward)
+                                      : sd_spec_step_after(&q->L, f, forward);
+    if (st != SD_OK || emitter(q)->done) {
+        leave(q); /* now: the next leader does not wait for a request that has ended */
+    }
+    return st;
 }
 
 sd_status sd_sequence_step(sd_sequence *q, int *n_new) {
