@@ -86,8 +86,9 @@ struct sd_cuda_model {
 /* Rows a verify step processes at most: a tree of SD_MAX_TREE_NODES nodes and its root (a chain
  * has at most SD_MAX_DRAFT drafts, fewer). */
 #define SPEC_ROWS (SD_MAX_TREE_NODES + 1)
-/* A tree's device ints: tokens and parents (SD_MAX_TREE_NODES each), result (2 + nodes). */
-#define TREE_INTS (3 * SD_MAX_TREE_NODES + 2)
+/* A tree's device ints: tokens and parents (SD_MAX_TREE_NODES each), result (2 + nodes); then
+ * the verified rows' top ids (SPEC_ROWS, SD_RECYCLE_MAX_TOP). */
+#define TREE_INTS (3 * SD_MAX_TREE_NODES + 2 + SPEC_ROWS * SD_RECYCLE_MAX_TOP)
 #define SPEC_INTS (SD_MAX_DRAFT + 5 + TREE_INTS)
 
 struct sd_cuda_cache {
@@ -862,6 +863,23 @@ extern "C" sd_status sd_cuda_spec_verify_tree(sd_cuda_spec *sp, sd_cuda_model *c
     *n_acc = hr[0];
     *next = hr[1];
     memcpy(path, hr + 2, (size_t)hr[0] * sizeof(int32_t));
+    return SD_OK;
+}
+
+extern "C" sd_status sd_cuda_spec_row_top(sd_cuda_spec *sp, sd_cuda_model *cm, int rows,
+                                          int top, int32_t *ids) {
+    USE_DEVICE(cm);
+    if (rows < 1 || rows > SPEC_ROWS) {
+        return sd_set_error(SD_ERR_INTERNAL, "top ids of %d rows (at most %d)", rows, SPEC_ROWS);
+    }
+    cudaStream_t st = cm->ctx.stream;
+    int32_t *dev = sp->tree + 3 * SD_MAX_TREE_NODES + 2;
+    int32_t *h = sp->host + 3 + SD_MAX_DRAFT + 3 * SD_MAX_TREE_NODES + 2;
+    const size_t n = (size_t)rows * (size_t)top;
+    SD_TRY(sd_cuda_row_top_dev(&cm->ctx, dev, cm->logits, rows, sp->V, top));
+    SD_CUDA_TRY(cudaMemcpyAsync(h, dev, n * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+    SD_CUDA_TRY(cudaStreamSynchronize(st));
+    memcpy(ids, h, n * sizeof(int32_t));
     return SD_OK;
 }
 

@@ -371,6 +371,62 @@ sd_status sd_cuda_verify_dev(sd_cuda_ctx *ctx, int32_t *result, const float *p, 
     return SD_OK;
 }
 
+/* ---- a row's top ids ------------------------------------------------------------------------ */
+
+/* Row r of x (rows, V): the ids of its `top` largest values into out (rows, top), the larger
+ * first, ties to the lower id, -1 past V (sd_top_ids): `top` block argmaxes, each skipping the
+ * ids taken. */
+__global__ void row_top_kernel(int32_t *out, const float *x, int V, int top) {
+    __shared__ int taken[SD_RECYCLE_MAX_TOP];
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *row = x + (size_t)blockIdx.x * (size_t)V;
+    for (int j = 0; j < top; j++) {
+        float best = -INFINITY;
+        int bi = V; /* none yet */
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            int skip = 0;
+            for (int u = 0; u < j; u++) {
+                skip |= taken[u] == i;
+            }
+            if (!skip && (row[i] > best || (row[i] == best && i < bi) || bi == V)) {
+                best = row[i];
+                bi = i;
+            }
+        }
+        warp_argmax(&best, &bi);
+        const int lane = threadIdx.x % SD_WARP, w = threadIdx.x / SD_WARP;
+        __syncthreads();
+        if (lane == 0) {
+            sv[w] = best;
+            si[w] = bi;
+        }
+        __syncthreads();
+        if (w == 0) {
+            const int nw = blockDim.x / SD_WARP;
+            best = lane < nw ? sv[lane] : -INFINITY;
+            bi = lane < nw ? si[lane] : V;
+            warp_argmax(&best, &bi);
+            if (lane == 0) {
+                taken[j] = bi < V ? bi : -1;
+                out[(size_t)blockIdx.x * (size_t)top + (size_t)j] = bi < V ? bi : -1;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+sd_status sd_cuda_row_top_dev(sd_cuda_ctx *ctx, int32_t *out, const float *x, int rows, int V,
+                              int top) {
+    if (top < 1 || top > SD_RECYCLE_MAX_TOP) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "row_top: top %d outside [1, %d]", top,
+                            SD_RECYCLE_MAX_TOP);
+    }
+    row_top_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, ctx->stream>>>(out, x, V, top);
+    SD_CUDA_LAUNCHED("row_top_kernel");
+    return SD_OK;
+}
+
 /* ---- the tree rule ---------------------------------------------------------------------------- */
 
 /* Copies row src (V floats) into dst with the block, then waits for every thread. */
@@ -610,6 +666,16 @@ extern "C" sd_status sd_cuda_verify(sd_cuda_ctx *ctx, int32_t *result, const flo
                           cudaGetErrorString(cudaGetLastError()));
     }
     cudaFree(work);
+    return st;
+}
+
+extern "C" sd_status sd_cuda_row_top(sd_cuda_ctx *ctx, int32_t *out, const float *x, int rows,
+                                     int V, int top) {
+    sd_status st = sd_cuda_row_top_dev(ctx, out, x, rows, V, top);
+    if (st == SD_OK && cudaStreamSynchronize(ctx->stream) != cudaSuccess) {
+        st = sd_set_error(SD_ERR_CUDA, "%s:%d: row_top: %s", __FILE__, __LINE__,
+                          cudaGetErrorString(cudaGetLastError()));
+    }
     return st;
 }
 

@@ -30,6 +30,9 @@ sd_status sd_cuda_sample_rows(sd_cuda_ctx *ctx, int32_t *out, const float *probs
 sd_status sd_cuda_verify_dev(sd_cuda_ctx *ctx, int32_t *result, const float *p, const float *q,
                              const int32_t *draft, int K, const int32_t *k_dev, int V,
                              uint64_t seed, uint64_t pos0, float *work);
+/* The ids of each row's `top` largest values, (rows, top) (sd_top_ids). */
+sd_status sd_cuda_row_top_dev(sd_cuda_ctx *ctx, int32_t *out, const float *x, int rows, int V,
+                              int top);
 /* The tree rule (sd_verify_tree) over n nodes: result[0] = accepted, [1] = next, [2 ..] = the
  * path; uniforms keyed by out_pos as the CPU loop keys them. work: 2 V floats. */
 sd_status sd_cuda_verify_tree_dev(sd_cuda_ctx *ctx, int32_t *result, const float *p,

@@ -134,6 +134,12 @@ sd_status sd_cuda_spec_verify_tree(sd_cuda_spec *sp, sd_cuda_model *target, int 
                                    const sd_cuda_sampling *s, uint64_t seed, uint64_t out_pos,
                                    int *n_acc, int32_t *path, int32_t *next);
 
+/* After a verify step: the ids of the `top` largest logits of each of its `rows` rows (still in
+ * the model's logits buffer) into ids (rows, top) on the host (sd_top_ids's order); one
+ * synchronisation. */
+sd_status sd_cuda_spec_row_top(sd_cuda_spec *sp, sd_cuda_model *target, int rows, int top,
+                               int32_t *ids);
+
 /* Benchmarks only (sd_bench_synthetic): after the target's forward over batch[0 .. k], accept
  * each draft with probability alpha (uniforms keyed (seed, SD_STREAM_SYNTH, pos0 + i)) instead
  * of by the rule, and take the argmax of the row after the accepted ones as the next token;
@@ -189,6 +195,9 @@ sd_status sd_cuda_sample(sd_cuda_ctx *ctx, int32_t *out, const float *probs, int
                          uint64_t seed, uint64_t stream, uint64_t index0);
 sd_status sd_cuda_verify(sd_cuda_ctx *ctx, int32_t *result, const float *p, const float *q,
                          const int32_t *draft, int K, int V, uint64_t seed, uint64_t pos0);
+/* out (rows, top): the ids of each row's top largest values (sd_top_ids). */
+sd_status sd_cuda_row_top(sd_cuda_ctx *ctx, int32_t *out, const float *x, int rows, int V,
+                          int top);
 /* result (2 + n): accepted nodes, the next token, the path (sd_verify_tree, uniforms keyed by
  * out_pos as the CPU loop keys them). */
 sd_status sd_cuda_verify_tree(sd_cuda_ctx *ctx, int32_t *result, const float *p, const float *q,

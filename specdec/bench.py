@@ -112,6 +112,11 @@ def run(args: argparse.Namespace) -> dict:
             methods["lookup"] = specdec.PromptLookup(k=args.k, max_ngram=args.max_ngram,
                                                      min_ngram=1, verify_slope=args.verify_slope,
                                                      branching=args.branching)
+        elif name == "lookup-tree":  # beside the chain in the same run
+            methods["lookup-tree"] = specdec.PromptLookup(
+                k=args.k, max_ngram=args.max_ngram, min_ngram=1, verify_slope=args.verify_slope,
+                branching=args.tree_branching)
+            draft_cost["lookup-tree"] = 0.0
         elif name == "layerskip":
             methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k,
                                                      p_min=args.p_min,
@@ -133,8 +138,8 @@ def run(args: argparse.Namespace) -> dict:
                                                           adaptive=not args.tree_whole)
             draft_cost["recycling"] = 0.0
         elif name and name != "plain":
-            raise ValueError(f"unknown method {name!r} (known: lookup, layerskip, draft, "
-                             "recycling)")
+            raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, layerskip, "
+                             "draft, recycling)")
     rows = load_questions(args.data, args.limit)
     results = []
     ctx = model.config.context_length
@@ -210,7 +215,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="Spec-Bench-format JSONL")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--methods", default="lookup",
-                   help="comma-separated: lookup, layerskip, draft, recycling")
+                   help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
     p.add_argument("--draft-layers", type=int, default=20,
                    help="draft without --draft: the target's first this many layers as a "
@@ -230,6 +235,8 @@ def main(argv=None) -> int:
                    help="recycling: children per node at each depth, comma-separated")
     p.add_argument("--branching", type=int, default=1,
                    help="lookup: sibling branches from other occurrences (1 = a chain)")
+    p.add_argument("--tree-branching", type=int, default=3,
+                   help="lookup-tree: sibling branches from other occurrences")
     p.add_argument("--model-branching", type=int, default=1,
                    help="layerskip, draft: children per expanded node (1 = a chain)")
     p.add_argument("--model-nodes", type=int, default=16,

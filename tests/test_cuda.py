@@ -199,6 +199,15 @@ def test_verify_tree(with_q):
                                       err_msg=f"seed {seed}")
 
 
+def test_row_top():
+    rng = np.random.default_rng(3)
+    x = rng.integers(-5, 6, size=(9, 1000)).astype(np.float32)
+    x[4] = -np.inf
+    for top in (1, 3, 16):
+        cpu, gpu = both("row_top", [np.zeros((9, top), np.int32), x, 9, 1000, top])
+        np.testing.assert_array_equal(gpu[0], cpu[0])
+
+
 def test_synthetic_accept_and_dummy_fill():
     for i in range(50):
         cpu, gpu = both("synthetic_accept", [np.zeros(1, np.int32), 6, 0.8, 3, 11 * i])
@@ -356,23 +365,24 @@ def test_speculative_greedy_is_plain_greedy(gpu_pair, k):
 @pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, seed=3),
                                       dict(temperature=0.8, top_k=5, top_p=0.9, seed=4)])
 def test_trees_on_the_gpu_are_the_cpus(gpu_pair, sampling):
-    """Prompt lookup's trees (deterministic children) on a CUDA target: the tree-masked forward,
+    """Tree drafters (deterministic children) on a CUDA target: the tree-masked forward,
     the tree rule on the device and the compaction of its cache give the CPU's tokens (greedy:
     plain decoding's; sampled: the same keyed draws), with the cache checked after every step.
-    (Token Recycling reads its successors from logits on the host: CPU only so far.)"""
+    Token Recycling's successors come from the rows' top ids found on the device; with a fresh
+    table on each side, its trees (and so its tokens) are the CPU's."""
     for seed in range(3):
         prompt = tm.random_tokens(CFG.vocab, 6, seed) * 3
-        got = [specdec.generate(gpu_pair[name], prompt, max_new_tokens=40, stop_tokens=[],
-                                speculator=specdec.PromptLookup(k=4, branching=3,
-                                                                verify_slope=0),
-                                **sampling)
-               for name in ("target", "target-cpu")]
-        assert got[0].tokens == got[1].tokens, seed
-        assert got[0].stats.drafted > 0
-        if sampling["temperature"] == 0.0:
-            plain = specdec.generate(gpu_pair["target"], prompt, max_new_tokens=40,
-                                     stop_tokens=[]).tokens
-            assert got[0].tokens == plain
+        for make in (lambda: specdec.PromptLookup(k=4, branching=3, verify_slope=0),
+                     lambda: specdec.TokenRecycling(nodes=12, adaptive=False)):
+            got = [specdec.generate(gpu_pair[name], prompt, max_new_tokens=40, stop_tokens=[],
+                                    speculator=make(), **sampling)
+                   for name in ("target", "target-cpu")]
+            assert got[0].tokens == got[1].tokens, (type(make()).__name__, seed)
+            assert got[0].stats.drafted > 0
+            if sampling["temperature"] == 0.0:
+                plain = specdec.generate(gpu_pair["target"], prompt, max_new_tokens=40,
+                                         stop_tokens=[]).tokens
+                assert got[0].tokens == plain
         tokens, reason, _ = gpu_pair["target"]._core.generate(
             prompt, max_new_tokens=30, stop_ids=[], check_cache=True,
             drafter=specdec.PromptLookup(k=4, branching=3, verify_slope=0).drafter(),

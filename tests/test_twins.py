@@ -309,6 +309,23 @@ def test_verify_tree_twin_is_the_loops_tree_rule(with_q):
         K.run("verify_tree", K.CPU, bad)
 
 
+def test_row_top_twin_orders_by_value_then_id():
+    """Each row's top ids (Token Recycling's successors): the larger value first, ties to the
+    lower id, -inf values still ranked, -1 past the row's length."""
+    rng = np.random.default_rng(8)
+    x = rng.integers(-3, 4, size=(6, 29)).astype(np.float32)  # many ties
+    x[2, :] = -np.inf
+    x[3, 5] = np.inf
+    for top in (1, 4, 16):
+        got = K.run("row_top", K.CPU, [np.zeros((6, top), np.int32), x, 6, 29, top])[0]
+        want = np.argsort(-x, axis=1, kind="stable")[:, :top]
+        np.testing.assert_array_equal(got, want)
+    short = K.run("row_top", K.CPU, [np.zeros((1, 8), np.int32), x[:1, :5].copy(), 1, 5, 8])[0]
+    assert list(short[0][5:]) == [-1, -1, -1]
+    with pytest.raises(ValueError, match="top 17 outside"):
+        K.run("row_top", K.CPU, [np.zeros((1, 17), np.int32), x[:1], 1, 29, 17])
+
+
 def test_synthetic_accept_twin_rate():
     """Draft i is accepted while its uniform is below alpha: over many positions the number
     accepted has the truncated geometric law, mean sum_{i=1..K} alpha^i (tested at 5 sigma)."""

@@ -294,6 +294,23 @@ static sd_status run_verify(kctx *c, void **p, const sd_karg *a) {
     ON_GPU(sd_cuda_verify(c, p[0], p[1], p[2], p[3], I(4), I(5), U(6), U(7)));
 }
 
+/* row_top(out, x, rows, V, top) */
+static void sz_row_top(const sd_karg *a, size_t *n) {
+    n[0] = (size_t)I(2) * (size_t)I(4) * 4;
+    n[1] = (size_t)I(2) * (size_t)I(3) * 4;
+}
+static sd_status run_row_top(kctx *c, void **p, const sd_karg *a) {
+    if (I(4) < 1 || I(4) > SD_RECYCLE_MAX_TOP) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "row_top: top %d outside [1, %d]", I(4),
+                            SD_RECYCLE_MAX_TOP);
+    }
+    if (c == NULL) {
+        sd_twin_row_top(p[0], p[1], I(2), I(3), I(4));
+        return SD_OK;
+    }
+    ON_GPU(sd_cuda_row_top(c, p[0], p[1], I(2), I(3), I(4)));
+}
+
 /* verify_tree(result, p, q, tokens, parent, n, V, seed, out_pos): a tree's nodes with parents
  * before children and distinct sibling tokens, as a drafter proposes them */
 static void sz_verify_tree(const sd_karg *a, size_t *n) {
@@ -364,6 +381,7 @@ static const kop g_ops[] = {
     {"sample", "bbiiuuu", sz_sample, run_sample},
     {"verify", "bbnbiiuu", sz_verify, run_verify},
     {"verify_tree", "bbnbbiiuu", sz_verify_tree, run_verify_tree},
+    {"row_top", "bbiii", sz_row_top, run_row_top},
     {"synthetic_accept", "bifuu", sz_synthetic, run_synthetic},
     {"dummy_fill", "biiiuuf", sz_dummy, run_dummy},
 };

@@ -10,6 +10,7 @@
 #include "util/hd.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/quant.h"
+#include "spec/loop.h"
 #include "spec/sampler.h"
 #include "spec/verify.h"
 
@@ -155,6 +156,12 @@ void sd_twin_verify(int32_t *result, const float *p, const float *q, const int32
     result[0] = sd_verify_chain(&next, p, q, draft, K, V, ua, un, work);
     result[1] = next;
     free(work);
+}
+
+void sd_twin_row_top(int32_t *out, const float *x, int rows, int V, int top) {
+    for (int r = 0; r < rows; r++) {
+        sd_top_ids(out + (size_t)r * (size_t)top, top, x + (size_t)r * (size_t)V, V);
+    }
 }
 
 void sd_twin_verify_tree(int32_t *result, const float *p, const float *q, const int32_t *tokens,

@@ -46,6 +46,8 @@ void sd_twin_sample(int32_t *out, const float *probs, int rows, int V, uint64_t 
  * pos0 + i) as the decoding loops key them. */
 void sd_twin_verify(int32_t *result, const float *p, const float *q, const int32_t *draft, int K,
                     int V, uint64_t seed, uint64_t pos0);
+/* out (rows, top): each row's top ids (sd_top_ids; sd_cuda_row_top's twin). */
+void sd_twin_row_top(int32_t *out, const float *x, int rows, int V, int top);
 /* result (2 + n): accepted nodes, the next token, the path: the tree rule (sd_verify_tree) with
  * the uniforms keyed by out_pos as the CPU loop keys them (sd_cuda_verify_tree's twin). */
 void sd_twin_verify_tree(int32_t *result, const float *p, const float *q, const int32_t *tokens,

@@ -80,6 +80,8 @@ struct sd_drafter {
     const sd_drafter_ops *ops;
     int max_nodes;       /* 1 <= max_nodes <= SD_MAX_DRAFT: sizes the loop's buffers */
     int wants_q;         /* 1: the loop keeps (max_nodes, V) rows for the drafts' distributions */
+    int row_top;         /* > 0: commit reads the row_top largest logits' ids of every verified
+                          * row (sd_spec_row_top; found on the device for a CUDA target) */
     int context;         /* the longest text the drafter can follow (a draft model's context) */
     sd_model *model;     /* a drafter's own model (not owned), or NULL */
     void *shared;        /* state every request of the drafter shares (ops->destroy frees it) */

@@ -204,6 +204,7 @@ sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_
     free(L->q);
     free(L->dlog);
     free(L->tmask);
+    free(L->row_top);
     free(L->e.text);
     return st;
 }
@@ -261,6 +262,57 @@ sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next) {
     return spec_accept_tree(L, k, NULL, n_acc, next);
 }
 
+/* ---- the verified rows' top ids ------------------------------------------------------------ */
+
+void sd_top_ids(int32_t *best, int top, const float *row, int V) {
+    float val[SD_RECYCLE_MAX_TOP];
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        const float x = row[i];
+        if (n == top && !(x > val[top - 1])) {
+            continue;
+        }
+        int j = n < top ? n++ : top - 1;
+        while (j > 0 && x > val[j - 1]) {
+            val[j] = val[j - 1];
+            best[j] = best[j - 1];
+            j--;
+        }
+        val[j] = x;
+        best[j] = i;
+    }
+    for (int j = n; j < top; j++) {
+        best[j] = -1;
+    }
+}
+
+const int32_t *sd_spec_row_top(const sd_spec_loop *L, int r, int top, int32_t *buf) {
+    if (L->sp != NULL) {
+        return L->row_top + (size_t)r * (size_t)L->d->row_top;
+    }
+    const int V = L->m->cfg.vocab_size;
+    sd_top_ids(buf, top, L->logits + (size_t)r * (size_t)V, V);
+    return buf;
+}
+
+#ifdef SD_WITH_CUDA
+/* After a CUDA verify forward of `rows` rows: their top ids into L->row_top, when the drafter
+ * reads them. */
+static sd_status row_top_cuda(sd_spec_loop *L, int rows) {
+    const int top = L->d != NULL ? L->d->row_top : 0;
+    if (top <= 0) {
+        return SD_OK;
+    }
+    if (L->row_top == NULL) {
+        L->row_top = malloc((size_t)(SD_MAX_TREE + 1) * (size_t)top * sizeof(int32_t));
+        if (L->row_top == NULL) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory");
+        }
+    }
+    return sd_cuda_spec_row_top(L->sp, L->m->cuda, rows, top, L->row_top);
+}
+#endif
+
 /* ---- verify and accept ---------------------------------------------------------------------- */
 
 #ifdef SD_WITH_CUDA
@@ -280,6 +332,7 @@ static sd_status spec_verify_cuda(sd_spec_loop *L, int k, int with_q, int *n_acc
     int32_t next = 0;
     SD_TRY(sd_cuda_spec_verify(L->sp, L->m->cuda, k, with_q, &cs, L->seed, pos, &n_acc,
                                with_q ? L->batch + 1 : NULL, &next, &k_used));
+    SD_TRY(row_top_cuda(L, k + 1));
     *n_acc_out = n_acc;
     *k_used_out = k_used;
     *next_out = next;
@@ -451,6 +504,7 @@ static sd_status tree_verify_cuda(sd_spec_loop *L, const sd_fwd *f, int *n_acc, 
     int32_t path[SD_MAX_TREE];
     SD_TRY(sd_cuda_spec_verify_tree(L->sp, L->m->cuda, L->dr.n, L->batch + 1, L->dr.parent, &cs,
                                     L->seed, (uint64_t)(L->len - L->n_prompt), n_acc, path, next));
+    SD_TRY(row_top_cuda(L, L->dr.n + 1));
     return compact_path(L, path, *n_acc);
 }
 #endif

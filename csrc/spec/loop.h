@@ -61,6 +61,9 @@ typedef struct sd_spec_loop {
     int32_t tpos[SD_MAX_TREE + 1]; /* a tree's positions, and its mask ((n + 1, len + n)) */
     uint8_t *tmask;
     double t0, t1; /* when the proposal began and ended */
+    /* a CUDA target's step, for a drafter with row_top: each verified row's top ids
+     * ((SD_MAX_TREE + 1), row_top), found on the device */
+    int32_t *row_top;
 } sd_spec_loop;
 
 typedef enum {
@@ -113,6 +116,14 @@ sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc, int *k_
 sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next);
 
 /* Services for drafters. */
+
+/* The ids of the `top` largest logits of verified row r of the step (row 0 at the root, 1 + i
+ * after node i; the larger first, ties to the lower id; -1 past V), for a drafter with row_top
+ * >= top: computed from L->logits on the CPU into buf (top ints), read from what the device
+ * found for a CUDA target. */
+const int32_t *sd_spec_row_top(const sd_spec_loop *L, int r, int top, int32_t *buf);
+/* The same over one row of V values (the CPU's computation, and the twin of the device's). */
+void sd_top_ids(int32_t *best, int top, const float *row, int V);
 
 /* Drafts up to *k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all)
  * over the cache dkv, which holds a prefix of hist (at most all but the last token): the first

@@ -45,11 +45,6 @@ static sd_status recycle_check(const sd_drafter *d, const sd_model *target, int 
     (void)n_prompt;
     (void)max_new_tokens;
     recycle_table *t = d->shared;
-    if (target->device != SD_DEVICE_CPU) {
-        return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "token recycling runs on CPU models only so far (its trees are "
-                            "verified on the CPU)");
-    }
     pthread_mutex_lock(&t->lock);
     const sd_model *owner = t->model;
     pthread_mutex_unlock(&t->lock);
@@ -160,38 +155,20 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
 }
 
 /* The `top` largest entries of row (V), by decreasing value, ties to the lower id. */
-static void top_ids(int32_t *best, int top, const float *row, int V) {
-    float val[SD_RECYCLE_MAX_TOP];
-    int n = 0;
-    for (int i = 0; i < V; i++) {
-        const float x = row[i];
-        if (n == top && !(x > val[top - 1])) {
-            continue;
-        }
-        int j = n < top ? n++ : top - 1;
-        while (j > 0 && x > val[j - 1]) {
-            val[j] = val[j - 1];
-            best[j] = best[j - 1];
-            j--;
-        }
-        val[j] = x;
-        best[j] = i;
-    }
-    for (int j = n; j < top; j++) {
-        best[j] = -1;
-    }
-}
-
 /* Every verified row refreshes its token's successors: the root's and each node's (the step's
- * logits, L->logits, row 0 at the root and row 1 + i after node i). */
+ * logits' top ids, sd_spec_row_top: row 0 at the root and row 1 + i after node i). */
 static sd_status recycle_commit(const sd_drafter *d, void *state, sd_spec_loop *L,
                                 const sd_draft *draft, int n_acc, int32_t next) {
     (void)next;
     recycle_table *t = d->shared;
     recycle_state *s = state;
-    const int V = t->V, top = t->top;
+    const int top = t->top;
     for (int r = 0; r <= draft->n; r++) {
-        top_ids(s->best + (size_t)r * top, top, L->logits + (size_t)r * V, V);
+        int32_t *dst = s->best + (size_t)r * top;
+        const int32_t *ids = sd_spec_row_top(L, r, top, dst);
+        if (ids != dst) {
+            memcpy(dst, ids, (size_t)top * sizeof(int32_t));
+        }
     }
     /* the accepted path, L->batch[1 .. n_acc], followed down the proposal (siblings differ) */
     int on_path[SD_MAX_TREE] = {0};
@@ -298,6 +275,7 @@ sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling 
         return st;
     }
     (*out)->shared = t;
+    (*out)->row_top = t->top;
     (*out)->u.recycling = *p;
     return SD_OK;
 }
