@@ -27,14 +27,19 @@ __device__ __forceinline__ void warp_argmax(float *best, int *bi) {
     }
 }
 
-/* Index of the largest x (the lowest index on ties) over a block. */
-__device__ int block_argmax(const float *x, int n) {
+/* Index of the largest x (the lowest index on ties) over a block, leaving out the n_skip
+ * indices in skip (shared memory); n when every index is left out. */
+__device__ int block_argmax_except(const float *x, int n, const int *skip, int n_skip) {
     __shared__ float sv[32];
     __shared__ int si[32];
     float best = -INFINITY;
     int bi = n; /* none yet */
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        if (x[i] > best || (x[i] == best && i < bi)) {
+        int out = 0;
+        for (int u = 0; u < n_skip; u++) {
+            out |= skip[u] == i;
+        }
+        if (!out && (x[i] > best || (x[i] == best && i < bi))) {
             best = x[i];
             bi = i;
         }
@@ -53,11 +58,17 @@ __device__ int block_argmax(const float *x, int n) {
         bi = lane < nw ? si[lane] : n;
         warp_argmax(&best, &bi);
         if (lane == 0) {
-            si[0] = bi < n ? bi : 0;
+            si[0] = bi;
         }
     }
     __syncthreads();
     return si[0];
+}
+
+/* Index of the largest x (the lowest index on ties) over a block. */
+__device__ int block_argmax(const float *x, int n) {
+    const int r = block_argmax_except(x, n, NULL, 0);
+    return r < n ? r : 0;
 }
 
 /* The first index r < n whose running sum of v[0..r] (only v > 0 counted; in double) exceeds
@@ -378,39 +389,12 @@ sd_status sd_cuda_verify_dev(sd_cuda_ctx *ctx, int32_t *result, const float *p, 
  * ids taken. */
 __global__ void row_top_kernel(int32_t *out, const float *x, int V, int top) {
     __shared__ int taken[SD_RECYCLE_MAX_TOP];
-    __shared__ float sv[32];
-    __shared__ int si[32];
     const float *row = x + (size_t)blockIdx.x * (size_t)V;
     for (int j = 0; j < top; j++) {
-        float best = -INFINITY;
-        int bi = V; /* none yet */
-        for (int i = threadIdx.x; i < V; i += blockDim.x) {
-            int skip = 0;
-            for (int u = 0; u < j; u++) {
-                skip |= taken[u] == i;
-            }
-            if (!skip && (row[i] > best || (row[i] == best && i < bi) || bi == V)) {
-                best = row[i];
-                bi = i;
-            }
-        }
-        warp_argmax(&best, &bi);
-        const int lane = threadIdx.x % SD_WARP, w = threadIdx.x / SD_WARP;
-        __syncthreads();
-        if (lane == 0) {
-            sv[w] = best;
-            si[w] = bi;
-        }
-        __syncthreads();
-        if (w == 0) {
-            const int nw = blockDim.x / SD_WARP;
-            best = lane < nw ? sv[lane] : -INFINITY;
-            bi = lane < nw ? si[lane] : V;
-            warp_argmax(&best, &bi);
-            if (lane == 0) {
-                taken[j] = bi < V ? bi : -1;
-                out[(size_t)blockIdx.x * (size_t)top + (size_t)j] = bi < V ? bi : -1;
-            }
+        const int r = block_argmax_except(row, V, taken, j);
+        if (threadIdx.x == 0) {
+            taken[j] = r < V ? r : -1;
+            out[(size_t)blockIdx.x * (size_t)top + (size_t)j] = r < V ? r : -1;
         }
         __syncthreads();
     }
