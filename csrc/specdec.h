@@ -249,7 +249,17 @@ typedef struct {
     /* run only the first n_layers layers, then the final norm and the head (the early-exit
      * draft of self-speculation); 0 = all. Keys/values are written for those layers only. */
     int n_layers;
+    /* Features for drafters that read the target's hidden states (EAGLE), CPU models only:
+     * hidden, when not NULL, (n_logits, D) receives the final-normed hidden states of the rows
+     * that get logits (what the head multiplies); aux, when n_aux > 0, (n_aux, T, D) receives
+     * the residual stream entering each of the layers aux_layers[0 .. n_aux) (before its norm),
+     * for every token; 0 <= n_aux <= SD_MAX_AUX_LAYERS, layers < the layers run. */
+    float *hidden;
+    const int32_t *aux_layers;
+    int n_aux;
+    float *aux;
 } sd_batch;
+#define SD_MAX_AUX_LAYERS 8
 
 /* Run `batch` through `model`, updating `kv` (its length becomes max(length, max slot + 1)).
  * `logits` is (n_logits, V) or NULL when n_logits == 0. Positions past the context length,

@@ -217,7 +217,8 @@ class Model:
 
     def forward(self, cache: KVCache, tokens: TokenIds, positions: Optional[TokenIds] = None,
                 slots: Optional[TokenIds] = None, mask: Optional[np.ndarray] = None,
-                n_logits: Optional[int] = None) -> np.ndarray:
+                n_logits: Optional[int] = None, *, hidden: bool = False,
+                aux_layers: Optional[Sequence[int]] = None):
         """One forward pass over T tokens against ``cache``.
 
         Args:
@@ -231,10 +232,21 @@ class Model:
                 slot s (its own slot included); slots ``>= n_cols`` are not attended. None means
                 causal by position over the live slots.
             n_logits: return logits for the last ``n_logits`` tokens only (default: all).
+            hidden: also return the final-normed hidden states of those rows, what the output
+                head multiplies (EAGLE-1/2's features; CPU models).
+            aux_layers: also return the residual stream entering each of these layers (before
+                its norm) for every token (EAGLE-3's features; at most 8 layers; CPU models).
 
         Returns:
-            float32 array ``(n_logits, vocab_size)``.
+            float32 array ``(n_logits, vocab_size)``; with ``hidden`` or ``aux_layers``, the
+            tuple ``(logits, hidden (n_logits, hidden_size) or None, aux (len(aux_layers), T,
+            hidden_size) or None)``.
         """
+        if not isinstance(hidden, bool):
+            raise TypeError(f"hidden must be a bool, got {type(hidden).__name__}")
+        if hidden or aux_layers is not None:
+            return self._core.forward(cache, tokens, positions, slots, mask, n_logits,
+                                      hidden=hidden, aux_layers=aux_layers)
         return self._core.forward(cache, tokens, positions, slots, mask, n_logits)
 
 

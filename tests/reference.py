@@ -94,10 +94,13 @@ def attention(h: np.ndarray, w: dict, prefix: str, cfg, positions: np.ndarray,
     return out.reshape(T, H * Dh) @ w[prefix + "self_attn.o_proj.weight"].T
 
 
-def forward(weights: dict, cfg, tokens, positions=None, kv_f16: bool = False) -> np.ndarray:
+def forward(weights: dict, cfg, tokens, positions=None, kv_f16: bool = False,
+            features: dict | None = None) -> np.ndarray:
     """Logits (T, V) in float64 for the sequence `tokens`. `positions` are the RoPE positions
     (default 0..T-1); attention is causal by sequence order whatever the positions. kv_f16:
-    keys and values rounded to halves (specdec's CPU cache)."""
+    keys and values rounded to halves (specdec's CPU cache). features: a dict that receives
+    "hidden" (T, D), the final-normed hidden states, and "layer_in", the residual stream
+    entering each layer ([L] of (T, D))."""
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     tokens = np.asarray(tokens, dtype=np.int64)
     T = len(tokens)
@@ -106,7 +109,9 @@ def forward(weights: dict, cfg, tokens, positions=None, kv_f16: bool = False) ->
     eps = cfg.rms_eps
 
     x = w["model.embed_tokens.weight"][tokens]
+    layer_in = []
     for i in range(cfg.n_layers):
+        layer_in.append(x)
         p = f"model.layers.{i}."
         h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
         x = x + attention(h, w, p, cfg, positions, kv_f16)
@@ -115,6 +120,8 @@ def forward(weights: dict, cfg, tokens, positions=None, kv_f16: bool = False) ->
         up = h @ w[p + "mlp.up_proj.weight"].T
         x = x + (silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
     x = rmsnorm(x, w["model.norm.weight"], eps)
+    if features is not None:
+        features["hidden"], features["layer_in"] = x, layer_in
     head = w["model.embed_tokens.weight"] if cfg.tied else w["lm_head.weight"]
     return x @ head.T
 

@@ -41,6 +41,21 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
         return sd_set_error(SD_ERR_INVALID_ARG, "n_layers %d is out of range [0, %d] (0 = all)",
                             b->n_layers, c->n_layers);
     }
+    const int run = b->n_layers > 0 ? b->n_layers : c->n_layers;
+    if (b->n_aux < 0 || b->n_aux > SD_MAX_AUX_LAYERS || (b->n_aux > 0 && b->aux == NULL) ||
+        (b->n_aux > 0 && b->aux_layers == NULL)) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "n_aux %d is out of range [0, %d] (or its arrays are missing)",
+                            b->n_aux, SD_MAX_AUX_LAYERS);
+    }
+    for (int i = 0; i < b->n_aux; i++) {
+        if (b->aux_layers[i] < 0 || b->aux_layers[i] >= run) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "aux layer %d is out of range [0, %d) (the layers this forward "
+                                "runs)",
+                                b->aux_layers[i], run);
+        }
+    }
     int len = kv->length;
     for (int t = 0; t < T; t++) {
         SD_TRY(sd_check_token(m, dev_tokens ? 0 : b->tokens[t], t));
@@ -248,6 +263,22 @@ typedef struct {
     size_t mask_at; /* where its mask rows begin in the scratch masks */
 } segment;
 
+/* Each request's residual stream entering layer l (x: the combined batch's (T, D)), into its
+ * aux rows when it asked for that layer. */
+static void capture_aux(const sd_fwd *jobs, int n, const segment *sg, int l, const float *x,
+                        int D) {
+    for (int j = 0; j < n; j++) {
+        const sd_batch *b = &jobs[j].b;
+        for (int i = 0; i < b->n_aux; i++) {
+            if (b->aux_layers[i] == l) {
+                memcpy(b->aux + (size_t)i * (size_t)b->n_tokens * (size_t)D,
+                       x + (size_t)sg[j].t0 * (size_t)D,
+                       (size_t)b->n_tokens * (size_t)D * sizeof(float));
+            }
+        }
+    }
+}
+
 /* The forward of a CPU model over the requests' batches at once: every matrix multiplies the
  * rows of all of them (the weights are read once), and each request's tokens attend to their own
  * cache through their own mask. A row's arithmetic does not depend on the others (the kernels
@@ -328,6 +359,7 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
     for (int l = 0; l < n_layers; l++) {
         const sd_layer *L = &m->w.layers[l];
         const int local = c->swa_pattern > 0 && sd_config_layer_slides(c, l);
+        capture_aux(jobs, n, sg, l, s->x, D);
         const float *cs = local ? s->rope_cs_local : s->rope_cs;
 
         /* attention block: x += Wo · attn(rope(Wq·n), rope(Wk·n), Wv·n), n = rmsnorm(x) */
@@ -407,8 +439,11 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
     int n_rows = 0;
     for (int j = 0; j < n; j++) {
         const int nl = jobs[j].b.n_logits, first = sg[j].t0 + jobs[j].b.n_tokens - nl;
-        sd_rmsnorm(s->xb + (size_t)n_rows * (size_t)D, s->x + (size_t)first * (size_t)D,
-                   m->w.out_norm, nl, D, c->rms_eps);
+        float *normed = s->xb + (size_t)n_rows * (size_t)D;
+        sd_rmsnorm(normed, s->x + (size_t)first * (size_t)D, m->w.out_norm, nl, D, c->rms_eps);
+        if (jobs[j].b.hidden != NULL) {
+            memcpy(jobs[j].b.hidden, normed, (size_t)nl * (size_t)D * sizeof(float));
+        }
         n_rows += nl;
     }
     if (n_rows == 0) {
@@ -516,6 +551,11 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
     }
 #ifdef SD_WITH_CUDA
     int new_len = 0;
+    if (b->hidden != NULL || b->n_aux > 0) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "hidden states and layer inputs (features for EAGLE) come from CPU "
+                            "models only so far");
+    }
     SD_TRY(check_cache(m, kv));
     SD_TRY(validate(m, kv, b, tokens_dev != NULL, &new_len));
     const int n_attn = b->mask != NULL ? b->n_mask_cols : new_len;

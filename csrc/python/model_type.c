@@ -227,14 +227,17 @@ done:
 /* forward(cache, tokens, positions=None, slots=None, mask=None, n_logits=None) -> (n_logits, V);
  * n_logits None: all T rows. */
 static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"cache", "tokens", "positions", "slots", "mask", "n_logits", NULL};
+    static char *kwlist[] = {"cache",    "tokens", "positions",  "slots", "mask",
+                             "n_logits", "hidden", "aux_layers", NULL};
     PyObject *cache_obj = NULL, *tok_obj = NULL, *pos_obj = Py_None, *slot_obj = Py_None;
-    PyObject *mask_obj = Py_None, *n_logits_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|OOOO:forward", kwlist, &sd_py_CacheType,
+    PyObject *mask_obj = Py_None, *n_logits_obj = Py_None, *aux_obj = Py_None;
+    int want_hidden = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|OOOO$pO:forward", kwlist, &sd_py_CacheType,
                                      &cache_obj, &tok_obj, &pos_obj, &slot_obj, &mask_obj,
-                                     &n_logits_obj)) {
+                                     &n_logits_obj, &want_hidden, &aux_obj)) {
         return NULL;
     }
+    const int features = want_hidden || aux_obj != Py_None;
     long n_logits = -1; /* None: all rows */
     if (n_logits_obj != Py_None) {
         if (PyBool_Check(n_logits_obj) || !PyLong_Check(n_logits_obj)) {
@@ -251,9 +254,9 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
         PyErr_SetString(PyExc_ValueError, "cache was created by a different model");
         return NULL;
     }
-    int32_t *tokens = NULL, *pos = NULL, *slots = NULL;
-    PyArrayObject *mask = NULL, *out = NULL;
-    Py_ssize_t T = 0, n = 0;
+    int32_t *tokens = NULL, *pos = NULL, *slots = NULL, *aux_layers = NULL;
+    PyArrayObject *mask = NULL, *out = NULL, *hidden = NULL, *aux = NULL;
+    Py_ssize_t T = 0, n = 0, n_aux = 0;
     const sd_config *c = sd_model_config(self->model);
     tokens = sd_py_tokens_from(tok_obj, "tokens", &T);
     if (tokens == NULL) {
@@ -298,7 +301,26 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
     /* the rows are allocated for a valid count; the forward checks the range (and fails) */
     npy_intp dims[2] = {n_logits < 0 ? 0 : n_logits > T ? T : n_logits, c->vocab_size};
     out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
-    if (out == NULL || sd_py_model_enter(self) < 0) {
+    if (out == NULL) {
+        goto fail;
+    }
+    if (want_hidden) {
+        npy_intp hd[2] = {dims[0], c->hidden_size};
+        if ((hidden = (PyArrayObject *)PyArray_SimpleNew(2, hd, NPY_FLOAT32)) == NULL) {
+            goto fail;
+        }
+    }
+    if (aux_obj != Py_None) {
+        if ((aux_layers = sd_py_tokens_from(aux_obj, "aux_layers", &n_aux)) == NULL) {
+            goto fail;
+        }
+        /* the count is checked by the forward; the rows allocated for a valid one */
+        npy_intp ad[3] = {n_aux <= SD_MAX_AUX_LAYERS ? n_aux : 0, T, c->hidden_size};
+        if ((aux = (PyArrayObject *)PyArray_SimpleNew(3, ad, NPY_FLOAT32)) == NULL) {
+            goto fail;
+        }
+    }
+    if (sd_py_model_enter(self) < 0) {
         goto fail;
     }
     sd_batch b = {0};
@@ -309,6 +331,10 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
     b.mask = mask != NULL ? (const uint8_t *)PyArray_DATA(mask) : NULL;
     b.n_mask_cols = mask != NULL ? (int)PyArray_DIM(mask, 1) : 0;
     b.n_logits = n_logits > INT_MAX ? INT_MAX : n_logits < INT_MIN ? INT_MIN : (int)n_logits;
+    b.hidden = hidden != NULL ? (float *)PyArray_DATA(hidden) : NULL;
+    b.aux_layers = aux_layers;
+    b.n_aux = n_aux > SD_MAX_AUX_LAYERS ? SD_MAX_AUX_LAYERS + 1 : (int)n_aux;
+    b.aux = aux != NULL ? (float *)PyArray_DATA(aux) : NULL;
     sd_status st;
     float *dst = (float *)PyArray_DATA(out);
     Py_BEGIN_ALLOW_THREADS st = sd_forward(self->model, cache->kv, &b, dst);
@@ -320,14 +346,23 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
     PyMem_Free(tokens);
     PyMem_Free(pos);
     PyMem_Free(slots);
+    PyMem_Free(aux_layers);
     Py_XDECREF(mask);
-    return (PyObject *)out;
+    if (!features) {
+        return (PyObject *)out;
+    }
+    /* (logits, hidden or None, aux or None) */
+    return Py_BuildValue("(NNN)", out, hidden != NULL ? (PyObject *)hidden : Py_NewRef(Py_None),
+                         aux != NULL ? (PyObject *)aux : Py_NewRef(Py_None));
 fail:
     PyMem_Free(tokens);
     PyMem_Free(pos);
     PyMem_Free(slots);
+    PyMem_Free(aux_layers);
     Py_XDECREF(mask);
     Py_XDECREF(out);
+    Py_XDECREF(hidden);
+    Py_XDECREF(aux);
     return NULL;
 }
 
