@@ -250,10 +250,10 @@ typedef struct {
      * draft of self-speculation); 0 = all. Keys/values are written for those layers only. */
     int n_layers;
     /* Features for drafters that read the target's hidden states (EAGLE), CPU models only:
-     * hidden, when not NULL, (n_logits, D) receives the final-normed hidden states of the rows
-     * that get logits (what the head multiplies); aux, when n_aux > 0, (n_aux, T, D) receives
-     * the residual stream entering each of the layers aux_layers[0 .. n_aux) (before its norm),
-     * for every token; 0 <= n_aux <= SD_MAX_AUX_LAYERS, layers < the layers run. */
+     * hidden, when not NULL, (T, D) receives every token's final-normed hidden state (what the
+     * head multiplies, for the rows that get logits); aux, when n_aux > 0, (n_aux, T, D)
+     * receives the residual stream entering each of the layers aux_layers[0 .. n_aux) (before
+     * its norm); 0 <= n_aux <= SD_MAX_AUX_LAYERS, layers < the layers run. */
     float *hidden;
     const int32_t *aux_layers;
     int n_aux;

@@ -232,14 +232,14 @@ class Model:
                 slot s (its own slot included); slots ``>= n_cols`` are not attended. None means
                 causal by position over the live slots.
             n_logits: return logits for the last ``n_logits`` tokens only (default: all).
-            hidden: also return the final-normed hidden states of those rows, what the output
-                head multiplies (EAGLE-1/2's features; CPU models).
+            hidden: also return every token's final-normed hidden state, what the output head
+                multiplies (EAGLE-1/2's features; CPU models).
             aux_layers: also return the residual stream entering each of these layers (before
                 its norm) for every token (EAGLE-3's features; at most 8 layers; CPU models).
 
         Returns:
             float32 array ``(n_logits, vocab_size)``; with ``hidden`` or ``aux_layers``, the
-            tuple ``(logits, hidden (n_logits, hidden_size) or None, aux (len(aux_layers), T,
+            tuple ``(logits, hidden (T, hidden_size) or None, aux (len(aux_layers), T,
             hidden_size) or None)``.
         """
         if not isinstance(hidden, bool):

@@ -45,8 +45,8 @@ def test_hidden_and_layer_inputs_match_the_reference(m):
         1e-4 * np.abs(want_logits).max()
 
 
-def test_hidden_follows_n_logits_and_the_cache(m):
-    """The hidden rows are those of the rows that get logits; a second batch continues the
+def test_hidden_of_every_row_whatever_n_logits(m):
+    """Every token's hidden state, also of rows without logits; a second batch continues the
     cache and its features are those of the whole sequence's last rows."""
     model, tiny = m
     toks = random_tokens(tiny.cfg.vocab, 12, seed=5)
@@ -55,8 +55,8 @@ def test_hidden_follows_n_logits_and_the_cache(m):
     model.forward(cache, toks[:8], n_logits=0)
     logits, tail, aux_tail = model.forward(cache, toks[8:], n_logits=2, hidden=True,
                                            aux_layers=[1])
-    assert logits.shape[0] == 2 and tail.shape[0] == 2
-    np.testing.assert_array_equal(tail, whole[-2:])
+    assert logits.shape[0] == 2 and tail.shape == (4, tiny.cfg.dim)
+    np.testing.assert_array_equal(tail, whole[8:])
     np.testing.assert_array_equal(aux_tail[0], aux_whole[0][8:])
     _, none_h, only_aux = model.forward(model.new_cache(32), toks, aux_layers=[0])
     assert none_h is None and only_aux.shape == (1, 12, tiny.cfg.dim)

@@ -441,8 +441,12 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
         const int nl = jobs[j].b.n_logits, first = sg[j].t0 + jobs[j].b.n_tokens - nl;
         float *normed = s->xb + (size_t)n_rows * (size_t)D;
         sd_rmsnorm(normed, s->x + (size_t)first * (size_t)D, m->w.out_norm, nl, D, c->rms_eps);
-        if (jobs[j].b.hidden != NULL) {
-            memcpy(jobs[j].b.hidden, normed, (size_t)nl * (size_t)D * sizeof(float));
+        if (jobs[j].b.hidden != NULL) { /* every row's, the same norm row by row */
+            const int T0 = jobs[j].b.n_tokens - nl;
+            sd_rmsnorm(jobs[j].b.hidden, s->x + (size_t)sg[j].t0 * (size_t)D, m->w.out_norm, T0, D,
+                       c->rms_eps);
+            memcpy(jobs[j].b.hidden + (size_t)T0 * (size_t)D, normed,
+                   (size_t)nl * (size_t)D * sizeof(float));
         }
         n_rows += nl;
     }

@@ -305,7 +305,7 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
         goto fail;
     }
     if (want_hidden) {
-        npy_intp hd[2] = {dims[0], c->hidden_size};
+        npy_intp hd[2] = {T, c->hidden_size};
         if ((hidden = (PyArrayObject *)PyArray_SimpleNew(2, hd, NPY_FLOAT32)) == NULL) {
             goto fail;
         }
