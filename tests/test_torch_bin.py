@@ -9,10 +9,12 @@ ValueError whose message names the problem."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
+import pickletools
 import random
 import struct
+import subprocess
+import sys
 import zipfile
 import zlib
 
@@ -220,6 +222,69 @@ def check_values(got, tensors, storages):
         assert (gdt, gshape) == (dt, tuple(shape))
         assert arr.dtype == STORAGE[dt][1] and arr.shape == tuple(shape)
         assert arr.tobytes() == want.tobytes(), name
+
+
+# The writer above against Python's own pickler, which torch.save uses: this script (run in a
+# subprocess, so that its stand-in modules never meet the tests) pickles a state dict the way
+# torch.save does (Tensor.__reduce_ex__ -> _rebuild_tensor_v2 with a plain size and stride
+# tuple, requires_grad False and empty hooks; storages as persistent ids ('storage', class, key,
+# 'cpu', numel); state_dict()'s _metadata attribute). The modules named torch and torch._utils
+# in it are empty stand-ins holding only the names the pickle refers to.
+REFERENCE_SAVER = r"""
+import collections, io, json, pickle, sys, types
+torch, utils = types.ModuleType("torch"), types.ModuleType("torch._utils")
+def _rebuild_tensor_v2(*args): pass
+_rebuild_tensor_v2.__module__ = "torch._utils"
+utils._rebuild_tensor_v2, torch._utils = _rebuild_tensor_v2, utils
+sys.modules.update({"torch": torch, "torch._utils": utils})
+class Storage:
+    def __init__(self, cls, key, numel): self.cls, self.key, self.numel = cls, key, numel
+class Tensor:
+    def __init__(self, *a): self.storage, self.offset, self.size, self.stride = a
+    def __reduce_ex__(self, proto):
+        return (_rebuild_tensor_v2, (self.storage, self.offset, tuple(self.size),
+                                     tuple(self.stride), False, collections.OrderedDict()))
+class Saver(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, Storage):
+            return ("storage", obj.cls, obj.key, "cpu", obj.numel)
+        return None
+classes, storages, sd = {}, {}, collections.OrderedDict()
+for name, cls_name, key, numel, off, shape, stride in json.loads(sys.argv[1]):
+    if cls_name not in classes:
+        classes[cls_name] = type(cls_name, (), {"__module__": "torch"})
+        setattr(torch, cls_name, classes[cls_name])
+    if key not in storages:
+        storages[key] = Storage(classes[cls_name], key, numel)
+    sd[name] = Tensor(storages[key], off, shape, stride)
+sd._metadata = collections.OrderedDict([("", {"version": 1})])
+buf = io.BytesIO()
+Saver(buf, protocol=2).dump(sd)
+sys.stdout.write(buf.getvalue().hex())
+"""
+
+
+@pytest.mark.parametrize("n", [6, 80])
+def test_pickle_writer_matches_pythons_pickler(tmp_path, n):
+    """The hand-written opcodes are byte for byte what Python's pickler writes for the same
+    state dict, and the reader loads them. Tensors 2i and 2i + 1 share storage i: with 80 the
+    memo passes 255 and the shared keys come back by LONG_BINGET."""
+    dts = ["F32", "F16", "BF16"]
+    tensors = [(f"h.{i}.w", dts[i // 2 % 3], str(i // 2), 8, 4 * (i % 2), [2, 2], None)
+               for i in range(n)]
+    spec = [(name, STORAGE[dt][0], key, numel, off, shape, [2, 1])
+            for name, dt, key, numel, off, shape, _ in tensors]
+    out = subprocess.run([sys.executable, "-c", REFERENCE_SAVER, json.dumps(spec)],
+                         capture_output=True, text=True, check=True).stdout
+    mine = state_dict_pickle(tensors)
+    assert bytes.fromhex(out) == mine
+    assert any(op.name == "LONG_BINGET" for op, _, _ in pickletools.genops(mine)) == (n > 40)
+    rng = np.random.default_rng(n)
+    storages = {str(i): rng.standard_normal(8).astype(np.float32) for i in range(n // 2)}
+    storages = {k: a.astype(np.float16) if int(k) % 3 == 1 else bf16_bits(a) if int(k) % 3 == 2
+                else a for k, a in storages.items()}
+    p = write_zip(tmp_path / "many.bin", checkpoint(tensors, storages))
+    check_values(_core.torch_bin_tensors(str(p)), tensors, storages)
 
 
 # ---- what loads ----
@@ -479,4 +544,4 @@ def test_mutated_pickles_never_crash(tmp_path, three_types):
 
 
 def test_no_torch_import():
-    assert "torch" not in os.sys.modules
+    assert "torch" not in sys.modules
