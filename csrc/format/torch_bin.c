@@ -12,7 +12,20 @@
 #include "format/zip.h"
 #include "util/status.h"
 
-/* ---- the pickle machine ---- */
+/* ---- the pickle machine ----
+ * What torch.save writes for the state dict {"w": tensor} (protocol 2; each memo put, BINPUT,
+ * after a global, string, non-empty tuple or dict left out, and a repeated one fetched by
+ * BINGET):
+ *   PROTO 2  GLOBAL 'collections OrderedDict'  EMPTY_TUPLE  REDUCE       the state dict
+ *   BINUNICODE 'w'                                                      (MARK ... SETITEMS
+ *   GLOBAL 'torch._utils _rebuild_tensor_v2'                             for several)
+ *   MARK  MARK 'storage' GLOBAL 'torch FloatStorage' '0' 'cpu' BININT numel TUPLE  BINPERSID
+ *         BININT offset  (BININT size ...) TUPLEn  (BININT stride ...) TUPLEn  NEWFALSE
+ *         GLOBAL 'collections OrderedDict' EMPTY_TUPLE REDUCE  TUPLE  REDUCE      the tensor
+ *   SETITEM
+ *   EMPTY_DICT '_metadata' OrderedDict() ('' {'version': 1}) ... SETITEM  BUILD  STOP
+ * Values live on a stack of pointers (MARKs as stack heights beside it) and in the memo; the
+ * machine never recurses, so a cyclic or deeply nested pickle costs nothing but its length. */
 
 typedef struct {
     const char *storage;   /* the class torch names in a persistent id */
@@ -62,7 +75,7 @@ struct val {
     const char *s;                /* V_STR: (len) bytes of the pickle, not NUL-terminated */
     size_t len;                   /* V_STR */
     val **items;                  /* V_TUPLE, V_LIST: (n); V_DICT: key, value, key, value ... (n) */
-    size_t n, cap;                /* */
+    size_t n, cap;                /* items used, allocated */
     const torch_dtype *dt;        /* V_GLOBAL of a storage class, V_STORAGE */
     const sd_zip_entry *entry;    /* V_STORAGE: its bytes */
     val *storage, *size, *stride; /* V_TENSOR */
@@ -80,8 +93,7 @@ typedef struct {
     val **all; /* every value made, freed together */
     size_t n_all, all_cap;
     const sd_zip *zip;
-    const unsigned char *base; /* the mapping */
-    const char *prefix;        /* "<archive>/", (prefix_len) bytes */
+    const char *prefix; /* "<archive>/", (prefix_len) bytes */
     size_t prefix_len;
 } vm;
 
@@ -290,9 +302,8 @@ static sd_status reduce(vm *v, const val *f, const val *args) {
                           "requires_grad, backward_hooks[, metadata])");
         }
         if (a[5]->n != 0 || (args->n == 7 && !empty_dict_or_none(a[6]))) {
-            return sd_set_error(SD_ERR_UNSUPPORTED, "a tensor with backward hooks or metadata "
-                                                    "(conjugate, negative bits) is not "
-                                                    "supported");
+            return sd_set_error(SD_ERR_UNSUPPORTED,
+                                "a tensor with backward hooks or extra metadata is not supported");
         }
         SD_TRY(make(v, V_TENSOR, &r));
         r->storage = a[0];
