@@ -274,6 +274,21 @@ sd_status sd_st_open_dir(sd_st_set **out, const char *dir) {
     return SD_OK;
 }
 
+sd_status sd_st_open_file(sd_st_set **out, const char *path) {
+    *out = NULL;
+    sd_st_set *set = calloc(1, sizeof(*set));
+    if (set == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory opening '%s'", path);
+    }
+    const sd_status st = add_file(set, path);
+    if (st != SD_OK) {
+        sd_st_close(set);
+        return st;
+    }
+    *out = set;
+    return SD_OK;
+}
+
 const sd_tensor_info *sd_st_find(const sd_st_set *set, const char *name) {
     for (int i = 0; i < set->n_tensors; i++) {
         if (strcmp(set->tensors[i].name, name) == 0) {

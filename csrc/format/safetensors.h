@@ -23,6 +23,8 @@ typedef struct {
 /* Open the weights of the model directory `dir`: model.safetensors, or every shard named by
  * model.safetensors.index.json. */
 sd_status sd_st_open_dir(sd_st_set **out, const char *dir);
+/* Open the one safetensors file `path`. */
+sd_status sd_st_open_file(sd_st_set **out, const char *path);
 void sd_st_close(sd_st_set *set);
 const sd_tensor_info *sd_st_find(const sd_st_set *set, const char *name);
 

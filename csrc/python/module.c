@@ -188,7 +188,8 @@ PyMethodDef sd_py_module_methods[] = {
 static int core_exec(PyObject *m) {
     import_array1(-1);
     if (PyModule_AddFunctions(m, sd_py_hook_methods) < 0 ||
-        PyModule_AddFunctions(m, sd_py_drafter_methods) < 0) {
+        PyModule_AddFunctions(m, sd_py_drafter_methods) < 0 ||
+        PyModule_AddFunctions(m, sd_py_format_methods) < 0) {
         return -1;
     }
     if (PyType_Ready(&sd_py_DrafterType) < 0) {

@@ -66,6 +66,7 @@ extern PyTypeObject sd_py_DrafterType;
 extern PyMethodDef sd_py_module_methods[];  /* module.c */
 extern PyMethodDef sd_py_hook_methods[];    /* hooks.c: test and research hooks */
 extern PyMethodDef sd_py_drafter_methods[]; /* drafters.c: the drafters' constructors */
+extern PyMethodDef sd_py_format_methods[];  /* formats.c: the weight-file readers' hooks */
 
 /* Sets the exception for a failed status (ValueError, OSError, MemoryError or RuntimeError, with
  * the core's message) unless one is already set; returns NULL. */
