@@ -466,8 +466,10 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
     }
     if (n > 1) {
         for (int j = 0, at = 0; j < n; at += jobs[j].b.n_logits, j++) {
-            memcpy(jobs[j].logits, rows + (size_t)at * V,
-                   (size_t)jobs[j].b.n_logits * V * sizeof(float));
+            if (jobs[j].b.n_logits > 0) {
+                memcpy(jobs[j].logits, rows + (size_t)at * V,
+                       (size_t)jobs[j].b.n_logits * V * sizeof(float));
+            }
         }
         free(rows);
     }
