@@ -53,33 +53,62 @@ typedef struct {
     const sd_matmul_job *jobs;
     int n_jobs;
     int T;
-    sd_acts acts;                        /* the shared input, float and quantized */
-    int64_t chunk;                       /* rows per task, a multiple of 16 */
-    int64_t task_start[SD_MAX_JOBS + 1]; /* first task of each job */
+    sd_acts acts;  /* the shared input, float and quantized */
+    int64_t total; /* rows of all the jobs */
+    int n_tasks;
+    int64_t chunk; /* > 0: tasks of `chunk` rows (a multiple of 16) within each job; 0: pieces */
+    int64_t start[SD_MAX_JOBS + 1]; /* first task (chunks) or first row (pieces) of each job */
 } matmul_ctx;
+
+/* Where piece `task` starts in job j: task total / n_tasks rows into the jobs laid end to end,
+ * rounded to a multiple of 16 rows of job j (whole groups of a repacked matrix, 8 rows, in pairs
+ * for the 16-row AMX tile) and clamped to it. Pieces span jobs, so every thread gets the same
+ * number of rows (q, k and v of 576, 192 and 192 rows on 2 threads: 480 each, not 528 and 432).
+ * Only for repacked matrices, whose tiles give a row the same bits wherever the tile that
+ * computes it starts (at a multiple of 8 rows): the tiles over rows as stored may not. */
+static int64_t piece_start(const matmul_ctx *c, int j, int task) {
+    const int64_t g = task >= c->n_tasks ? c->total : c->total * task / c->n_tasks;
+    const int64_t rows = c->start[j + 1] - c->start[j];
+    const int64_t r = (g - c->start[j] + 8) / 16 * 16;
+    return r < 0 ? 0 : r > rows ? rows : r;
+}
+
+/* Rows [*r0, *r1) of job j that task `task` computes (none: *r1 <= *r0). */
+static void task_rows(const matmul_ctx *c, int j, int task, int64_t *r0, int64_t *r1) {
+    if (c->chunk == 0) {
+        *r0 = piece_start(c, j, task);
+        *r1 = piece_start(c, j, task + 1);
+        return;
+    }
+    const int64_t rows = c->jobs[j].w->rows;
+    *r0 = task >= c->start[j] && task < c->start[j + 1] ? (task - c->start[j]) * c->chunk : 0;
+    *r1 = task >= c->start[j] && task < c->start[j + 1] ? *r0 + c->chunk : 0;
+    *r1 = *r1 < rows ? *r1 : rows;
+}
 
 static void matmul_task(void *ctx, int task, int thread) {
     (void)thread;
     const matmul_ctx *c = (const matmul_ctx *)ctx;
-    int ji = 0;
-    while (ji + 1 < c->n_jobs && task >= c->task_start[ji + 1]) {
-        ji++;
+    for (int ji = 0; ji < c->n_jobs; ji++) {
+        const sd_matmul_job *j = &c->jobs[ji];
+        const sd_mat *w = j->w;
+        int64_t r0, r1;
+        task_rows(c, ji, task, &r0, &r1);
+        if (r1 <= r0) {
+            continue;
+        }
+        /* rows [r0, r1) for all T tokens in the type's tile kernel: each weight row is read
+         * once for the whole batch */
+        if (w->packed != NULL) { /* pieces are whole groups of 8 rows, as the repacked copy is */
+            sd_tile_repacked(w->type, j->y + r0, w->rows, w->packed, r0, r1 - r0, &c->acts, c->T,
+                             w->cols, j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
+            continue;
+        }
+        sd_type_get(w->type)->tile(j->y + r0, w->rows,
+                                   (const unsigned char *)w->data + (size_t)r0 * w->row_bytes,
+                                   w->row_bytes, r1 - r0, &c->acts, c->T, w->cols,
+                                   j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
     }
-    const sd_matmul_job *j = &c->jobs[ji];
-    const sd_mat *w = j->w;
-    int64_t r0 = (task - c->task_start[ji]) * c->chunk;
-    int64_t r1 = r0 + c->chunk < w->rows ? r0 + c->chunk : w->rows;
-    /* rows [r0, r1) for all T tokens in the type's tile kernel: each weight row is read once
-     * for the whole batch */
-    if (w->packed != NULL) { /* chunks are whole groups of 8 rows, as the repacked copy is */
-        sd_tile_repacked(w->type, j->y + r0, w->rows, w->packed, r0, r1 - r0, &c->acts, c->T,
-                         w->cols, j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
-        return;
-    }
-    sd_type_get(w->type)->tile(j->y + r0, w->rows,
-                               (const unsigned char *)w->data + (size_t)r0 * w->row_bytes,
-                               w->row_bytes, r1 - r0, &c->acts, c->T, w->cols,
-                               j->bias != NULL ? j->bias + r0 : NULL, j->accumulate);
 }
 
 int sd_matmul_wants_q8(const sd_matmul_job *jobs, int n_jobs) {
@@ -141,9 +170,12 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
     c.acts.x = jobs[0].x;
     c.acts.ldx = n;
     int64_t total = 0;
+    int packed = 1;
     for (int i = 0; i < n_jobs; i++) {
         total += jobs[i].w->rows;
+        packed = packed && jobs[i].w->packed != NULL;
     }
+    c.total = total;
     if (sd_matmul_wants_q8(jobs, n_jobs)) {
         /* the integer kernels read the activations quantized: once, for every row (by the op
          * that produced them when xq_ready) */
@@ -158,18 +190,28 @@ void sd_matmul(sd_threadpool *pool, int T, const sd_matmul_job *jobs, int n_jobs
      * faster with two than with eight (each task claims the shared work word, sets up its
      * tiles and starts its own stream of blocks), and a thread the OS deschedules still holds
      * only part of the product */
-    int nt = sd_threadpool_size(pool);
-    int64_t chunk = total / ((int64_t)nt * 2);
-    /* whole groups of a repacked matrix (8 rows), in pairs for the 16-row AMX tile */
-    chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
-    c.chunk = chunk;
-    int64_t tasks = 0;
-    for (int i = 0; i < n_jobs; i++) {
-        c.task_start[i] = tasks;
-        tasks += (jobs[i].w->rows + chunk - 1) / chunk;
+    const int64_t nt = sd_threadpool_size(pool);
+    if (packed) { /* pieces of equal sizes across the jobs, none under 16 rows */
+        const int64_t most = (total + 15) / 16;
+        c.n_tasks = (int)(2 * nt < most ? 2 * nt : most);
+        int64_t row = 0;
+        for (int i = 0; i <= n_jobs; i++) {
+            c.start[i] = row;
+            row += i < n_jobs ? jobs[i].w->rows : 0;
+        }
+    } else { /* tasks of `chunk` rows within each job, at the same rows as ever */
+        int64_t chunk = total / (nt * 2);
+        chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
+        c.chunk = chunk;
+        int64_t tasks = 0;
+        for (int i = 0; i < n_jobs; i++) {
+            c.start[i] = tasks;
+            tasks += (jobs[i].w->rows + chunk - 1) / chunk;
+        }
+        c.start[n_jobs] = tasks;
+        c.n_tasks = (int)tasks;
     }
-    c.task_start[n_jobs] = tasks;
-    sd_threadpool_run(pool, matmul_task, &c, (int)tasks);
+    sd_threadpool_run(pool, matmul_task, &c, c.n_tasks);
 }
 
 /* ---- row-parallel elementwise work ----------------------------------------------------------- */
