@@ -322,6 +322,8 @@ sd_status sd_generate(int32_t *out, int *n_out, sd_finish_reason *reason, sd_mod
  */
 
 #define SD_MAX_DRAFT 32
+/* The most nodes a draft tree may have. */
+#define SD_MAX_TREE_NODES 64
 
 /* Prompt lookup (n-gram) drafting: match the last n tokens of prompt + output (n from max_ngram
  * down to min_ngram) at the earlier occurrence whose preceding tokens agree longest with the
@@ -342,8 +344,7 @@ typedef struct {
     /* 1: one chain. b > 1: a tree whose sibling branches are the continuations of up to b
      * occurrences whose first tokens differ (the best one the chain's; then by n-gram size, by
      * how far back they agree, the latest), each of the chain's length; verified in one forward
-     * by the tree rule. 1 <= b <= SD_LOOKUP_MAX_BRANCHES, k * b <= SD_MAX_TREE_NODES. CPU
-     * targets only for b > 1 (tree verification). */
+     * by the tree rule. 1 <= b <= SD_LOOKUP_MAX_BRANCHES, k * b <= SD_MAX_TREE_NODES. */
     int branching;
 } sd_prompt_lookup;
 #define SD_LOOKUP_MAX_BRANCHES 8
@@ -355,6 +356,10 @@ typedef struct {
     int accepted;                  /* draft tokens accepted */
     int drafted_at[SD_MAX_DRAFT];  /* drafts proposed at draft position i */
     int accepted_at[SD_MAX_DRAFT]; /* ... and accepted there */
+    /* steps by the nodes they proposed (a chain's drafts, a tree's nodes), and by the drafts they
+     * accepted (the accepted path's length) */
+    int steps_by_nodes[SD_MAX_TREE_NODES + 1];
+    int steps_by_accepted[SD_MAX_TREE_NODES + 1];
     double time_draft_s, time_verify_s, time_total_s;
 } sd_spec_stats;
 
@@ -418,10 +423,9 @@ sd_status sd_drafter_layerskip(sd_drafter **out, int n_layers, const sd_draft_pa
  * table: the text's last token is the root, a node at depth d (the root at 0) gets the first
  * widths[d] successors of its token as children, breadth first, up to `nodes` nodes and `depth`
  * levels. The children are deterministic (verify.h's tree rule). The table lives as long as the
- * drafter and serves every request on one model, also at once. CPU targets only so far. */
+ * drafter and serves every request on one model, also at once. */
 #define SD_RECYCLE_MAX_DEPTH 8
 #define SD_RECYCLE_MAX_TOP 16
-#define SD_MAX_TREE_NODES 64
 typedef struct {
     int nodes;                        /* 1 <= nodes <= SD_MAX_TREE_NODES */
     int depth;                        /* 1 <= depth <= SD_RECYCLE_MAX_DEPTH */

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 from . import _core
 
@@ -271,6 +271,10 @@ class SpecStats:
     accepted: int                   # draft tokens accepted
     new_tokens: int                 # tokens emitted
     per_position_acceptance: List[float] = field(default_factory=list)  # by draft position
+    #: steps by the nodes they drafted (a chain's length, a tree's size): {nodes: steps}
+    steps_by_nodes: Dict[int, int] = field(default_factory=dict)
+    #: steps by the drafts they accepted (the accepted path's length): {accepted: steps}
+    steps_by_accepted: Dict[int, int] = field(default_factory=dict)
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_total_s: float = 0.0
@@ -294,5 +298,7 @@ class SpecStats:
         per = [a / n if n else 0.0 for a, n in zip(d["accepted_at"], d["drafted_at"])]
         return cls(steps=d["steps"], drafted=d["drafted"], accepted=d["accepted"],
                    new_tokens=new_tokens, per_position_acceptance=per,
+                   steps_by_nodes=dict(d["steps_by_nodes"]),
+                   steps_by_accepted=dict(d["steps_by_accepted"]),
                    time_draft_s=d["time_draft_s"], time_verify_s=d["time_verify_s"],
                    time_total_s=d["time_total_s"])

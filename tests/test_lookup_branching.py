@@ -85,3 +85,20 @@ def test_bad_branching(kw, match):
         specdec.PromptLookup(**kw)
     with pytest.raises(TypeError, match="branching"):
         specdec.PromptLookup(branching=2.0)
+
+
+@pytest.mark.parametrize("make", [lambda: specdec.PromptLookup(k=4, verify_slope=0),
+                                  lambda: specdec.PromptLookup(k=4, branching=3, verify_slope=0),
+                                  lambda: specdec.TokenRecycling(nodes=10, adaptive=False)],
+                         ids=["chain", "lookup-tree", "recycling"])
+def test_stats_count_steps_by_tree_size_and_accepted_path(model, make):
+    """Generation.stats' per-step counts: steps by the nodes drafted and by the drafts accepted
+    add up to the steps, the drafts and the accepted drafts."""
+    g = specdec.generate(model, BRANCHY * 3, max_new_tokens=60, stop_tokens=[],
+                         speculator=make())
+    st = g.stats
+    assert sum(st.steps_by_nodes.values()) == st.steps
+    assert sum(n * c for n, c in st.steps_by_nodes.items()) == st.drafted
+    assert sum(st.steps_by_accepted.values()) == st.steps
+    assert sum(a * c for a, c in st.steps_by_accepted.items()) == st.accepted
+    assert st.accepted > 0 and max(st.steps_by_nodes) >= 2

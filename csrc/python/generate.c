@@ -4,6 +4,23 @@
 
 #include <string.h>
 
+/* {i: h[i]} for the nonzero entries of h (n), or NULL with an exception. */
+static PyObject *counts_dict(const int *h, int n) {
+    PyObject *d = PyDict_New();
+    for (int i = 0; d != NULL && i < n; i++) {
+        if (h[i] == 0) {
+            continue;
+        }
+        PyObject *key = PyLong_FromLong(i), *val = PyLong_FromLong(h[i]);
+        if (key == NULL || val == NULL || PyDict_SetItem(d, key, val) < 0) {
+            Py_CLEAR(d);
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(val);
+    }
+    return d;
+}
+
 PyObject *sd_py_stats_dict(const sd_spec_stats *st, int k) {
     k = k < SD_MAX_DRAFT ? k : SD_MAX_DRAFT; /* the per-depth counts stop there (a tree drafter's
                                               * k is its node count, which may be more) */
@@ -12,14 +29,19 @@ PyObject *sd_py_stats_dict(const sd_spec_stats *st, int k) {
         PyList_SET_ITEM(drafted, i, PyLong_FromLong(st->drafted_at[i]));
         PyList_SET_ITEM(accepted, i, PyLong_FromLong(st->accepted_at[i]));
     }
-    if (drafted == NULL || accepted == NULL) {
+    PyObject *by_nodes = counts_dict(st->steps_by_nodes, SD_MAX_TREE_NODES + 1);
+    PyObject *by_accepted = counts_dict(st->steps_by_accepted, SD_MAX_TREE_NODES + 1);
+    if (drafted == NULL || accepted == NULL || by_nodes == NULL || by_accepted == NULL) {
         Py_XDECREF(drafted);
         Py_XDECREF(accepted);
+        Py_XDECREF(by_nodes);
+        Py_XDECREF(by_accepted);
         return NULL;
     }
-    return Py_BuildValue("{s:i,s:i,s:i,s:N,s:N,s:d,s:d,s:d}", "steps", st->steps, "drafted",
+    return Py_BuildValue("{s:i,s:i,s:i,s:N,s:N,s:N,s:N,s:d,s:d,s:d}", "steps", st->steps, "drafted",
                          st->drafted, "accepted", st->accepted, "drafted_at", drafted,
-                         "accepted_at", accepted, "time_draft_s", st->time_draft_s, "time_verify_s",
+                         "accepted_at", accepted, "steps_by_nodes", by_nodes, "steps_by_accepted",
+                         by_accepted, "time_draft_s", st->time_draft_s, "time_verify_s",
                          st->time_verify_s, "time_total_s", st->time_total_s);
 }
 

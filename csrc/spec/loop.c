@@ -246,6 +246,10 @@ static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int 
     for (int i = 0; i < n_acc && i < SD_MAX_DRAFT; i++) {
         ss->accepted_at[i]++;
     }
+    if (k >= 0 && k <= SD_MAX_TREE_NODES && n_acc >= 0 && n_acc <= k) {
+        ss->steps_by_nodes[k]++;
+        ss->steps_by_accepted[n_acc]++;
+    }
     for (int i = 0; i <= n_acc && !L->e.done; i++) {
         const int32_t tok = i < n_acc ? L->batch[1 + i] : next;
         L->hist[L->len++] = tok;
