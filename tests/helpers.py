@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import types
 from typing import NoReturn
 
@@ -476,3 +477,24 @@ def run_checked(target, prompt, n, temperature, top_k, top_p, *, stop_ids=(), se
     return target._core.generate(prompt, max_new_tokens=n, temperature=temperature, seed=seed,
                                  stop_ids=list(stop_ids), top_k=top_k, top_p=top_p,
                                  drafter=core_drafter(**drafter), check_cache=True)
+
+
+def in_threads(fns, timeout: float = 180):
+    """Runs the callables in threads at once (a barrier starts them together); their results,
+    after asserting that none raised."""
+    barrier, results, errors = threading.Barrier(len(fns)), [None] * len(fns), []
+
+    def work(i):
+        try:
+            barrier.wait()
+            results[i] = fns[i]()
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not errors, errors
+    return results

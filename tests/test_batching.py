@@ -7,7 +7,6 @@ the running steps; max_sequences queues requests beyond it."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 import specdec
 import tinymodels as tm
+from helpers import in_threads
 from specdec import testing
 
 LOOP = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4] * 2
@@ -35,26 +35,6 @@ def speculator(name):
             "lookup": lambda: specdec.PromptLookup(k=4),
             "branching": lambda: specdec.PromptLookup(k=4, branching=3),
             "recycling": lambda: specdec.TokenRecycling(nodes=8, adaptive=False)}[name]()
-
-
-def in_threads(fns, timeout=180):
-    """Runs the callables at once (a barrier starts them together); their results."""
-    barrier, results, errors = threading.Barrier(len(fns)), [None] * len(fns), []
-
-    def work(i):
-        try:
-            barrier.wait()
-            results[i] = fns[i]()
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not errors, errors
-    return results
 
 
 def counts(model):

@@ -5,13 +5,11 @@ alone; Ctrl-C raises KeyboardInterrupt between steps, during the prefill too."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 import specdec
 import tinymodels as tm
-from helpers import child_json
+from helpers import child_json, in_threads
 from specdec import testing
 
 SPECULATORS = {
@@ -107,22 +105,10 @@ def test_threads_share_one_model(model, spec):
     alone = [specdec.generate(model, p, max_new_tokens=60, stop_tokens=[],
                               speculator=SPECULATORS[spec](model), **kw).tokens
              for p, kw in zip(prompts, kws)]
-    barrier, results, errors = threading.Barrier(4), [None] * 4, []
-
-    def work(i):
-        try:
-            barrier.wait()
-            results[i] = specdec.generate(model, prompts[i], max_new_tokens=60, stop_tokens=[],
-                                          speculator=SPECULATORS[spec](model), **kws[i]).tokens
-        except BaseException as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    results = in_threads([
+        lambda i=i: specdec.generate(model, prompts[i], max_new_tokens=60, stop_tokens=[],
+                                     speculator=SPECULATORS[spec](model), **kws[i]).tokens
+        for i in range(4)], timeout=120)
     assert results == alone
 
 

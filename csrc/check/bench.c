@@ -10,17 +10,12 @@
 #include "cpu/ops_cpu.h"
 #include "cpu/dispatch.h"
 #include "cpu/quant.h"
+#include "util/clock.h"
 #include "util/status.h"
 #include "util/threadpool.h"
 #ifdef SD_WITH_CUDA
 #include "../cuda/sd_cuda.h"
 #endif
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 sd_status sd_bench_forward(double *seconds, sd_model *m, int T, int context, int iters) {
     *seconds = 0.0;
@@ -55,7 +50,7 @@ sd_status sd_bench_forward(double *seconds, sd_model *m, int T, int context, int
     b.n_logits = T;
     for (int w = 0; st == SD_OK && w < 2; w++) { /* one warm-up call, then the timed ones */
         const int n = w == 0 ? 1 : iters;
-        const double t0 = now_s();
+        const double t0 = sd_now_s();
         for (int i = 0; st == SD_OK && i < n; i++) {
             st = sd_kv_cache_set_length(kv, context);
             if (st == SD_OK) {
@@ -67,7 +62,7 @@ sd_status sd_bench_forward(double *seconds, sd_model *m, int T, int context, int
             st = sd_cuda_model_sync(m->cuda);
         }
 #endif
-        *seconds = (now_s() - t0) / n;
+        *seconds = (sd_now_s() - t0) / n;
     }
     sd_kv_cache_free(kv);
     free(tok);
@@ -127,7 +122,7 @@ sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, in
         const uint16_t *v = k + per_layer * (size_t)n_layers;
         for (int w = 0; w < 2; w++) { /* one warm-up pass, then the timed ones */
             const int n = w == 0 ? 1 : iters;
-            const double t0 = now_s();
+            const double t0 = sd_now_s();
             for (int i = 0; i < n; i++) {
                 for (int l = 0; l < n_layers; l++) {
                     sd_attention(pool, q + nq, q, k + (size_t)l * per_layer,
@@ -135,7 +130,7 @@ sd_status sd_bench_attention(double *seconds, int T, int n_attn, int n_heads, in
                                  n_kv_heads, head_dim, scratch);
                 }
             }
-            *seconds = (now_s() - t0) / n;
+            *seconds = (sd_now_s() - t0) / n;
         }
     }
     sd_threadpool_free(pool);

@@ -2,12 +2,13 @@
  * ready and runs them around one combined forward. */
 #include "model/sched.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "util/clock.h"
 
 struct sd_sched {
     pthread_mutex_t mu;
@@ -21,12 +22,6 @@ struct sd_sched {
     double window_s; /* how long the next leader may wait for the others */
     long long forwards, steps;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 sd_status sd_sched_create(sd_sched **out) {
     *out = NULL;
@@ -95,7 +90,7 @@ static double forward_group(sd_model *m, sd_forward_fn forward, sd_sched_job **j
         fw[i] = jobs[i]->f;
         total += fw[i].b.n_tokens;
     }
-    const double t0 = now_s();
+    const double t0 = sd_now_s();
     const sd_status st = forward(m, fw, n);
     for (int i = 0; i < n; i++) {
         jobs[i]->forward = st;
@@ -104,7 +99,7 @@ static double forward_group(sd_model *m, sd_forward_fn forward, sd_sched_job **j
         }
         record(jobs[i], jobs[i]->forward);
     }
-    const double dt = now_s() - t0;
+    const double dt = sd_now_s() - t0;
     for (int i = 0; i < n; i++) {
         jobs[i]->f.seconds = dt;
         jobs[i]->f.n_all = total;
@@ -194,11 +189,11 @@ sd_status sd_sched_run(sd_sched *s, sd_model *m, sd_forward_fn forward, sd_sched
          * round had, and those begun since (a request whose caller steps it rarely is not
          * waited for every time) */
         s->running = 1;
-        const double deadline = now_s() + s->window_s;
+        const double deadline = sd_now_s() + s->window_s;
         const int regular = s->last_n + s->fresh;
         const int expect = s->active < regular ? s->active : regular;
         while (s->n_queued < expect) {
-            const double left = deadline - now_s();
+            const double left = deadline - sd_now_s();
             if (left <= 0.0) {
                 break;
             }

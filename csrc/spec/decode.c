@@ -17,12 +17,6 @@ sd_generate_params sd_generate_default_params(void) {
     return p;
 }
 
-double sd_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void sd_prefill_next(const sd_prefill *pf, const sd_model *m, sd_kv_cache *kv, const int32_t *toks,
                      int n, float *logits, sd_fwd *f) {
     memset(f, 0, sizeof(*f));

@@ -10,12 +10,10 @@
 #include "model/model.h"
 #include "spec/verify.h"
 #include "specdec.h"
+#include "util/clock.h"
 #ifdef SD_WITH_CUDA
 #include "../cuda/sd_cuda.h"
 #endif
-
-/* Seconds on a monotonic clock. */
-double sd_now_s(void);
 
 /* The output of a call as it is emitted. */
 typedef struct {

@@ -400,22 +400,6 @@ static void chain_batch(sd_spec_loop *L, int k, sd_fwd *f) {
     f->logits = L->logits;
 }
 
-sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int *k_used_out,
-                         int32_t *next_out) {
-#ifdef SD_WITH_CUDA
-    if (L->sp != NULL) {
-        return spec_verify_cuda(L, k, with_q, n_acc_out, k_used_out, next_out);
-    }
-#endif
-    sd_fwd f;
-    memset(&f, 0, sizeof(f));
-    chain_batch(L, k, &f);
-    SD_TRY(sd_forward(L->m, f.kv, &f.b, f.logits));
-    chain_rows(L, k, with_q, n_acc_out, next_out);
-    *k_used_out = k;
-    return SD_OK;
-}
-
 /* The verify forward of a tree: [last, nodes] with the tree's mask (node i at position
  * len - 1 + depth(i), seeing the prefix, the root, its ancestors and itself; the attention gives
  * it a sequence's bits, ops_cpu.h). The mask and positions live in L until the step ends. */
@@ -601,16 +585,17 @@ sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f) {
         L->phase = SD_SPEC_PHASE_TREE;
         return SD_OK;
     }
-    if (L->sp == NULL) {
-        chain_batch(L, dr->n, f);
-        L->phase = SD_SPEC_PHASE_CHAIN;
-        return SD_OK;
+#ifdef SD_WITH_CUDA
+    if (L->sp != NULL) { /* the whole step here (its forward reads the drafts on the device) */
+        int n_acc = 0, k_used = dr->n;
+        int32_t next = 0;
+        SD_TRY(spec_verify_cuda(L, dr->n, dr->q != NULL || dr->on_device, &n_acc, &k_used, &next));
+        return finish_step(L, k_used, n_acc, next);
     }
-    /* a CUDA target: the whole step here (its forward reads the drafts on the device) */
-    int n_acc = 0, k_used = dr->n;
-    int32_t next = 0;
-    SD_TRY(sd_spec_verify(L, dr->n, dr->q != NULL || dr->on_device, &n_acc, &k_used, &next));
-    return finish_step(L, k_used, n_acc, next);
+#endif
+    chain_batch(L, dr->n, f);
+    L->phase = SD_SPEC_PHASE_CHAIN;
+    return SD_OK;
 }
 
 sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward) {

@@ -104,15 +104,9 @@ int sd_spec_tree_room(const sd_spec_loop *L, int *depth);
 sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f);
 sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward);
 
-/* The phases of a step. verify: the target scores L->batch = [last, d1 .. dk] in one forward
- * and the chain rule keeps a prefix (with_q: the drafts' distributions are L->q (k, V), else
- * the drafts are deterministic): *n_acc of *k_used drafts (a CUDA drafter may have cut its
- * draft short on the device), and *next, the token after them. */
-sd_status sd_spec_verify(sd_spec_loop *L, int k, int with_q, int *n_acc, int *k_used,
-                         int32_t *next);
-/* accept: the statistics, the kept drafts (batch[1 .. n_acc]) and the next token appended to
- * hist and emitted (stopping where the emitter says), the target cache rolled back to all but
- * the last token, and the self-check when asked. k: drafts verified. */
+/* A step's accept phase: the statistics, the kept drafts (batch[1 .. n_acc]) and the next
+ * token appended to hist and emitted (stopping where the emitter says), the target cache rolled
+ * back to all but the last token, and the self-check when asked. k: drafts verified. */
 sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next);
 
 /* Services for drafters. */
