@@ -120,6 +120,11 @@ typedef struct {
     float rope_high_freq_factor; /* LLAMA3 */
     int rope_original_context;   /* LLAMA3: original_max_position_embeddings */
     int weight_type;             /* sd_type of the attention/MLP matrices (the first layer's wq) */
+    /* A drafter's head (sd_head_kind; 0 = a model of its own): its rows read vectors (the
+     * batch's embd) besides tokens, and its layer and output differ (model/head.h) */
+    int head;
+    int head_norm_residual; /* EAGLE-3 as vLLM's speculators write it: the residual is the
+                             * normed feature (norm_before_residual) */
 } sd_config;
 
 typedef struct sd_model sd_model;
@@ -258,6 +263,11 @@ typedef struct {
     const int32_t *aux_layers;
     int n_aux;
     float *aux;
+    /* A drafter head's batch (sd_config.head): (T, D) the rows entering its layer (its input
+     * projection's output, or its own earlier output), in place of the tokens' embeddings; the
+     * tokens are still read (EAGLE-3's layer reads their embeddings too). An aux layer equal to
+     * the layers run means the residual stream after the last layer, before the final norm. */
+    const float *embd;
 } sd_batch;
 #define SD_MAX_AUX_LAYERS 8
 
@@ -439,6 +449,40 @@ typedef struct {
 } sd_token_recycling;
 
 sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling *params);
+
+/* Learned heads that draft from the target's own features (model/head.h has their arithmetic):
+ * EAGLE-1/2 (Li et al. 2024) and EAGLE-3 (Li et al. 2025), read from a directory holding
+ * config.json and model.safetensors or pytorch_model.bin (a PyTorch file is read without torch
+ * and without running its pickle), as their authors and vLLM's speculators publish them. */
+typedef enum {
+    SD_HEAD_EAGLE = 1,  /* EAGLE-1/2: fc [D, 2D], one layer, the target's output head */
+    SD_HEAD_EAGLE3 = 3, /* EAGLE-3: fc [D, 3D], the 2D-input midlayer, its own draft vocabulary */
+} sd_head_kind;
+typedef struct sd_head sd_head;
+
+/* Read a head: SD_ERR_IO for a missing file, SD_ERR_FORMAT for a file that is not a head of a
+ * known layout (a tensor missing, of the wrong shape, or unknown to it), SD_ERR_UNSUPPORTED for
+ * a setting specdec does not compute (each message names the file and the field). */
+sd_status sd_head_load(sd_head **out, const char *path);
+void sd_head_free(sd_head *head);
+int sd_head_kind_of(const sd_head *head);
+/* SD_ERR_INVALID_ARG naming the mismatch when the head was not made for a target of this shape
+ * (hidden size, vocabulary, the layers EAGLE-3 reads), or the target cannot give features (a
+ * CUDA target, so far). */
+sd_status sd_head_check(const sd_head *head, const sd_model *target);
+/* The head's teacher-forced logits over tokens[0 .. n) (n >= 2): row t of out (n - 1, V) holds
+ * its logits for token t + 2 from the target's features at positions <= t and token t + 1,
+ * -inf where a reduced draft vocabulary has no entry. Runs the target over the tokens once. */
+sd_status sd_head_draft_logits(const sd_head *head, sd_model *target, const int32_t *tokens, int n,
+                               float *out);
+/* EAGLE drafting: at each step the head extends the text with what the target's last verify
+ * gave (its features of the accepted tokens), then grows a tree from the text's last token as
+ * dp says (EAGLE-2's dynamic tree for branching > 1, a chain for 1; dp->k is the depth; the
+ * nodes are kept as sd_draft_params documents, so sampling stays exact), one head forward per
+ * depth. The drafter owns `head` from now on (also on failure). CPU targets only so far. */
+sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp);
+/* An EAGLE drafter's head (its owner is the drafter), or NULL for other drafters. */
+const sd_head *sd_drafter_head(const sd_drafter *drafter);
 
 /* The most draft tokens the drafter proposes per step (the length of sd_spec_stats' per-position
  * counts it fills), and its name ("prompt_lookup", "draft_model", "layerskip"). */

@@ -235,7 +235,9 @@ class Model:
             hidden: also return every token's final-normed hidden state, what the output head
                 multiplies (EAGLE-1/2's features; CPU models).
             aux_layers: also return the residual stream entering each of these layers (before
-                its norm) for every token (EAGLE-3's features; at most 8 layers; CPU models).
+                its norm) for every token (EAGLE-3's features; at most 8 layers; CPU models);
+                layer ``n_layers`` is the residual stream after the last layer, before the final
+                norm.
 
         Returns:
             float32 array ``(n_logits, vocab_size)``; with ``hidden`` or ``aux_layers``, the

@@ -100,6 +100,81 @@ class LayerSkip(Speculator):
         object.__setattr__(self, "_drafter", d)
 
 
+# Heads shipped inside the package, by the alias of the target they were trained for.
+_SHIPPED_HEADS = {"smollm2-135m-instruct": "smollm2-135m-instruct-eagle3"}
+
+
+def _head_path(path_or_alias: Any) -> str:
+    """A head directory: a path as given, or the head shipped for a target alias."""
+    import os
+
+    if isinstance(path_or_alias, str) and path_or_alias in _SHIPPED_HEADS:
+        d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heads",
+                         _SHIPPED_HEADS[path_or_alias])
+        if not os.path.isdir(d):
+            raise ValueError(f"no EAGLE head is shipped for {path_or_alias!r} in this build "
+                             f"(expected at {d})")
+        return d
+    if not isinstance(path_or_alias, (str, os.PathLike)):
+        raise TypeError(f"path must be a head directory or a model alias, got "
+                        f"{type(path_or_alias).__name__}")
+    d = os.fspath(path_or_alias)
+    if not os.path.isdir(d):
+        raise FileNotFoundError(f"no EAGLE head directory at {d!r} (a directory with "
+                                f"config.json and model.safetensors or pytorch_model.bin, or one "
+                                f"of the aliases {sorted(_SHIPPED_HEADS)})")
+    return d
+
+
+class Eagle(Speculator):
+    """A learned draft head that reads the target's own hidden states: EAGLE-1/2 (Li et al.
+    2024) or EAGLE-3 (Li et al. 2025), loaded from the directory its authors (SafeAILab/EAGLE)
+    or vLLM's ``speculators`` publish: ``config.json`` and ``model.safetensors`` or
+    ``pytorch_model.bin`` (read without torch; a pickle holding anything but tensors is
+    refused). The kind is told by the file: ``fc`` of width 2H is EAGLE-1/2 (the target's
+    final-normed hidden state and the next token's embedding, one decoder layer, the target's
+    output head), 3H is EAGLE-3 (three of the target's layer inputs, its own draft vocabulary).
+    ``path`` may also be the alias of a target a head ships for (``"smollm2-135m-instruct"``).
+
+    Each step the head first reads what the last verify gave (the accepted tokens' features,
+    from the same target forward: no extra pass), then drafts ``depth`` levels from the text's
+    last token, one head forward per level: a chain for ``branching`` = 1, else EAGLE-2's
+    dynamic tree of at most ``nodes`` nodes (the ``branching`` most probable tokens of the most
+    probable nodes at temperature 0; draws without replacement when sampling, kept or dropped
+    before they are drawn so the output stays exactly the target's). ``p_min`` > 0: a node the
+    head gave less than ``p_min`` is not expanded. CPU targets only so far.
+
+    A head that does not fit the target (hidden size, vocabulary, the layers it reads) raises
+    ValueError naming the mismatch at generate.
+    """
+
+    def __init__(self, path: Any, depth: int = 5, branching: int = 1, nodes: int = 16,
+                 p_min: float = 0.0) -> None:
+        self.path = _head_path(path)
+        self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
+                                    _int("branching", branching), _int("nodes", nodes))
+        self.kind = "eagle3" if _core.head_kind(self._drafter) == 3 else "eagle"
+        self.depth = depth
+        self.branching = branching
+        self.nodes = nodes
+        self.p_min = float(p_min)
+
+    def __repr__(self) -> str:
+        return (f"Eagle({self.path!r}, depth={self.depth}, branching={self.branching}, "
+                f"nodes={self.nodes}, p_min={self.p_min})  # {self.kind}")
+
+    def draft_logits(self, target: "Model", tokens: Sequence[int]) -> Any:
+        """The head's teacher-forced logits over ``tokens``: a float32 array
+        (len(tokens) - 1, vocab) whose row t holds the logits for token t + 2, from the
+        target's features at positions <= t and token t + 1; -inf outside a reduced draft
+        vocabulary. Runs the target over ``tokens`` once."""
+        from .model import Model
+
+        if not isinstance(target, Model):
+            raise TypeError(f"target must be a specdec.Model, got {type(target).__name__}")
+        return _core.head_draft_logits(self._drafter, target._core, list(tokens))
+
+
 @dataclass(frozen=True)
 class TokenRecycling(Speculator):
     """Token Recycling (Luo et al. 2024): drafts a tree of tokens from a table of each token's

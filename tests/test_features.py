@@ -65,8 +65,13 @@ def test_hidden_of_every_row_whatever_n_logits(m):
 def test_bad_feature_requests_are_named(m):
     model, tiny = m
     L = tiny.cfg.n_layers
-    with pytest.raises(ValueError, match=f"aux layer {L} is out of range"):
-        model.forward(model.new_cache(8), [1, 2], aux_layers=[L])
+    with pytest.raises(ValueError, match=f"aux layer {L + 1} is out of range"):
+        model.forward(model.new_cache(8), [1, 2], aux_layers=[L + 1])
+    # layer L: the residual stream after the last layer, whose final norm is the hidden state
+    _, hid, after = model.forward(model.new_cache(8), [1, 2], hidden=True, aux_layers=[L])
+    ref = reference.rmsnorm(after[0].astype(np.float64), tiny.ref_weights["model.norm.weight"],
+                            tiny.cfg.rms_eps)
+    assert np.abs(hid - ref).max() <= 1e-5 * np.abs(ref).max()
     with pytest.raises(ValueError, match="n_aux 9 is out of range"):
         model.forward(model.new_cache(8), [1, 2], aux_layers=[0] * 9)
     with pytest.raises(TypeError, match="hidden must be a bool"):

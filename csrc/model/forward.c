@@ -49,12 +49,18 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
                             b->n_aux, SD_MAX_AUX_LAYERS);
     }
     for (int i = 0; i < b->n_aux; i++) {
-        if (b->aux_layers[i] < 0 || b->aux_layers[i] >= run) {
+        if (b->aux_layers[i] < 0 || b->aux_layers[i] > run) {
             return sd_set_error(SD_ERR_INVALID_ARG,
-                                "aux layer %d is out of range [0, %d) (the layers this forward "
-                                "runs)",
-                                b->aux_layers[i], run);
+                                "aux layer %d is out of range [0, %d] (the layers this forward "
+                                "runs; %d: the output of the last)",
+                                b->aux_layers[i], run, run);
         }
+    }
+    if ((b->embd != NULL) != (c->head != 0)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, c->head ? "a drafter head's forward needs its "
+                                                          "input rows (embd)"
+                                                        : "input rows (embd) are for drafter "
+                                                          "heads only");
     }
     int len = kv->length;
     for (int t = 0; t < T; t++) {
@@ -279,6 +285,56 @@ static void capture_aux(const sd_fwd *jobs, int n, const segment *sg, int l, con
     }
 }
 
+/* rows (T, D) = the embeddings of tokens[0 .. T) (Gemma's scaled by sqrt(D) by the caller). */
+static void embed_rows(const sd_model *m, float *rows, const int32_t *tokens, int T) {
+    const sd_type_traits *et = sd_type_get(m->w.tok_embd.type);
+    const size_t D = (size_t)m->cfg.hidden_size;
+    for (int t = 0; t < T; t++) {
+        et->to_float(rows + (size_t)t * D,
+                     (const unsigned char *)m->w.tok_embd.data +
+                         (size_t)tokens[t] * m->w.tok_embd.row_bytes,
+                     (int64_t)D);
+    }
+}
+
+/* out (T, D) = the final norm of x, or x itself for a head without one (EAGLE-1/2). */
+static void final_norm(const sd_model *m, float *out, const float *x, int T) {
+    const int D = m->cfg.hidden_size;
+    if (m->w.out_norm != NULL) {
+        sd_rmsnorm(out, x, m->w.out_norm, T, D, m->cfg.rms_eps);
+    } else if (T > 0) {
+        memcpy(out, x, (size_t)T * (size_t)D * sizeof(float));
+    }
+}
+
+/* A drafter head's attention input in s->xb from its rows s->x: EAGLE-1/2's layer has no input
+ * norm (xb = x, (T, D)); EAGLE-3's reads (T, 2D) rows cat(rmsnorm(embedding of the row's token)
+ * * input_layernorm, rmsnorm(x) * hidden_norm), and with norm_before_residual the residual
+ * becomes the normed x as well. Row by row, so a row's bits do not depend on its batch. */
+static void head_input(sd_model *m, const sd_fwd *jobs, int n, const segment *sg,
+                       const sd_layer *L) {
+    sd_scratch *s = &m->s;
+    const int D = m->cfg.hidden_size;
+    const float eps = m->cfg.rms_eps;
+    for (int j = 0; j < n; j++) {
+        const int Tj = jobs[j].b.n_tokens, t0 = sg[j].t0;
+        if (L->hidden_norm == NULL) {
+            memcpy(s->xb + (size_t)t0 * (size_t)D, s->x + (size_t)t0 * (size_t)D,
+                   (size_t)Tj * (size_t)D * sizeof(float));
+            continue;
+        }
+        embed_rows(m, s->xo + (size_t)t0 * (size_t)D, jobs[j].b.tokens, Tj);
+        for (int t = t0; t < t0 + Tj; t++) {
+            float *row = s->xb + (size_t)t * 2 * (size_t)D, *x = s->x + (size_t)t * (size_t)D;
+            sd_rmsnorm(row, s->xo + (size_t)t * (size_t)D, L->attn_norm, 1, D, eps);
+            sd_rmsnorm(row + D, x, L->hidden_norm, 1, D, eps);
+            if (m->cfg.head_norm_residual) {
+                memcpy(x, row + D, (size_t)D * sizeof(float));
+            }
+        }
+    }
+}
+
 /* The forward of a CPU model over the requests' batches at once: every matrix multiplies the
  * rows of all of them (the weights are read once), and each request's tokens attend to their own
  * cache through their own mask. A row's arithmetic does not depend on the others (the kernels
@@ -338,14 +394,14 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
     /* sd_attention scales q.k by 1/sqrt(Dh): another scale goes into q */
     const float q_scale = c->attn_scale > 0.0f ? c->attn_scale * sqrtf((float)Dh) : 1.0f;
 
-    /* embeddings */
-    const sd_type_traits *et = sd_type_get(m->w.tok_embd.type);
+    /* embeddings (a head's input rows: given) */
     for (int j = 0; j < n; j++) {
-        for (int t = 0; t < jobs[j].b.n_tokens; t++) {
-            et->to_float(s->x + (size_t)(sg[j].t0 + t) * (size_t)D,
-                         (const unsigned char *)m->w.tok_embd.data +
-                             (size_t)jobs[j].b.tokens[t] * m->w.tok_embd.row_bytes,
-                         D);
+        if (jobs[j].b.embd != NULL) {
+            memcpy(s->x + (size_t)sg[j].t0 * (size_t)D, jobs[j].b.embd,
+                   (size_t)jobs[j].b.n_tokens * (size_t)D * sizeof(float));
+        } else {
+            embed_rows(m, s->x + (size_t)sg[j].t0 * (size_t)D, jobs[j].b.tokens,
+                       jobs[j].b.n_tokens);
         }
     }
     if (gemma) { /* Gemma scales its embeddings by sqrt(D) */
@@ -369,8 +425,14 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
             {s->v, s->xb, &L->wv, L->bv, 0},
         };
         const int q_qkv = sd_matmul_wants_q8(qkv, 3); /* normalized and quantized at once */
-        sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps, q_qkv ? s->xq : NULL);
-        sd_matmul(m->pool, T, qkv, 3, s->xq, q_qkv);
+        if (c->head) { /* a drafter head's input: no norm (EAGLE), or two (EAGLE-3) */
+            head_input(m, jobs, n, sg, L);
+            sd_matmul(m->pool, T, qkv, 3, s->xq, 0);
+        } else {
+            sd_rmsnorm_rows(m->pool, s->xb, s->x, L->attn_norm, T, D, c->rms_eps,
+                            q_qkv ? s->xq : NULL);
+            sd_matmul(m->pool, T, qkv, 3, s->xq, q_qkv);
+        }
         if (L->q_norm != NULL) { /* qwen3, gemma3: RMSNorm over each head's Dh before RoPE */
             sd_rmsnorm(s->q, s->q, L->q_norm, T * H, Dh, c->rms_eps);
             sd_rmsnorm(s->k, s->k, L->k_norm, T * Hkv, Dh, c->rms_eps);
@@ -432,6 +494,7 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
             sd_matmul(m->pool, T, &down, 1, s->xq, q_down);
         }
     }
+    capture_aux(jobs, n, sg, n_layers, s->x, D);
     free(pos);
 
     /* the head over every request's last n_logits rows at once: into the caller's buffer when
@@ -440,11 +503,10 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
     for (int j = 0; j < n; j++) {
         const int nl = jobs[j].b.n_logits, first = sg[j].t0 + jobs[j].b.n_tokens - nl;
         float *normed = s->xb + (size_t)n_rows * (size_t)D;
-        sd_rmsnorm(normed, s->x + (size_t)first * (size_t)D, m->w.out_norm, nl, D, c->rms_eps);
+        final_norm(m, normed, s->x + (size_t)first * (size_t)D, nl);
         if (jobs[j].b.hidden != NULL) { /* every row's, the same norm row by row */
             const int T0 = jobs[j].b.n_tokens - nl;
-            sd_rmsnorm(jobs[j].b.hidden, s->x + (size_t)sg[j].t0 * (size_t)D, m->w.out_norm, T0, D,
-                       c->rms_eps);
+            final_norm(m, jobs[j].b.hidden, s->x + (size_t)sg[j].t0 * (size_t)D, T0);
             memcpy(jobs[j].b.hidden + (size_t)T0 * (size_t)D, normed,
                    (size_t)nl * (size_t)D * sizeof(float));
         }
@@ -453,7 +515,7 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
     if (n_rows == 0) {
         return SD_OK;
     }
-    const size_t V = (size_t)c->vocab_size;
+    const size_t V = (size_t)m->w.output.rows; /* a head's draft vocabulary may be smaller */
     float *rows = n == 1 ? jobs[0].logits : malloc((size_t)n_rows * V * sizeof(float));
     if (rows == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory for %d rows of logits", n_rows);

@@ -621,7 +621,9 @@ void sd_model_free(sd_model *m) {
     }
     sd_kv_pool_free(m->prefix);
     sd_sched_free(m->sched);
-    sd_threadpool_free(m->pool);
+    if (!m->borrowed_pool) {
+        sd_threadpool_free(m->pool);
+    }
     scratch_free(&m->s);
     free(m->w.layers);
     free(m->vectors);
@@ -724,6 +726,7 @@ sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn) {
     size_t D = (size_t)c->hidden_size, F = (size_t)c->ffn_size;
     if (n_tokens > s->cap_tokens || s->x == NULL) {
         size_t xbw = D > QD ? D : QD;
+        xbw = c->head == SD_HEAD_EAGLE3 && 2 * D > xbw ? 2 * D : xbw; /* its layer's input */
         SD_TRY(grow(&s->x, T * D * sizeof(float)));
         SD_TRY(grow(&s->xb, T * xbw * sizeof(float)));
         SD_TRY(grow(&s->q, T * QD * sizeof(float)));

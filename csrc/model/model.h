@@ -30,6 +30,9 @@ typedef struct {
     sd_mat w_gate;               /* (F, D) */
     sd_mat w_up;                 /* (F, D) */
     sd_mat w_down;               /* (D, F) */
+    /* (D) EAGLE-3's norm of the feature half of its layer's (2D) input, or NULL; its attn_norm
+     * then norms the token half, and wq/wk/wv are (., 2D) */
+    const float *hidden_norm;
 } sd_layer;
 
 typedef struct {
@@ -37,6 +40,8 @@ typedef struct {
     const float *out_norm; /* (D) */
     sd_mat output;         /* (V, D); the same view as tok_embd when tied */
     sd_layer *layers;      /* (L) */
+    sd_mat fc;             /* (D, 2D or 3D) an EAGLE head's input projection (head.h), else none */
+    const float *fc_bias;  /* (D) or NULL */
 } sd_weights;
 
 /* Activations of one forward, grown on demand to the largest batch seen. */
@@ -84,6 +89,7 @@ struct sd_model {
     struct sd_sched *sched;    /* the step scheduler of the requests running on it (sched.h) */
     struct sd_kv_pool *prefix; /* caches of finished requests, for prefix reuse (kv_cache.c);
                                 * NULL for a CUDA model */
+    int borrowed_pool;         /* a drafter head runs on its target's pool (not freed here) */
 };
 
 struct sd_kv_cache {

@@ -182,7 +182,96 @@ static PyObject *py_drafter_set_costs(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* eagle(path, k, p_min, branching=1, nodes=16) -> Drafter: an EAGLE-1/2 or EAGLE-3 head */
+static PyObject *py_eagle(PyObject *mod, PyObject *args, PyObject *kwds) {
+    (void)mod;
+    static char *kwlist[] = {"path", "k", "p_min", "branching", "nodes", NULL};
+    PyObject *path = NULL;
+    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|ii:eagle", kwlist, PyUnicode_FSConverter,
+                                     &path, &dp.k, &dp.p_min, &dp.branching, &dp.nodes)) {
+        return NULL;
+    }
+    sd_head *head = NULL;
+    sd_drafter *d = NULL;
+    sd_status st;
+    const char *p = PyBytes_AS_STRING(path);
+    Py_BEGIN_ALLOW_THREADS st = sd_head_load(&head, p);
+    if (st == SD_OK) {
+        st = sd_drafter_eagle(&d, head, &dp); /* owns the head from here on */
+    }
+    Py_END_ALLOW_THREADS Py_DECREF(path);
+    return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
+}
+
+/* head_kind(drafter) -> int: sd_head_kind of an EAGLE drafter's head */
+static PyObject *py_head_kind(PyObject *mod, PyObject *arg) {
+    (void)mod;
+    if (!PyObject_TypeCheck(arg, &sd_py_DrafterType)) {
+        PyErr_Format(PyExc_TypeError, "expected a Drafter, got %s", Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    const sd_head *h = sd_drafter_head(((sd_py_Drafter *)arg)->drafter);
+    if (h == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the drafter has no head");
+        return NULL;
+    }
+    return PyLong_FromLong(sd_head_kind_of(h));
+}
+
+/* head_draft_logits(drafter, model, tokens) -> float32 (len(tokens) - 1, V) */
+static PyObject *py_head_draft_logits(PyObject *mod, PyObject *args) {
+    (void)mod;
+    sd_py_Drafter *dr = NULL;
+    sd_py_Model *model = NULL;
+    PyObject *tok_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!O:head_draft_logits", &sd_py_DrafterType, &dr,
+                          &sd_py_ModelType, &model, &tok_obj)) {
+        return NULL;
+    }
+    const sd_head *h = sd_drafter_head(dr->drafter);
+    if (h == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the drafter has no head");
+        return NULL;
+    }
+    Py_ssize_t n = 0;
+    int32_t *tokens = sd_py_tokens_from(tok_obj, "tokens", &n);
+    if (tokens == NULL) {
+        return NULL;
+    }
+    if (n < 2 || n > INT32_MAX) {
+        PyMem_Free(tokens);
+        PyErr_Format(PyExc_ValueError,
+                     "draft logits need at least 2 tokens (row t predicts token t + 2), got %zd",
+                     n);
+        return NULL;
+    }
+    npy_intp dims[2] = {n - 1, sd_model_config(model->model)->vocab_size};
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out == NULL || sd_py_model_enter(model) < 0) {
+        PyMem_Free(tokens);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    sd_status st;
+    float *dst = (float *)PyArray_DATA(out);
+    Py_BEGIN_ALLOW_THREADS st = sd_head_draft_logits(h, model->model, tokens, (int)n, dst);
+    Py_END_ALLOW_THREADS sd_py_model_leave(model);
+    PyMem_Free(tokens);
+    if (st != SD_OK) {
+        Py_DECREF(out);
+        return sd_py_raise(st);
+    }
+    return (PyObject *)out;
+}
+
 PyMethodDef sd_py_drafter_methods[] = {
+    {"eagle", (PyCFunction)(void (*)(void))py_eagle, METH_VARARGS | METH_KEYWORDS,
+     "eagle(path, k, p_min, branching=1, nodes=16) -> Drafter (an EAGLE-1/2 or EAGLE-3 head)"},
+    {"head_kind", (PyCFunction)py_head_kind, METH_O,
+     "head_kind(drafter) -> int: 1 for EAGLE-1/2, 3 for EAGLE-3"},
+    {"head_draft_logits", (PyCFunction)py_head_draft_logits, METH_VARARGS,
+     "head_draft_logits(drafter, model, tokens) -> (len(tokens) - 1, V) teacher-forced logits"},
     {"prompt_lookup", (PyCFunction)(void (*)(void))py_prompt_lookup, METH_VARARGS | METH_KEYWORDS,
      "prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1) -> Drafter "
      "(sd_prompt_lookup)"},

@@ -62,6 +62,11 @@ typedef struct sd_drafter_ops {
     void (*end)(const sd_drafter *d, void *state);
     /* The drafter is freed: release its shared state (NULL: it has none). */
     void (*destroy)(sd_drafter *d);
+    /* A drafter that reads the target's features (EAGLE): which, for `target`: returns 1 when it
+     * reads the final-normed hidden state, and writes the layers whose inputs it reads into aux
+     * (*n_aux of them, <= SD_MAX_AUX_LAYERS). The loop then keeps every position's features
+     * (sd_spec_features). NULL: none. */
+    int (*features)(const sd_drafter *d, const sd_model *target, int32_t *aux, int *n_aux);
 } sd_drafter_ops;
 
 /* What a verify forward costs by its token count on one model, measured: the tree drafters size

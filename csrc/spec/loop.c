@@ -205,6 +205,8 @@ sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_
     free(L->dlog);
     free(L->tmask);
     free(L->row_top);
+    free(L->feat);
+    free(L->fbuf);
     free(L->e.text);
     return st;
 }
@@ -264,6 +266,61 @@ static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int 
 
 sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next) {
     return spec_accept_tree(L, k, NULL, n_acc, next);
+}
+
+/* ---- the target's features, for drafters that read them ----------------------------------- */
+
+const float *sd_spec_features(const sd_spec_loop *L, int pos) {
+    return L->feat + (size_t)pos * (size_t)L->feat_w;
+}
+
+/* The drafter's wishes, read once it is known: the features' row, a row per slot. */
+static sd_status feat_setup(sd_spec_loop *L) {
+    L->feat_set = 1;
+    if (L->d == NULL || L->d->ops->features == NULL) {
+        return SD_OK;
+    }
+    L->feat_hidden = L->d->ops->features(L->d, L->m, L->feat_aux, &L->n_feat_aux) != 0;
+    L->feat_w = L->m->cfg.hidden_size * (L->feat_hidden + L->n_feat_aux);
+    L->feat = malloc((size_t)L->capacity * (size_t)L->feat_w * sizeof(float));
+    return L->feat != NULL ? SD_OK : sd_set_error(SD_ERR_NOMEM, "out of memory for features");
+}
+
+/* The forward f gives its rows' features into L->fbuf (grown to its batch). */
+static sd_status feat_ask(sd_spec_loop *L, sd_fwd *f) {
+    const int T = f->b.n_tokens;
+    if (L->feat == NULL || T == 0) {
+        return SD_OK;
+    }
+    const size_t D = (size_t)L->m->cfg.hidden_size;
+    if (T > L->fbuf_rows) {
+        float *nb = realloc(L->fbuf, (size_t)T * (size_t)L->feat_w * sizeof(float));
+        if (nb == NULL) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory for features");
+        }
+        L->fbuf = nb;
+        L->fbuf_rows = T;
+    }
+    f->b.hidden = L->feat_hidden ? L->fbuf : NULL;
+    f->b.aux = L->fbuf + (L->feat_hidden ? (size_t)T * D : 0);
+    f->b.aux_layers = L->feat_aux;
+    f->b.n_aux = L->n_feat_aux;
+    return SD_OK;
+}
+
+/* Rows rows[0 .. n) of f's features kept as those of positions p0 .. p0 + n - 1. */
+static void feat_keep(sd_spec_loop *L, const sd_fwd *f, const int32_t *rows, int n, int p0) {
+    if (L->feat == NULL) {
+        return;
+    }
+    const size_t D = (size_t)L->m->cfg.hidden_size, T = (size_t)f->b.n_tokens;
+    for (int j = 0; j < n && p0 + j < L->capacity; j++) {
+        float *dst = L->feat + (size_t)(p0 + j) * (size_t)L->feat_w;
+        const size_t r = rows != NULL ? (size_t)rows[j] : (size_t)j;
+        for (int i = 0; i < L->feat_hidden + L->n_feat_aux; i++) { /* hidden is block 0 */
+            memcpy(dst + (size_t)i * D, L->fbuf + ((size_t)i * T + r) * D, D * sizeof(float));
+        }
+    }
 }
 
 /* ---- the verified rows' top ids ------------------------------------------------------------ */
@@ -456,8 +513,8 @@ static sd_status compact_path(sd_spec_loop *L, const int32_t *path, int n_acc) {
 
 /* After a tree's verify forward: the tree rule of verify.h, and the accepted path compacted
  * (compact_path). */
-static sd_status tree_rows(sd_spec_loop *L, const sd_draft *dr, const int *depth, int *n_acc_out,
-                           int32_t *next_out) {
+static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr, const int *depth,
+                           int *n_acc_out, int32_t *next_out) {
     const int V = L->m->cfg.vocab_size, n = dr->n, len = L->len;
     int max_depth = 0;
     for (int i = 0; i < n; i++) {
@@ -479,6 +536,11 @@ static sd_status tree_rows(sd_spec_loop *L, const sd_draft *dr, const int *depth
     const int n_acc = sd_verify_tree(path, next_out, L->batch + 1, dr->parent, n, L->probs, dr->q,
                                      V, ua, un, L->fwork);
     *n_acc_out = n_acc;
+    int32_t rows[SD_MAX_TREE + 1] = {0}; /* the root's row, then the path's */
+    for (int j = 0; j < n_acc; j++) {
+        rows[1 + j] = 1 + path[j];
+    }
+    feat_keep(L, f, rows, n_acc + 1, len - 1);
     return compact_path(L, path, n_acc);
 }
 
@@ -548,11 +610,14 @@ static sd_status finish_step(sd_spec_loop *L, int k, int n_acc, int32_t next) {
 sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f) {
     memset(f, 0, sizeof(*f));
     L->phase = SD_SPEC_PHASE_NONE;
+    if (!L->feat_set) {
+        SD_TRY(feat_setup(L));
+    }
     if (!L->begun) { /* a part of the prompt; the drafter begins once it is all in */
         sd_prefill_next(&L->pf, L->m, L->kv, L->hist, L->n_prompt - 1, NULL, f);
         if (f->b.n_tokens > 0) {
             L->phase = SD_SPEC_PHASE_PREFILL;
-            return SD_OK;
+            return feat_ask(L, f);
         }
         return begin_drafter(L);
     }
@@ -583,7 +648,7 @@ sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f) {
         }
 #endif
         L->phase = SD_SPEC_PHASE_TREE;
-        return SD_OK;
+        return feat_ask(L, f);
     }
 #ifdef SD_WITH_CUDA
     if (L->sp != NULL) { /* the whole step here (its forward reads the drafts on the device) */
@@ -595,7 +660,7 @@ sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f) {
 #endif
     chain_batch(L, dr->n, f);
     L->phase = SD_SPEC_PHASE_CHAIN;
-    return SD_OK;
+    return feat_ask(L, f);
 }
 
 sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward) {
@@ -606,13 +671,15 @@ sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward
     int32_t next = 0;
     switch (phase) {
     case SD_SPEC_PHASE_PREFILL:
+        feat_keep(L, f, NULL, f->b.n_tokens, (int)(f->b.tokens - L->hist));
         sd_prefill_fed(&L->pf, f);
         return L->pf.fed >= L->n_prompt - 1 ? begin_drafter(L) : SD_OK;
     case SD_SPEC_PHASE_CHAIN:
         chain_rows(L, L->dr.n, L->dr.q != NULL, &n_acc, &next);
+        feat_keep(L, f, NULL, n_acc + 1, L->len - 1);
         return finish_step(L, L->dr.n, n_acc, next);
     case SD_SPEC_PHASE_TREE:
-        SD_TRY(tree_rows(L, &L->dr, L->depth, &n_acc, &next));
+        SD_TRY(tree_rows(L, f, &L->dr, L->depth, &n_acc, &next));
         return finish_step(L, L->dr.n, n_acc, next);
     default: return SD_OK;
     }

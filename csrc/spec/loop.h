@@ -64,6 +64,16 @@ typedef struct sd_spec_loop {
     /* a CUDA target's step, for a drafter with row_top: each verified row's top ids
      * ((SD_MAX_TREE + 1), row_top), found on the device */
     int32_t *row_top;
+    /* the target's features of every position it has processed, for a drafter that reads
+     * them (sd_drafter_ops.features): row p (feat_w floats) = [final-normed hidden state (D), if
+     * feat_hidden][the input of layer feat_aux[i] (D)] ... */
+    int feat_set; /* the drafter's wishes were read */
+    int feat_hidden, n_feat_aux;
+    int32_t feat_aux[SD_MAX_AUX_LAYERS];
+    int feat_w;
+    float *feat;   /* (capacity, feat_w), or NULL */
+    float *fbuf;   /* a forward's feature outputs: hidden (T, D), then aux (n_aux, T, D) */
+    int fbuf_rows; /* the T fbuf holds */
 } sd_spec_loop;
 
 typedef enum {
@@ -110,6 +120,10 @@ sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward
 sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next);
 
 /* Services for drafters. */
+
+/* The target's features at text position pos (< L->len - 1, the positions it has processed):
+ * feat_w floats as sd_spec_loop documents, for a drafter with ops->features. */
+const float *sd_spec_features(const sd_spec_loop *L, int pos);
 
 /* The ids of the `top` largest logits of verified row r of the step (row 0 at the root, 1 + i
  * after node i; the larger first, ties to the lower id; -1 past V), for a drafter with row_top

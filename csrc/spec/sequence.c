@@ -169,7 +169,9 @@ sd_status sd_sequence_create(sd_sequence **out, sd_model *m, const sd_drafter *d
         /* a finished request's cache that holds the prompt's first tokens (all but the last,
          * which both loops feed themselves) */
         sd_kv_cache *kv = NULL;
-        st = sd_kv_pool_take(m, q->prompt, n_prompt, n_prompt - 1, capacity, &kv, &q->reused);
+        if (d == NULL || d->ops->features == NULL) { /* a reused prefix has no features */
+            st = sd_kv_pool_take(m, q->prompt, n_prompt, n_prompt - 1, capacity, &kv, &q->reused);
+        }
         if (st == SD_OK) {
             q->started = 1;
             if (d != NULL) {

@@ -56,9 +56,10 @@ struct sd_model_tree {
     float own[CAND_MAX];
     int n_fed;
     fed_node fn[FED_MAX];
-    /* the proposal: base = the text's length then; slot[i] node i's slot in the draft cache,
-     * -1 when it was not fed */
-    int base, n;
+    /* the proposal: base = the text's length then, prefix = the draft cache's length after the
+     * root was fed (base, or base - 1 for a head whose rows lag the text by one); slot[i] node
+     * i's slot in the draft cache, -1 when it was not fed */
+    int base, prefix, n;
     int32_t tokens[SD_MAX_TREE_NODES], parent[SD_MAX_TREE_NODES], slot[SD_MAX_TREE_NODES];
 };
 
@@ -197,9 +198,10 @@ static int rank_of(const sd_model_tree *t, int x) {
 /* Feeds candidates pick[0 .. np) (one depth's, increasing) in one forward with the tree mask,
  * as fed nodes n_fed .. n_fed + np - 1 in slots base + (fed index - 1). */
 static sd_status feed(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
-                      int n_layers, const int *pick, int np) {
-    const int base = t->base, cols = base + t->n_fed + np - 1;
+                      int n_layers, const sd_tree_feeder *fd, const int *pick, int np) {
+    const int base = t->prefix, cols = base + t->n_fed + np - 1;
     int32_t tokens[B_MAX], pos[B_MAX], slots[B_MAX];
+    int parent_fed[B_MAX];
     memset(t->mask, 0, (size_t)np * (size_t)cols);
     for (int j = 0; j < np; j++) {
         const int x = pick[j];
@@ -207,6 +209,7 @@ static sd_status feed(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cac
         tokens[j] = t->tok[x];
         pos[j] = base - 1 + t->dep[x];
         slots[j] = base + t->fed[x] - 1;
+        parent_fed[j] = t->par[x] < 0 ? 0 : t->fed[t->par[x]];
         uint8_t *row = t->mask + (size_t)j * (size_t)cols;
         memset(row, 1, (size_t)base); /* the prefix and the root */
         for (int a = x; a >= 0; a = t->par[a]) {
@@ -222,7 +225,11 @@ static sd_status feed(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cac
     bt.n_mask_cols = cols;
     bt.n_logits = np;
     bt.n_layers = n_layers;
-    SD_TRY(sd_forward(dm, dkv, &bt, t->logits));
+    if (fd != NULL) {
+        SD_TRY(fd->nodes(fd->ctx, &bt, parent_fed, t->n_fed, t->logits));
+    } else {
+        SD_TRY(sd_forward(dm, dkv, &bt, t->logits));
+    }
     for (int j = 0; j < np; j++) {
         fed_rows(t, L, t->n_fed + j, pick[j], t->logits + (size_t)j * (size_t)t->V);
     }
@@ -260,7 +267,8 @@ static int frontier(const sd_model_tree *t, int from, int budget, float p_min, i
 }
 
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
-                                int n_layers, const sd_draft_params *dp, sd_draft *out) {
+                                int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
+                                sd_draft *out) {
     const int V = t->V, len = L->len;
     int depth_room = 0;
     const int room = sd_spec_tree_room(L, &depth_room);
@@ -277,13 +285,21 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
         return SD_OK;
     }
     /* the root, with the tokens the draft has not seen */
-    const int have = sd_kv_cache_length(dkv);
-    sd_batch bt = {0};
-    bt.n_tokens = len - have;
-    bt.tokens = L->hist + have;
-    bt.n_logits = 1;
-    bt.n_layers = n_layers;
-    SD_TRY(sd_forward(dm, dkv, &bt, t->logits));
+    if (fd != NULL) {
+        SD_TRY(fd->root(fd->ctx, L, t->logits, &t->prefix));
+        if (t->prefix == 0) {
+            return SD_OK; /* nothing to draft from yet */
+        }
+    } else {
+        const int have = sd_kv_cache_length(dkv);
+        sd_batch bt = {0};
+        bt.n_tokens = len - have;
+        bt.tokens = L->hist + have;
+        bt.n_logits = 1;
+        bt.n_layers = n_layers;
+        SD_TRY(sd_forward(dm, dkv, &bt, t->logits));
+        t->prefix = len;
+    }
     fed_rows(t, L, 0, -1, t->logits);
     t->n_fed = 1;
     /* draws keyed by (output position, draw): never one twice */
@@ -330,7 +346,7 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
             break;
         }
         f0 = t->n_fed;
-        SD_TRY(feed(t, L, dm, dkv, n_layers, pick, np));
+        SD_TRY(feed(t, L, dm, dkv, n_layers, fd, pick, np));
         f1 = t->n_fed;
     }
     /* the kept candidates in their order (parents first, siblings as drawn): at temperature 0
@@ -349,7 +365,7 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
         const int i = idx[x] = t->n++;
         t->tokens[i] = t->tok[x];
         t->parent[i] = p < 0 ? -1 : idx[p];
-        t->slot[i] = t->fed[x] > 0 ? t->base + t->fed[x] - 1 : -1;
+        t->slot[i] = t->fed[x] > 0 ? t->prefix + t->fed[x] - 1 : -1;
         if (t->sampling) { /* the distribution it was drawn from: its parent's */
             const int pf = p < 0 ? 0 : t->fed[p];
             memcpy(L->q + (size_t)i * (size_t)V, t->qrows + (size_t)pf * (size_t)V,

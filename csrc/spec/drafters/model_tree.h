@@ -7,6 +7,22 @@
 #include "spec/drafter.h"
 #include "spec/loop.h"
 
+/* How a tree's nodes reach a draft that is more than a model over the text's tokens (an EAGLE
+ * head, whose rows read features and lag the text by one position): fd in
+ * sd_model_tree_propose, NULL for a draft model. */
+typedef struct {
+    /* Feeds what the draft lacks of L's text, its last row the root's, and writes the root's
+     * logits (V, the target's ids); *prefix receives the draft cache's length after it (the
+     * slots every node sees before its ancestors), or 0 when there is nothing to draft from. */
+    sd_status (*root)(void *ctx, sd_spec_loop *L, float *logits, int *prefix);
+    /* Feeds the nodes of b (tokens, positions, slots, mask; n_logits = every row), which become
+     * fed nodes first .. first + n - 1; parent_fed[j] is the fed index of node j's parent (0:
+     * the root). Writes their logits (n, V). */
+    sd_status (*nodes)(void *ctx, const sd_batch *b, const int *parent_fed, int first,
+                       float *logits);
+    void *ctx;
+} sd_tree_feeder;
+
 /* A request's tree drafting: buffers sized for the sequence L (its vocabulary, sampling and
  * capacity), and the last proposal (tokens, parents, and each node's slot in the draft cache). */
 typedef struct sd_model_tree sd_model_tree;
@@ -25,7 +41,8 @@ void sd_model_tree_free(sd_model_tree *t);
  * node i was drawn from (its parent's, as the tree rule wants), else out->q is NULL (the
  * children are deterministic). dkv then holds the fed nodes past the text. */
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
-                                int n_layers, const sd_draft_params *dp, sd_draft *out);
+                                int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
+                                sd_draft *out);
 
 /* After the verify kept n_acc nodes (L->hist now holds their tokens after the proposal's root):
  * the fed nodes of the accepted path, a prefix of it, move into consecutive slots after the

@@ -1,0 +1,618 @@
+/* head.c — EAGLE-1/2 and EAGLE-3 heads (head.h): read and check their files, bind them to a
+ * target as one-layer models, and compute the rows entering their layer. */
+#include "model/head.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "model/config.h"
+#include "model/forward.h"
+#include "cpu/ops_cpu.h"
+#include "cpu/quant.h"
+#include "format/torch_bin.h"
+#include "util/status.h"
+
+struct sd_head {
+    int kind;          /* sd_head_kind */
+    sd_config cfg;     /* the layer's, from config.json */
+    sd_st_set *st;     /* the weights file */
+    char file[1024];   /* its path, for messages */
+    const char *layer; /* "layers.0." or "midlayer." */
+    int vocab;         /* the vocabulary config.json names (the target's) */
+    int draft_vocab;   /* EAGLE-3: rows of lm_head; EAGLE: vocab */
+    int32_t *ids;      /* EAGLE-3: (draft_vocab) target id of each draft id */
+    int n_aux;         /* EAGLE-3: 3 taps named by the config, or 0 (2, L / 2, L - 3) */
+    int32_t aux[3];
+};
+
+static const char *const g_layer_mats[7] = {
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+};
+
+static const sd_tensor_info *find(const sd_head *h, const char *prefix, const char *name) {
+    char full[160];
+    snprintf(full, sizeof(full), "%s%s", prefix, name);
+    return sd_st_find(h->st, full);
+}
+
+/* The tensor prefix+name, which must be a float tensor of the given shape (cols 0: a vector). */
+static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *prefix,
+                      const char *name, int64_t rows, int64_t cols) {
+    const sd_tensor_info *t = find(h, prefix, name);
+    if (t == NULL) {
+        return sd_set_error(SD_ERR_FORMAT, "%s: missing tensor '%s%s'", h->file, prefix, name);
+    }
+    const int dims = cols > 0 ? 2 : 1;
+    if (t->n_dims != dims || t->shape[0] != rows || (dims == 2 && t->shape[1] != cols)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: tensor '%s' has %d dimensions [%lld, %lld], expected [%lld%s%lld]"
+                            " (from config.json)",
+                            h->file, t->name, t->n_dims, (long long)t->shape[0],
+                            (long long)(t->n_dims > 1 ? t->shape[1] : 0), (long long)rows,
+                            dims == 2 ? ", " : "", (long long)(dims == 2 ? cols : 0));
+    }
+    if (t->type != SD_TYPE_F32 && t->type != SD_TYPE_F16 && t->type != SD_TYPE_BF16) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "%s: tensor '%s' has type %s (a head's tensors must be F32, F16 or "
+                            "BF16)",
+                            h->file, t->name, t->type_name);
+    }
+    *out = t;
+    return SD_OK;
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* EAGLE-3's d2t (draft id -> target id offset, I64) and t2d (BOOL, optional) into h->ids,
+ * each target id checked to be in range, distinct, and marked in t2d. */
+static sd_status read_ids(sd_head *h) {
+    const sd_tensor_info *d2t = sd_st_find(h->st, "d2t");
+    if (d2t == NULL) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: missing tensor 'd2t' (an EAGLE-3 head's draft "
+                            "-> target vocabulary map)",
+                            h->file);
+    }
+    if (d2t->n_dims != 1 || d2t->shape[0] != h->draft_vocab || strcmp(d2t->type_name, "I64") != 0) {
+        return sd_set_error(SD_ERR_FORMAT, "%s: tensor 'd2t' must be I64 [%d], got %s of %d dims",
+                            h->file, h->draft_vocab, d2t->type_name, d2t->n_dims);
+    }
+    const sd_tensor_info *t2d = sd_st_find(h->st, "t2d");
+    if (t2d != NULL &&
+        (t2d->n_dims != 1 || t2d->shape[0] != h->vocab || strcmp(t2d->type_name, "BOOL") != 0)) {
+        return sd_set_error(SD_ERR_FORMAT, "%s: tensor 't2d' must be BOOL [%d]", h->file, h->vocab);
+    }
+    h->ids = malloc((size_t)h->draft_vocab * sizeof(int32_t));
+    uint8_t *seen = calloc((size_t)h->vocab, 1);
+    if (h->ids == NULL || seen == NULL) {
+        free(seen);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory reading an EAGLE-3 head");
+    }
+    sd_status st = SD_OK;
+    for (int d = 0; d < h->draft_vocab && st == SD_OK; d++) {
+        int64_t off = 0;
+        memcpy(&off, (const char *)d2t->data + (size_t)d * 8, 8);
+        const int64_t id = (int64_t)d + off;
+        if (id < 0 || id >= h->vocab || seen[id]) {
+            st =
+                sd_set_error(SD_ERR_FORMAT, "%s: d2t maps draft id %d to target id %lld, %s",
+                             h->file, d, (long long)id,
+                             id < 0 || id >= h->vocab ? "outside the vocabulary" : "already taken");
+        } else if (t2d != NULL && ((const uint8_t *)t2d->data)[id] == 0) {
+            st = sd_set_error(SD_ERR_FORMAT,
+                              "%s: d2t maps draft id %d to target id %lld, which t2d leaves out",
+                              h->file, d, (long long)id);
+        } else {
+            seen[id] = 1;
+            h->ids[d] = (int32_t)id;
+        }
+    }
+    free(seen);
+    return st;
+}
+
+/* Whether `name` is one of the tensors an EAGLE head of h's kind reads (embed_tokens, a copy of
+ * the target's embedding some trainers save, is allowed and not read). */
+static int known_tensor(const sd_head *h, const char *name) {
+    static const char *const top[] = {"fc.weight",   "fc.bias",        "embed_tokens.weight",
+                                      "norm.weight", "lm_head.weight", "d2t",
+                                      "t2d"};
+    static const char *const norms[] = {"post_attention_layernorm.weight", "input_layernorm.weight",
+                                        "hidden_norm.weight"};
+    const int e3 = h->kind == SD_HEAD_EAGLE3;
+    for (int i = 0; i < (e3 ? 7 : 3); i++) {
+        if (strcmp(name, top[i]) == 0) {
+            return 1;
+        }
+    }
+    const size_t n = strlen(h->layer);
+    if (strncmp(name, h->layer, n) != 0) {
+        return 0;
+    }
+    for (int i = 0; i < 7; i++) {
+        if (strcmp(name + n, g_layer_mats[i]) == 0) {
+            return 1;
+        }
+    }
+    for (int i = 0; i < (e3 ? 3 : 1); i++) {
+        if (strcmp(name + n, norms[i]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Every tensor of the file is one the head reads. */
+static sd_status check_all_known(const sd_head *h) {
+    for (int i = 0; i < h->st->n_tensors; i++) {
+        if (!known_tensor(h, h->st->tensors[i].name)) {
+            return sd_set_error(SD_ERR_FORMAT,
+                                "%s: tensor '%s' is not part of an EAGLE%s head as specdec reads "
+                                "it",
+                                h->file, h->st->tensors[i].name,
+                                h->kind == SD_HEAD_EAGLE3 ? "-3" : "-1/2");
+        }
+    }
+    return SD_OK;
+}
+
+/* Shapes of every tensor, from the config; the kind from fc's width. */
+static sd_status check_tensors(sd_head *h, const sd_json *top, const sd_json *layer_cfg) {
+    const sd_config *c = &h->cfg;
+    const int64_t D = c->hidden_size, F = c->ffn_size;
+    const int64_t QD = (int64_t)c->n_heads * c->head_dim,
+                  KVD = (int64_t)c->n_kv_heads * c->head_dim;
+    const sd_tensor_info *fc = sd_st_find(h->st, "fc.weight");
+    if (fc == NULL || fc->n_dims != 2 || fc->shape[0] != D ||
+        (fc->shape[1] != 2 * D && fc->shape[1] != 3 * D)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: no tensor 'fc.weight' of shape [%lld, %lld] (EAGLE-1/2) or "
+                            "[%lld, %lld] (EAGLE-3): not an EAGLE head",
+                            h->file, (long long)D, (long long)(2 * D), (long long)D,
+                            (long long)(3 * D));
+    }
+    h->kind = fc->shape[1] == 2 * D ? SD_HEAD_EAGLE : SD_HEAD_EAGLE3;
+    const int e3 = h->kind == SD_HEAD_EAGLE3;
+    h->layer =
+        e3 && sd_st_find(h->st, "midlayer.hidden_norm.weight") != NULL ? "midlayer." : "layers.0.";
+    const sd_tensor_info *t = NULL;
+    SD_TRY(need(h, &t, "", "fc.weight", D, e3 ? 3 * D : 2 * D));
+    const int64_t in = e3 ? 2 * D : D;
+    const int64_t rows[7] = {QD, KVD, KVD, D, F, F, D}, cols[7] = {in, in, in, QD, D, D, F};
+    for (int i = 0; i < 7; i++) {
+        SD_TRY(need(h, &t, h->layer, g_layer_mats[i], rows[i], cols[i]));
+    }
+    SD_TRY(need(h, &t, h->layer, "post_attention_layernorm.weight", D, 0));
+    /* fc's bias: EAGLE-1/2 has one unless config.json says "bias": false (an absent key means
+     * a bias, as the authors' code reads it); EAGLE-3 may have one */
+    int bias = 1;
+    const int said = sd_json_get_bool(top, "bias", &bias);
+    const int has_bias = sd_st_find(h->st, "fc.bias") != NULL;
+    if (!e3 && bias != has_bias) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: config.json %s fc has a bias but the file %s 'fc.bias'", h->file,
+                            said ? (bias ? "says (\"bias\": true)" : "says (\"bias\": false) no")
+                                 : "has no \"bias\" key, which means",
+                            has_bias ? "holds" : "has no");
+    }
+    if (has_bias) {
+        SD_TRY(need(h, &t, "", "fc.bias", D, 0));
+    }
+    if (!e3) {
+        if (find(h, h->layer, "input_layernorm.weight") != NULL) {
+            return sd_set_error(SD_ERR_UNSUPPORTED,
+                                "%s: an EAGLE-1/2 layer with an input_layernorm is not the "
+                                "published layout (its layer reads fc's output unnormed)",
+                                h->file);
+        }
+        h->draft_vocab = h->vocab;
+        return check_all_known(h);
+    }
+    SD_TRY(need(h, &t, h->layer, "input_layernorm.weight", D, 0));
+    SD_TRY(need(h, &t, h->layer, "hidden_norm.weight", D, 0));
+    SD_TRY(need(h, &t, "", "norm.weight", D, 0));
+    const sd_tensor_info *lm = sd_st_find(h->st, "lm_head.weight");
+    if (lm == NULL || lm->n_dims != 2) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: missing tensor 'lm_head.weight' [draft vocab, %lld]", h->file,
+                            (long long)D);
+    }
+    h->draft_vocab = (int)lm->shape[0];
+    int64_t dv = 0;
+    if ((sd_json_get_int(top, "draft_vocab_size", &dv) ||
+         sd_json_get_int(layer_cfg, "draft_vocab_size", &dv)) &&
+        dv != h->draft_vocab) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: config.json's draft_vocab_size %lld disagrees with lm_head's %d "
+                            "rows",
+                            h->file, (long long)dv, h->draft_vocab);
+    }
+    if (h->draft_vocab < 1 || h->draft_vocab > h->vocab) {
+        return sd_set_error(SD_ERR_FORMAT, "%s: a draft vocabulary of %d for a vocabulary of %d",
+                            h->file, h->draft_vocab, h->vocab);
+    }
+    SD_TRY(need(h, &t, "", "lm_head.weight", h->draft_vocab, D));
+    SD_TRY(read_ids(h));
+    return check_all_known(h);
+}
+
+/* vLLM speculators' settings (its config nests the layer's in transformer_layer_config). */
+static sd_status speculators_settings(sd_head *h, const sd_json *top, const char *cfg_path) {
+    int nbr = 0;
+    if (sd_json_get_bool(top, "norm_before_residual", &nbr)) {
+        h->cfg.head_norm_residual = nbr;
+    }
+    const sd_json *ids = sd_json_get(top, "eagle_aux_hidden_state_layer_ids");
+    if (ids != NULL && ids->type != SD_JSON_NULL) {
+        if (ids->type != SD_JSON_ARRAY || ids->n != 3) {
+            return sd_set_error(SD_ERR_FORMAT,
+                                "%s: \"eagle_aux_hidden_state_layer_ids\" must list 3 layers",
+                                cfg_path);
+        }
+        for (int i = 0; i < 3; i++) {
+            const sd_json *v = &ids->items[i];
+            if (v->type != SD_JSON_NUMBER || !v->is_integer || v->integer < 0 ||
+                v->integer > 100000) {
+                return sd_set_error(SD_ERR_FORMAT,
+                                    "%s: \"eagle_aux_hidden_state_layer_ids\"[%d] is not a layer",
+                                    cfg_path, i);
+            }
+            h->aux[i] = (int32_t)v->integer;
+        }
+        h->n_aux = 3;
+    }
+    int64_t th = 0;
+    if (sd_json_get_int(top, "target_hidden_size", &th) && th != h->cfg.hidden_size) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "%s: \"target_hidden_size\" %lld differs from the head's hidden size "
+                            "%d (a projected target is not supported)",
+                            cfg_path, (long long)th, h->cfg.hidden_size);
+    }
+    return SD_OK;
+}
+
+sd_status sd_head_load(sd_head **out, const char *path) {
+    *out = NULL;
+    sd_head *h = calloc(1, sizeof(*h));
+    const size_t n = strlen(path);
+    char *buf = malloc(n + 32);
+    if (h == NULL || buf == NULL) {
+        free(h);
+        free(buf);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory loading a head");
+    }
+    snprintf(buf, n + 32, "%s/config.json", path);
+    sd_json *cfg = NULL;
+    sd_status st = sd_json_read_file(&cfg, buf);
+    if (st == SD_OK && cfg->type != SD_JSON_OBJECT) {
+        st = sd_set_error(SD_ERR_FORMAT, "%s is not a JSON object", buf);
+    }
+    const sd_json *layer_cfg = cfg;
+    if (st == SD_OK) {
+        const sd_json *tl = sd_json_get(cfg, "transformer_layer_config");
+        layer_cfg = tl != NULL && tl->type == SD_JSON_OBJECT ? tl : cfg;
+        const char *weights[2] = {"model.safetensors", "pytorch_model.bin"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(h->file, sizeof(h->file), "%s/%s", path, weights[i]);
+            if (is_file(h->file)) {
+                break;
+            }
+        }
+        st = sd_tensor_set_open_file(&h->st, h->file);
+    }
+    if (st == SD_OK) {
+        st = sd_config_from_hf(&h->cfg, layer_cfg, buf, h->st);
+    }
+    if (st == SD_OK && h->cfg.n_layers != 1) {
+        st = sd_set_error(SD_ERR_UNSUPPORTED,
+                          "%s: \"num_hidden_layers\" = %d; EAGLE heads of one layer are supported",
+                          buf, h->cfg.n_layers);
+    }
+    if (st == SD_OK && (h->cfg.arch != SD_ARCH_LLAMA || h->cfg.sliding_window > 0)) {
+        st = sd_set_error(SD_ERR_UNSUPPORTED, "%s: a head's layer must be a llama layer, not %s",
+                          buf, h->cfg.arch_name);
+    }
+    if (st == SD_OK) {
+        h->vocab = h->cfg.vocab_size;
+        st = speculators_settings(h, cfg, buf);
+    }
+    if (st == SD_OK) {
+        st = check_tensors(h, cfg, layer_cfg);
+    }
+    sd_json_free(cfg);
+    free(buf);
+    if (st != SD_OK) {
+        sd_head_free(h);
+        return st;
+    }
+    h->cfg.head = h->kind;
+    *out = h;
+    return SD_OK;
+}
+
+void sd_head_free(sd_head *h) {
+    if (h != NULL) {
+        sd_st_close(h->st);
+        free(h->ids);
+        free(h);
+    }
+}
+
+int sd_head_kind_of(const sd_head *h) {
+    return h->kind;
+}
+
+int sd_head_aux_layers(const sd_head *h, const sd_model *target, int32_t *aux) {
+    if (h->kind != SD_HEAD_EAGLE3) {
+        return 0;
+    }
+    const int L = target->cfg.n_layers;
+    for (int i = 0; i < 3; i++) {
+        aux[i] = h->n_aux == 3 ? h->aux[i] : (i == 0 ? 2 : i == 1 ? L / 2 : L - 3);
+    }
+    return 3;
+}
+
+int sd_head_feature_width(const sd_head *h, const sd_model *target) {
+    return (h->kind == SD_HEAD_EAGLE3 ? 3 : 1) * target->cfg.hidden_size;
+}
+
+int sd_head_vocab(const sd_head *h, const sd_model *target) {
+    return h->kind == SD_HEAD_EAGLE3 ? h->draft_vocab : target->cfg.vocab_size;
+}
+
+const int32_t *sd_head_target_ids(const sd_head *h) {
+    return h->kind == SD_HEAD_EAGLE3 ? h->ids : NULL;
+}
+
+double sd_head_cost(const sd_head *h, const sd_model *target) {
+    size_t bytes = 0;
+    for (int i = 0; i < h->st->n_tensors; i++) {
+        bytes += strcmp(h->st->tensors[i].name, "embed_tokens.weight") != 0
+                     ? h->st->tensors[i].nbytes
+                     : 0;
+    }
+    if (h->kind == SD_HEAD_EAGLE) {
+        bytes += (size_t)target->w.output.rows * target->w.output.row_bytes;
+    }
+    return (double)bytes / (double)(target->weight_bytes > 0 ? target->weight_bytes : 1);
+}
+
+sd_status sd_head_check(const sd_head *h, const sd_model *target) {
+    const sd_config *t = &target->cfg;
+    if (h->cfg.hidden_size != t->hidden_size) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "the head's hidden size %d does not match the target's %d (%s)",
+                            h->cfg.hidden_size, t->hidden_size, h->file);
+    }
+    if (h->vocab != t->vocab_size) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "the head's vocabulary of %d does not match the target's %d (%s)",
+                            h->vocab, t->vocab_size, h->file);
+    }
+    if (target->cuda != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "EAGLE heads read the target's features, which come from CPU models "
+                            "only so far");
+    }
+    if (t->head) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "a head's target cannot be a head");
+    }
+    int32_t aux[3];
+    for (int i = 0, n = sd_head_aux_layers(h, target, aux); i < n; i++) {
+        if (aux[i] < 0 || aux[i] >= t->n_layers) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "the EAGLE-3 head reads the target's layer %d, but the target has "
+                                "%d layers (%s)",
+                                aux[i], t->n_layers, h->file);
+        }
+    }
+    return SD_OK;
+}
+
+/* A view of the tensor as a matrix (its shape checked at load). */
+static sd_mat mat_of(const sd_tensor_info *t) {
+    sd_mat m;
+    memset(&m, 0, sizeof(m));
+    m.data = t->data;
+    m.type = t->type;
+    m.rows = t->shape[0];
+    m.cols = t->shape[1];
+    m.row_bytes = sd_row_bytes(t->type, m.cols);
+    m.tensor_id = -1;
+    return m;
+}
+
+/* An f32 copy of the vector tensor prefix+name into dst (its length checked at load). */
+static const float *vec_of(const sd_head *h, float *dst, const char *prefix, const char *name) {
+    const sd_tensor_info *t = find(h, prefix, name);
+    if (t == NULL) {
+        return NULL;
+    }
+    sd_type_get(t->type)->to_float(dst, t->data, t->shape[0]);
+    return dst;
+}
+
+sd_status sd_head_bind(sd_model **out, const sd_head *h, sd_model *target) {
+    *out = NULL;
+    SD_TRY(sd_head_check(h, target));
+    sd_model *m = calloc(1, sizeof(*m));
+    const size_t D = (size_t)h->cfg.hidden_size, Dh = (size_t)h->cfg.head_dim;
+    if (m != NULL) {
+        m->w.layers = calloc(1, sizeof(sd_layer));
+        m->vectors = malloc(6 * D * sizeof(float));
+        m->rope_freq = malloc(Dh / 2 * sizeof(double));
+    }
+    if (m == NULL || m->w.layers == NULL || m->vectors == NULL || m->rope_freq == NULL) {
+        sd_model_free(m);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory binding a head");
+    }
+    m->cfg = h->cfg;
+    m->cfg.vocab_size = target->cfg.vocab_size;
+    m->cfg.context_length = target->cfg.context_length;
+    m->cfg.weight_type = SD_TYPE_F32;
+    m->device = SD_DEVICE_CPU;
+    m->pool = target->pool;
+    m->borrowed_pool = 1;
+    sd_weights *w = &m->w;
+    sd_layer *L = w->layers;
+    w->tok_embd = target->w.tok_embd;
+    sd_mat *mats[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    for (int i = 0; i < 7; i++) {
+        *mats[i] = mat_of(find(h, h->layer, g_layer_mats[i]));
+        m->weight_bytes += (size_t)mats[i]->rows * mats[i]->row_bytes;
+    }
+    w->fc = mat_of(sd_st_find(h->st, "fc.weight"));
+    m->weight_bytes += (size_t)w->fc.rows * w->fc.row_bytes;
+    float *v = m->vectors;
+    L->ffn_norm = vec_of(h, v, h->layer, "post_attention_layernorm.weight");
+    w->fc_bias = vec_of(h, v + D, "", "fc.bias");
+    if (h->kind == SD_HEAD_EAGLE3) {
+        L->attn_norm = vec_of(h, v + 2 * D, h->layer, "input_layernorm.weight");
+        L->hidden_norm = vec_of(h, v + 3 * D, h->layer, "hidden_norm.weight");
+        w->out_norm = vec_of(h, v + 4 * D, "", "norm.weight");
+        w->output = mat_of(sd_st_find(h->st, "lm_head.weight"));
+    } else {
+        w->output = target->w.output; /* no norm before it: the head's output is the feature */
+    }
+    m->weight_bytes += (size_t)w->output.rows * w->output.row_bytes;
+    sd_config_rope_freq(m->rope_freq, &m->cfg, NULL);
+    *out = m;
+    return SD_OK;
+}
+
+sd_status sd_head_rows(const sd_head *h, sd_model *hm, int T, const int32_t *tokens, const float *f,
+                       int from_target, float *x) {
+    const size_t D = (size_t)hm->cfg.hidden_size;
+    if (T < 1) {
+        return SD_OK;
+    }
+    if (h->kind == SD_HEAD_EAGLE3 && !from_target) { /* the parent's output enters as it is */
+        memcpy(x, f, (size_t)T * D * sizeof(float));
+        return SD_OK;
+    }
+    const float *in = f; /* EAGLE-3: (T, 3D) the target's taps */
+    float *cat = NULL;
+    if (h->kind == SD_HEAD_EAGLE) { /* (T, 2D): cat(embedding of the row's token, feature) */
+        cat = malloc((size_t)T * 2 * D * sizeof(float));
+        if (cat == NULL) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory for a head's rows");
+        }
+        const sd_type_traits *et = sd_type_get(hm->w.tok_embd.type);
+        for (int t = 0; t < T; t++) {
+            et->to_float(cat + (size_t)t * 2 * D,
+                         (const unsigned char *)hm->w.tok_embd.data +
+                             (size_t)tokens[t] * hm->w.tok_embd.row_bytes,
+                         (int64_t)D);
+            memcpy(cat + (size_t)t * 2 * D + D, f + (size_t)t * D, D * sizeof(float));
+        }
+        in = cat;
+    }
+    sd_matmul_job job = {x, in, &hm->w.fc, hm->w.fc_bias, 0};
+    sd_matmul(hm->pool, T, &job, 1, NULL, 0);
+    free(cat);
+    return SD_OK;
+}
+
+sd_status sd_head_map_logits(const sd_head *h, int V, const float *raw, int n, float *out) {
+    if (h->kind != SD_HEAD_EAGLE3) {
+        if (out != raw) {
+            memmove(out, raw, (size_t)n * (size_t)V * sizeof(float));
+        }
+        return SD_OK;
+    }
+    const int Vd = h->draft_vocab;
+    float *row = malloc((size_t)Vd * sizeof(float));
+    if (row == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for a head's logits");
+    }
+    /* backwards, each raw row copied first: out may begin where raw does (rows of V >= Vd) */
+    for (int r = n - 1; r >= 0; r--) {
+        memcpy(row, raw + (size_t)r * (size_t)Vd, (size_t)Vd * sizeof(float));
+        float *o = out + (size_t)r * (size_t)V;
+        for (int i = 0; i < V; i++) {
+            o[i] = -INFINITY;
+        }
+        for (int d = 0; d < Vd; d++) {
+            o[h->ids[d]] = row[d];
+        }
+    }
+    free(row);
+    return SD_OK;
+}
+
+sd_status sd_head_draft_logits(const sd_head *h, sd_model *target, const int32_t *tokens, int n,
+                               float *out) {
+    if (n < 2) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "draft logits need at least 2 tokens (row t predicts token t + 2)");
+    }
+    SD_TRY(sd_head_check(h, target));
+    const int D = target->cfg.hidden_size, V = target->cfg.vocab_size;
+    const int W = sd_head_feature_width(h, target);
+    int32_t aux_layers[3];
+    const int n_aux = sd_head_aux_layers(h, target, aux_layers);
+    sd_kv_cache *kv = NULL, *hkv = NULL;
+    sd_model *hm = NULL;
+    float *fbuf = malloc((size_t)n * (size_t)(D + 3 * D) * sizeof(float));
+    float *feat = malloc((size_t)n * (size_t)W * sizeof(float));
+    float *x = malloc((size_t)n * (size_t)D * sizeof(float));
+    sd_status st = fbuf != NULL && feat != NULL && x != NULL
+                       ? SD_OK
+                       : sd_set_error(SD_ERR_NOMEM, "out of memory for draft logits");
+    if (st == SD_OK) {
+        st = sd_kv_cache_create(&kv, target, n);
+    }
+    if (st == SD_OK) { /* the target's features of every position */
+        sd_batch b = {0};
+        b.n_tokens = n;
+        b.tokens = tokens;
+        b.hidden = n_aux == 0 ? fbuf : NULL;
+        b.aux = n_aux > 0 ? fbuf : NULL;
+        b.aux_layers = aux_layers;
+        b.n_aux = n_aux;
+        st = sd_forward(target, kv, &b, NULL);
+    }
+    if (st == SD_OK) {
+        for (int t = 0; t < n; t++) { /* position-major rows */
+            for (int i = 0; i < (n_aux > 0 ? n_aux : 1); i++) {
+                memcpy(feat + (size_t)t * (size_t)W + (size_t)i * (size_t)D,
+                       fbuf + ((size_t)i * (size_t)n + (size_t)t) * (size_t)D,
+                       (size_t)D * sizeof(float));
+            }
+        }
+        st = sd_head_bind(&hm, h, target);
+    }
+    if (st == SD_OK) {
+        st = sd_kv_cache_create(&hkv, hm, n - 1);
+    }
+    if (st == SD_OK) {
+        st = sd_head_rows(h, hm, n - 1, tokens + 1, feat, 1, x);
+    }
+    if (st == SD_OK) {
+        sd_batch b = {0};
+        b.n_tokens = n - 1;
+        b.tokens = tokens + 1;
+        b.embd = x;
+        b.n_logits = n - 1;
+        st = sd_forward(hm, hkv, &b, out); /* (n - 1, Vd), spread to V below */
+    }
+    if (st == SD_OK) {
+        st = sd_head_map_logits(h, V, out, n - 1, out);
+    }
+    sd_kv_cache_free(hkv);
+    sd_model_free(hm);
+    sd_kv_cache_free(kv);
+    free(fbuf);
+    free(feat);
+    free(x);
+    return st;
+}

@@ -1,0 +1,247 @@
+/* eagle.c — the EAGLE drafter (EAGLE-1/2 and EAGLE-3 heads, model/head.h): the head keeps its
+ * own cache of the text's rows, each fed with the target's features of its position; a step
+ * first feeds the rows the last verify made known (the accepted tokens' features), then grows a
+ * tree from the text's last token (model_tree.h: EAGLE-2's dynamic tree, or a chain), each
+ * drafted row reading its parent's output in place of the target's features. After the verify
+ * the head's cache forgets the drafted rows: the accepted tokens come back with the target's
+ * own features at the next step, as the EAGLE authors' code does.
+ *
+ * Rows and positions: the head's row at position t reads token text[t + 1] and predicts text[t +
+ * 2], so its cache lags the text by one: after the root is fed it holds positions 0 .. len - 2
+ * (len - 1 slots), the root's row last, and a node at depth d sits at position len - 2 + d. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/head.h"
+#include "spec/drafter.h"
+#include "spec/drafters/model_tree.h"
+#include "spec/loop.h"
+#include "util/status.h"
+
+#define FED_MAX (SD_MAX_TREE_NODES + 1)
+
+/* A request's state. */
+typedef struct {
+    const sd_head *head;
+    sd_model *hm;        /* the head over this request's target */
+    sd_kv_cache *hkv;    /* its rows of the text (target features), then a step's nodes */
+    sd_model_tree *tree; /* the step's tree */
+    sd_spec_loop *L;
+    int D, V, Vd;
+    float *out;  /* (FED_MAX, D) the head's output at each fed node (0: the root) */
+    float *x;    /* (rows, D) rows entering the head's layer */
+    float *f;    /* (rows, W) their features */
+    float *last; /* (rows, D) the head's outputs of a forward (its aux layer 1) */
+    float *raw;  /* (rows, V) logits before their spreading to the target's ids */
+    int rows;    /* the rows x, f, last and raw hold */
+    int prefix;  /* the text's rows the head held after the last step's root */
+} eagle_state;
+
+static sd_status grow_rows(eagle_state *s, int T, int W) {
+    if (T <= s->rows) {
+        return SD_OK;
+    }
+    free(s->x);
+    free(s->f);
+    free(s->last);
+    free(s->raw);
+    s->x = malloc((size_t)T * (size_t)s->D * sizeof(float));
+    s->f = malloc((size_t)T * (size_t)W * sizeof(float));
+    s->last = malloc((size_t)T * (size_t)s->D * sizeof(float));
+    s->raw = malloc((size_t)T * (size_t)s->Vd * sizeof(float));
+    s->rows = 0;
+    if (s->x == NULL || s->f == NULL || s->last == NULL || s->raw == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for the EAGLE head's rows");
+    }
+    s->rows = T;
+    return SD_OK;
+}
+
+/* The head's forward over b (its rows x already in s->x): logits of its last n_logits rows
+ * into logits (n_logits, V, the target's ids), every row's output into s->last. */
+static sd_status head_forward(eagle_state *s, sd_batch *b, float *logits) {
+    static const int32_t after_layer[1] = {1};
+    b->embd = s->x;
+    b->aux_layers = after_layer;
+    b->n_aux = 1;
+    b->aux = s->last;
+    SD_TRY(sd_forward(s->hm, s->hkv, b, s->raw));
+    return sd_head_map_logits(s->head, s->V, s->raw, b->n_logits, logits);
+}
+
+/* The root: the text's rows the head lacks, positions have .. len - 2, with the target's
+ * features (known for every position but the last token's), the root's row last. */
+static sd_status feed_root(void *ctx, sd_spec_loop *L, float *logits, int *prefix) {
+    eagle_state *s = ctx;
+    const int have = sd_kv_cache_length(s->hkv), T = L->len - 1 - have;
+    *prefix = s->prefix = have;
+    if (T < 1) {
+        return SD_OK; /* a one-token prompt: no features yet */
+    }
+    const int W = L->feat_w;
+    SD_TRY(grow_rows(s, T, W));
+    memcpy(s->f, sd_spec_features(L, have), (size_t)T * (size_t)W * sizeof(float));
+    SD_TRY(sd_head_rows(s->head, s->hm, T, L->hist + have + 1, s->f, 1, s->x));
+    sd_batch b = {0};
+    b.n_tokens = T;
+    b.tokens = L->hist + have + 1;
+    b.n_logits = 1;
+    SD_TRY(head_forward(s, &b, logits));
+    memcpy(s->out, s->last + (size_t)(T - 1) * (size_t)s->D, (size_t)s->D * sizeof(float));
+    *prefix = s->prefix = L->len - 1;
+    return SD_OK;
+}
+
+/* A depth's nodes: each row reads its parent's output in place of the target's features. */
+static sd_status feed_nodes(void *ctx, const sd_batch *bt, const int *parent_fed, int first,
+                            float *logits) {
+    eagle_state *s = ctx;
+    const int T = bt->n_tokens, D = s->D;
+    SD_TRY(grow_rows(s, T, s->L->feat_w));
+    for (int j = 0; j < T; j++) {
+        memcpy(s->f + (size_t)j * (size_t)D, s->out + (size_t)parent_fed[j] * (size_t)D,
+               (size_t)D * sizeof(float));
+    }
+    SD_TRY(sd_head_rows(s->head, s->hm, T, bt->tokens, s->f, 0, s->x));
+    sd_batch b = *bt;
+    SD_TRY(head_forward(s, &b, logits));
+    if (first + T > FED_MAX) {
+        return sd_set_error(SD_ERR_INTERNAL, "an EAGLE tree fed more than %d nodes", FED_MAX);
+    }
+    memcpy(s->out + (size_t)first * (size_t)D, s->last, (size_t)T * (size_t)D * sizeof(float));
+    return SD_OK;
+}
+
+static sd_status eagle_check(const sd_drafter *d, const sd_model *m, int n_prompt,
+                             int max_new_tokens) {
+    (void)n_prompt;
+    (void)max_new_tokens;
+    return sd_head_check(d->shared, m);
+}
+
+static int eagle_features(const sd_drafter *d, const sd_model *target, int32_t *aux, int *n_aux) {
+    *n_aux = sd_head_aux_layers(d->shared, target, aux);
+    return *n_aux ==
+           0; /* EAGLE-1/2: the final-normed hidden state; EAGLE-3: three layers' inputs */
+}
+
+static void eagle_end(const sd_drafter *d, void *state) {
+    (void)d;
+    eagle_state *s = state;
+    if (s != NULL) {
+        sd_model_tree_free(s->tree);
+        sd_kv_cache_free(s->hkv);
+        sd_model_free(s->hm);
+        free(s->out);
+        free(s->x);
+        free(s->f);
+        free(s->last);
+        free(s->raw);
+        free(s);
+    }
+}
+
+/* The tree's parameters: a chain (branching 1) keeps k nodes. */
+static sd_draft_params tree_params(const sd_drafter *d) {
+    sd_draft_params dp = d->u.m.dp;
+    if (dp.branching == 1) {
+        dp.nodes = dp.k;
+    }
+    return dp;
+}
+
+static sd_status eagle_begin(const sd_drafter *d, void **state, sd_spec_loop *L) {
+    eagle_state *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    *state = s;
+    s->head = d->shared;
+    s->L = L;
+    s->D = L->m->cfg.hidden_size;
+    s->V = L->m->cfg.vocab_size;
+    s->Vd = sd_head_vocab(s->head, L->m);
+    s->out = malloc((size_t)FED_MAX * (size_t)s->D * sizeof(float));
+    if (s->out == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory");
+    }
+    if (L->feat == NULL) {
+        return sd_set_error(SD_ERR_INTERNAL, "the loop kept no features for the EAGLE drafter");
+    }
+    SD_TRY(sd_head_bind(&s->hm, s->head, L->m));
+    SD_TRY(sd_kv_cache_create(&s->hkv, s->hm, L->capacity));
+    const sd_draft_params dp = tree_params(d);
+    return sd_model_tree_create(&s->tree, &dp, L);
+}
+
+static sd_status eagle_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
+                               sd_draft *out) {
+    (void)room; /* the tree keeps within sd_spec_tree_room */
+    eagle_state *s = state;
+    s->L = L;
+    const sd_tree_feeder fd = {feed_root, feed_nodes, s};
+    const sd_draft_params dp = tree_params(d);
+    return sd_model_tree_propose(s->tree, L, s->hm, s->hkv, 0, &dp, &fd, out);
+}
+
+/* The drafted rows are forgotten: the head keeps the text's rows fed with the target's
+ * features (positions 0 .. len - 2 of the proposal's text). */
+static sd_status eagle_commit(const sd_drafter *d, void *state, sd_spec_loop *L,
+                              const sd_draft *draft, int n_acc, int32_t next) {
+    (void)d;
+    (void)draft;
+    (void)n_acc;
+    (void)next;
+    (void)L;
+    eagle_state *s = state;
+    const int n = sd_kv_cache_length(s->hkv);
+    return sd_kv_cache_set_length(s->hkv, s->prefix < n ? s->prefix : n);
+}
+
+static double eagle_cost(const sd_drafter *d, const sd_model *target) {
+    return sd_head_cost(d->shared, target);
+}
+
+static void eagle_destroy(sd_drafter *d) {
+    sd_head_free(d->shared);
+    d->shared = NULL;
+}
+
+static const sd_drafter_ops eagle_ops = {
+    .name = "eagle",
+    .check = eagle_check,
+    .begin = eagle_begin,
+    .propose = eagle_propose,
+    .commit = eagle_commit,
+    .cost = eagle_cost,
+    .end = eagle_end,
+    .destroy = eagle_destroy,
+    .features = eagle_features,
+};
+
+const sd_head *sd_drafter_head(const sd_drafter *d) {
+    return d->ops == &eagle_ops ? d->shared : NULL;
+}
+
+sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp) {
+    *out = NULL;
+    if (head == NULL) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "the EAGLE head is missing");
+    }
+    /* the depth is the draft params' k (named so for the user) */
+    sd_status st = dp->k >= 1 && dp->k <= SD_MAX_DRAFT
+                       ? sd_drafter_check_draft_params(dp)
+                       : sd_set_error(SD_ERR_INVALID_ARG, "depth must be in [1, %d], got %d",
+                                      SD_MAX_DRAFT, dp->k);
+    if (st == SD_OK) {
+        st = sd_drafter_alloc(out, &eagle_ops, dp->branching > 1 ? dp->nodes : dp->k, 1);
+    }
+    if (st != SD_OK) {
+        sd_head_free(head);
+        return st;
+    }
+    (*out)->shared = head;
+    (*out)->context = 1 << 30;
+    (*out)->u.m.dp = *dp;
+    return SD_OK;
+}
