@@ -457,6 +457,7 @@ sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling 
 typedef enum {
     SD_HEAD_EAGLE = 1,  /* EAGLE-1/2: fc [D, 2D], one layer, the target's output head */
     SD_HEAD_EAGLE3 = 3, /* EAGLE-3: fc [D, 3D], the 2D-input midlayer, its own draft vocabulary */
+    SD_HEAD_MEDUSA = 4, /* Medusa-1: medusa_lm_head.safetensors or .pt */
 } sd_head_kind;
 typedef struct sd_head sd_head;
 
@@ -470,9 +471,10 @@ int sd_head_kind_of(const sd_head *head);
  * (hidden size, vocabulary, the layers EAGLE-3 reads), or the target cannot give features (a
  * CUDA target, so far). */
 sd_status sd_head_check(const sd_head *head, const sd_model *target);
-/* The head's teacher-forced logits over tokens[0 .. n) (n >= 2): row t of out (n - 1, V) holds
- * its logits for token t + 2 from the target's features at positions <= t and token t + 1,
- * -inf where a reduced draft vocabulary has no entry. Runs the target over the tokens once. */
+/* The head's teacher-forced logits over tokens[0 .. n) (n >= 2): for EAGLE, row t of out
+ * (n - 1, V) holds its logits for token t + 2 from the target's features at positions <= t and
+ * token t + 1, -inf where a reduced draft vocabulary has no entry; for Medusa, out (heads, n, V)
+ * holds head i's logits for token t + 2 + i at row t. Runs the target over the tokens once. */
 sd_status sd_head_draft_logits(const sd_head *head, sd_model *target, const int32_t *tokens, int n,
                                float *out);
 /* EAGLE drafting: at each step the head extends the text with what the target's last verify
@@ -481,8 +483,21 @@ sd_status sd_head_draft_logits(const sd_head *head, sd_model *target, const int3
  * nodes are kept as sd_draft_params documents, so sampling stays exact), one head forward per
  * depth. The drafter owns `head` from now on (also on failure). CPU targets only so far. */
 sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp);
-/* An EAGLE drafter's head (its owner is the drafter), or NULL for other drafters. */
+/* Medusa (Cai et al. 2024): each step, the heads read the target's last hidden state (from the
+ * verify forward) and a static tree is filled from their best tokens: node i of `paths` (n_paths
+ * of them, path i = paths[start[i] .. start[i] + len[i]), 1 <= len[i] <= the head count) takes
+ * rank paths[start[i] + len[i] - 1] of head len[i] - 1's tokens, its parent the path without its
+ * last entry (listed before it). The children are deterministic, so the tree rule keeps the
+ * output exactly the target's (Medusa's lossy "typical acceptance" is not offered). paths NULL:
+ * a default tree of 3 + 3 + 2 per further head nodes (medusa.c). The drafter owns `head` (also on
+ * failure). CPU targets only so far. */
+#define SD_MEDUSA_MAX_RANK 16
+sd_status sd_drafter_medusa(sd_drafter **out, sd_head *head, const int32_t *paths,
+                            const int32_t *start, const int32_t *len, int n_paths);
+/* A learned drafter's head (its owner is the drafter), or NULL for other drafters; Medusa's head
+ * count (0 for other heads). */
 const sd_head *sd_drafter_head(const sd_drafter *drafter);
+int sd_head_medusa_heads(const sd_head *head);
 
 /* The most draft tokens the drafter proposes per step (the length of sd_spec_stats' per-position
  * counts it fills), and its name ("prompt_lookup", "draft_model", "layerskip"). */

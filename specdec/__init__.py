@@ -21,10 +21,10 @@ from .aio import AsyncStream, agenerate, astream
 from .dummy import dummy_model
 from .generate import Generation, generate, stream
 from .model import Model, ModelConfig, load
-from .speculators import (DraftModel, Eagle, LayerSkip, PromptLookup, SpecStats, Speculator,
-                          TokenRecycling)
+from .speculators import (DraftModel, Eagle, LayerSkip, Medusa, PromptLookup, SpecStats,
+                          Speculator, TokenRecycling)
 
-__all__ = ["AsyncStream", "DraftModel", "Eagle", "Generation", "KVCache", "LayerSkip", "Model",
-           "ModelConfig", "PromptLookup", "SpecStats", "Speculator", "TokenRecycling", "agenerate",
-           "astream", "dummy_model", "generate", "load", "stream"]
+__all__ = ["AsyncStream", "DraftModel", "Eagle", "Generation", "KVCache", "LayerSkip", "Medusa",
+           "Model", "ModelConfig", "PromptLookup", "SpecStats", "Speculator", "TokenRecycling",
+           "agenerate", "astream", "dummy_model", "generate", "load", "stream"]
 __version__ = "0.1.0"

@@ -153,7 +153,7 @@ class Eagle(Speculator):
         self.path = _head_path(path)
         self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
                                     _int("branching", branching), _int("nodes", nodes))
-        self.kind = "eagle3" if _core.head_kind(self._drafter) == 3 else "eagle"
+        self.kind = "eagle3" if _core.head_info(self._drafter)[0] == 3 else "eagle"
         self.depth = depth
         self.branching = branching
         self.nodes = nodes
@@ -168,6 +168,51 @@ class Eagle(Speculator):
         (len(tokens) - 1, vocab) whose row t holds the logits for token t + 2, from the
         target's features at positions <= t and token t + 1; -inf outside a reduced draft
         vocabulary. Runs the target over ``tokens`` once."""
+        from .model import Model
+
+        if not isinstance(target, Model):
+            raise TypeError(f"target must be a specdec.Model, got {type(target).__name__}")
+        return _core.head_draft_logits(self._drafter, target._core, list(tokens))
+
+
+class Medusa(Speculator):
+    """Medusa-1's heads (Cai et al. 2024): extra heads over the target's last hidden state, head
+    i predicting the token i + 2 ahead, loaded from a directory holding
+    ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt`` (read without torch) as
+    ``medusa_model.py`` saves them (``{i}.{j}.linear.weight/bias`` residual blocks, then
+    ``{i}.{blocks}.weight``); the head and block counts come from the tensors.
+
+    Each step the heads read the hidden state the last verify forward computed, and a static
+    tree is filled from their best tokens: ``tree`` is a list of paths, path ``(r1, ..., rd)``
+    the node holding rank ``rd`` of head ``d - 1``'s tokens, below the node of
+    ``(r1, ..., r(d-1))``, which must be listed first (at most 64 paths, ranks < 16, no path
+    longer than the head count). ``None``: a small default for CPUs, the first head's 3 best,
+    the second's 2 best below the best and 1 below the second, then the best chain with one
+    second-best leaf per further head. The nodes are verified by the exact tree rule, so the
+    output is the target's; Medusa's "typical acceptance" (lossy) is not offered. CPU targets
+    only so far.
+    """
+
+    def __init__(self, path: Any, tree: Any = None) -> None:
+        import os
+
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a directory, got {type(path).__name__}")
+        self.path = os.fspath(path)
+        if not os.path.isdir(self.path):
+            raise FileNotFoundError(f"no Medusa head directory at {self.path!r}")
+        paths = None if tree is None else [tuple(_int("tree rank", r) for r in p) for p in tree]
+        self._drafter = _core.medusa(self.path, paths)
+        self.tree = None if tree is None else paths
+        self.heads = _core.head_info(self._drafter)[1]
+
+    def __repr__(self) -> str:
+        return f"Medusa({self.path!r}, tree={self.tree!r})  # {self.heads} heads"
+
+    def draft_logits(self, target: "Model", tokens: Sequence[int]) -> Any:
+        """The heads' logits over ``tokens``: a float32 array (heads, len(tokens), vocab) whose
+        head i, row t holds the logits for token t + 2 + i, from the target's final-normed
+        hidden state at t. Runs the target over ``tokens`` once."""
         from .model import Model
 
         if not isinstance(target, Model):

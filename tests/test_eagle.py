@@ -174,11 +174,15 @@ def ref_head_logits(kind: str, hw: dict, target_w: dict, tokens, nbr: bool = Fal
     return out
 
 
+def make_target(d):
+    """The 6-layer target, written under d and loaded with an f32 cache: (model, TinyModel)."""
+    tiny = tm.write_model(d, "eagle_target", "gguf-f32-v3", cfg=TARGET, seed=21)
+    return specdec.load(str(tiny.path), kv_dtype="f32"), tiny
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    tiny = tm.write_model(tmp_path_factory.mktemp("eagle_target"), "eagle_target", "gguf-f32-v3",
-                          cfg=TARGET, seed=21)
-    return specdec.load(str(tiny.path), kv_dtype="f32"), tiny
+    return make_target(tmp_path_factory.mktemp("eagle_target"))
 
 
 KINDS = [("eagle", True), ("eagle", False), ("eagle3", False), ("speculators", False)]
@@ -296,8 +300,12 @@ def v5_head(d, kind: str):
 
 @pytest.fixture(scope="module")
 def v5(tmp_path_factory):
-    """The vocabulary-5 target (4 layers: EAGLE-3's taps) and its processed reference rows."""
-    d = tmp_path_factory.mktemp("v5eagle")
+    return make_v5_four_layers(tmp_path_factory.mktemp("v5eagle"))
+
+
+def make_v5_four_layers(d):
+    """The vocabulary-5 target (4 layers: EAGLE-3's taps) written under d, loaded, and its
+    processed reference rows: (model, row(weights, seq, setting), weights, d)."""
     w = tm.make_weights(V5, 11)
     testing.write_gguf(str(d / "t.gguf"), V5, w)
     cache: dict = {}

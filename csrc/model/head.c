@@ -26,6 +26,11 @@ struct sd_head {
     int32_t *ids;      /* EAGLE-3: (draft_vocab) target id of each draft id */
     int n_aux;         /* EAGLE-3: 3 taps named by the config, or 0 (2, L / 2, L - 3) */
     int32_t aux[3];
+    /* Medusa: head i's residual blocks mats[i * (blocks + 1) + j] (D, D) with biases
+     * bias + (i * blocks + j) * D, then its output head mats[i * (blocks + 1) + blocks] (V, D) */
+    int heads, blocks;
+    sd_mat *mats;
+    float *bias;
 };
 
 static const char *const g_layer_mats[7] = {
@@ -64,6 +69,19 @@ static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *
     }
     *out = t;
     return SD_OK;
+}
+
+/* A view of the tensor as a matrix (its shape checked at load). */
+static sd_mat mat_of(const sd_tensor_info *t) {
+    sd_mat m;
+    memset(&m, 0, sizeof(m));
+    m.data = t->data;
+    m.type = t->type;
+    m.rows = t->shape[0];
+    m.cols = t->shape[1];
+    m.row_bytes = sd_row_bytes(t->type, m.cols);
+    m.tensor_id = -1;
+    return m;
 }
 
 static int is_file(const char *path) {
@@ -279,6 +297,111 @@ static sd_status speculators_settings(sd_head *h, const sd_json *top, const char
     return SD_OK;
 }
 
+/* ---- Medusa ---------------------------------------------------------------------------------- */
+
+/* The tensor "{i}.{j}.{what}" of a Medusa file, or NULL. */
+static const sd_tensor_info *medusa_find(const sd_head *h, int i, int j, const char *what) {
+    char name[96];
+    snprintf(name, sizeof(name), "%d.%d.%s", i, j, what);
+    return sd_st_find(h->st, name);
+}
+
+/* Medusa-1's heads (Cai et al. 2024) as medusa_model.py saves them: head i is `blocks` residual
+ * blocks y + SiLU(W y + b) ("{i}.{j}.linear.weight/bias") and an output head "{i}.{blocks}.weight"
+ * [V, D]. The counts come from the tensors (the published Vicuna-7B config says 2 heads where
+ * the file holds 5). */
+static sd_status load_medusa(sd_head *h) {
+    const sd_tensor_info *t = NULL;
+    while (medusa_find(h, h->heads, 0, "linear.weight") != NULL ||
+           medusa_find(h, h->heads, 0, "weight") != NULL) {
+        h->heads++;
+    }
+    while (medusa_find(h, 0, h->blocks, "linear.weight") != NULL) {
+        h->blocks++;
+    }
+    const sd_tensor_info *o = h->heads > 0 ? medusa_find(h, 0, h->blocks, "weight") : NULL;
+    if (o == NULL || o->n_dims != 2) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: no Medusa heads ('0.0.linear.weight' ... '0.<blocks>.weight')",
+                            h->file);
+    }
+    const int64_t V = o->shape[0], D = o->shape[1];
+    h->cfg.hidden_size = (int)D;
+    h->vocab = (int)V;
+    h->kind = SD_HEAD_MEDUSA;
+    h->mats = calloc((size_t)h->heads * (size_t)(h->blocks + 1), sizeof(sd_mat));
+    h->bias = malloc(((size_t)h->heads * (size_t)h->blocks + 1) * (size_t)D * sizeof(float));
+    if (h->mats == NULL || h->bias == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory loading Medusa heads");
+    }
+    for (int i = 0; i < h->heads; i++) {
+        char pre[32];
+        for (int j = 0; j < h->blocks; j++) {
+            snprintf(pre, sizeof(pre), "%d.%d.", i, j);
+            SD_TRY(need(h, &t, pre, "linear.weight", D, D));
+            h->mats[i * (h->blocks + 1) + j] = mat_of(t);
+            SD_TRY(need(h, &t, pre, "linear.bias", D, 0));
+            sd_type_get(t->type)->to_float(
+                h->bias + ((size_t)i * (size_t)h->blocks + (size_t)j) * (size_t)D, t->data, D);
+        }
+        snprintf(pre, sizeof(pre), "%d.%d.", i, h->blocks);
+        SD_TRY(need(h, &t, pre, "weight", V, D));
+        h->mats[i * (h->blocks + 1) + h->blocks] = mat_of(t);
+    }
+    /* every tensor is one of those */
+    const int expect = h->heads * (2 * h->blocks + 1);
+    if (h->st->n_tensors != expect) {
+        for (int k = 0; k < h->st->n_tensors; k++) {
+            int i = -1, j = -1, used = 0;
+            const char *name = h->st->tensors[k].name;
+            if (sscanf(name, "%d.%d.%n", &i, &j, &used) < 2 || i < 0 || i >= h->heads || j < 0 ||
+                j > h->blocks ||
+                strcmp(name + used, j < h->blocks
+                                        ? (strstr(name, "bias") ? "linear.bias" : "linear.weight")
+                                        : "weight") != 0) {
+                return sd_set_error(SD_ERR_FORMAT,
+                                    "%s: tensor '%s' is not part of %d Medusa heads of %d "
+                                    "blocks",
+                                    h->file, name, h->heads, h->blocks);
+            }
+        }
+    }
+    return SD_OK;
+}
+
+int sd_head_medusa_heads(const sd_head *h) {
+    return h->kind == SD_HEAD_MEDUSA ? h->heads : 0;
+}
+
+sd_status sd_head_medusa_logits(const sd_head *h, sd_model *target, int T, const float *x,
+                                float *out) {
+    const size_t D = (size_t)h->cfg.hidden_size, V = (size_t)h->vocab;
+    float *y = malloc(2 * (size_t)T * D * sizeof(float));
+    if (y == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for Medusa's heads");
+    }
+    float *u = y + (size_t)T * D;
+    for (int i = 0; i < h->heads; i++) {
+        memcpy(y, x, (size_t)T * D * sizeof(float));
+        for (int j = 0; j < h->blocks; j++) { /* y += silu(W y + b) */
+            const float *b = h->bias + ((size_t)i * (size_t)h->blocks + (size_t)j) * D;
+            sd_matmul_job job = {u, y, &h->mats[i * (h->blocks + 1) + j], b, 0};
+            sd_matmul(target->pool, T, &job, 1, NULL, 0);
+            for (size_t e = 0; e < (size_t)T * D; e++) {
+                y[e] += u[e] / (1.0f + expf(-u[e]));
+            }
+        }
+        sd_matmul_job o = {out + (size_t)i * (size_t)T * V, y,
+                           &h->mats[i * (h->blocks + 1) + h->blocks], NULL, 0};
+        sd_matmul(target->pool, T, &o, 1, NULL, 0);
+    }
+    free(y);
+    return SD_OK;
+}
+
+/* ---- loading -----------------------------------------------------------------------------------
+ */
+
 sd_status sd_head_load(sd_head **out, const char *path) {
     *out = NULL;
     sd_head *h = calloc(1, sizeof(*h));
@@ -288,6 +411,23 @@ sd_status sd_head_load(sd_head **out, const char *path) {
         free(h);
         free(buf);
         return sd_set_error(SD_ERR_NOMEM, "out of memory loading a head");
+    }
+    static const char *const medusa_files[2] = {"medusa_lm_head.safetensors", "medusa_lm_head.pt"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(h->file, sizeof(h->file), "%s/%s", path, medusa_files[i]);
+        if (is_file(h->file)) { /* Medusa: the tensors say it all (config.json is not read) */
+            free(buf);
+            sd_status st = sd_tensor_set_open_file(&h->st, h->file);
+            if (st == SD_OK) {
+                st = load_medusa(h);
+            }
+            if (st != SD_OK) {
+                sd_head_free(h);
+                return st;
+            }
+            *out = h;
+            return SD_OK;
+        }
     }
     snprintf(buf, n + 32, "%s/config.json", path);
     sd_json *cfg = NULL;
@@ -342,6 +482,8 @@ void sd_head_free(sd_head *h) {
     if (h != NULL) {
         sd_st_close(h->st);
         free(h->ids);
+        free(h->mats);
+        free(h->bias);
         free(h);
     }
 }
@@ -383,6 +525,9 @@ double sd_head_cost(const sd_head *h, const sd_model *target) {
     if (h->kind == SD_HEAD_EAGLE) {
         bytes += (size_t)target->w.output.rows * target->w.output.row_bytes;
     }
+    if (h->kind == SD_HEAD_MEDUSA) { /* all heads at once, for a whole step */
+        bytes /= (size_t)(h->heads > 0 ? h->heads : 1);
+    }
     return (double)bytes / (double)(target->weight_bytes > 0 ? target->weight_bytes : 1);
 }
 
@@ -406,6 +551,9 @@ sd_status sd_head_check(const sd_head *h, const sd_model *target) {
     if (t->head) {
         return sd_set_error(SD_ERR_INVALID_ARG, "a head's target cannot be a head");
     }
+    if (h->kind == SD_HEAD_MEDUSA) {
+        return SD_OK;
+    }
     int32_t aux[3];
     for (int i = 0, n = sd_head_aux_layers(h, target, aux); i < n; i++) {
         if (aux[i] < 0 || aux[i] >= t->n_layers) {
@@ -416,19 +564,6 @@ sd_status sd_head_check(const sd_head *h, const sd_model *target) {
         }
     }
     return SD_OK;
-}
-
-/* A view of the tensor as a matrix (its shape checked at load). */
-static sd_mat mat_of(const sd_tensor_info *t) {
-    sd_mat m;
-    memset(&m, 0, sizeof(m));
-    m.data = t->data;
-    m.type = t->type;
-    m.rows = t->shape[0];
-    m.cols = t->shape[1];
-    m.row_bytes = sd_row_bytes(t->type, m.cols);
-    m.tensor_id = -1;
-    return m;
 }
 
 /* An f32 copy of the vector tensor prefix+name into dst (its length checked at load). */
@@ -549,6 +684,31 @@ sd_status sd_head_map_logits(const sd_head *h, int V, const float *raw, int n, f
     return SD_OK;
 }
 
+/* Medusa's (heads, n, V): head i at every position's final-normed hidden state. */
+static sd_status medusa_draft_logits(const sd_head *h, sd_model *target, const int32_t *tokens,
+                                     int n, float *out) {
+    sd_kv_cache *kv = NULL;
+    float *hid = malloc((size_t)n * (size_t)target->cfg.hidden_size * sizeof(float));
+    sd_status st =
+        hid != NULL ? SD_OK : sd_set_error(SD_ERR_NOMEM, "out of memory for draft logits");
+    if (st == SD_OK) {
+        st = sd_kv_cache_create(&kv, target, n);
+    }
+    if (st == SD_OK) {
+        sd_batch b = {0};
+        b.n_tokens = n;
+        b.tokens = tokens;
+        b.hidden = hid;
+        st = sd_forward(target, kv, &b, NULL);
+    }
+    if (st == SD_OK) {
+        st = sd_head_medusa_logits(h, target, n, hid, out);
+    }
+    sd_kv_cache_free(kv);
+    free(hid);
+    return st;
+}
+
 sd_status sd_head_draft_logits(const sd_head *h, sd_model *target, const int32_t *tokens, int n,
                                float *out) {
     if (n < 2) {
@@ -556,6 +716,9 @@ sd_status sd_head_draft_logits(const sd_head *h, sd_model *target, const int32_t
                             "draft logits need at least 2 tokens (row t predicts token t + 2)");
     }
     SD_TRY(sd_head_check(h, target));
+    if (h->kind == SD_HEAD_MEDUSA) {
+        return medusa_draft_logits(h, target, tokens, n, out);
+    }
     const int D = target->cfg.hidden_size, V = target->cfg.vocab_size;
     const int W = sd_head_feature_width(h, target);
     int32_t aux_layers[3];

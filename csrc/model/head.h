@@ -1,6 +1,7 @@
 /* head.h — drafter heads that read the target's own features: EAGLE-1/2 (Li et al. 2024) and
  * EAGLE-3 (Li et al. 2025), loaded from their published files, and run as one-layer models over
- * the target's embedding (and, for EAGLE-1/2, its output head).
+ * the target's embedding (and, for EAGLE-1/2, its output head); and Medusa-1's heads (Cai et
+ * al. 2024), residual blocks over the target's last hidden state.
  *
  * A head row at position t reads a vector x_t and the token text[t + 1], and predicts
  * text[t + 2]; its keys and values sit in its own small cache at position t.
@@ -55,5 +56,10 @@ double sd_head_cost(const sd_head *h, const sd_model *target);
 /* A head's logits rows (n, Vd) as the target's (n, V): -inf where the draft vocabulary has no
  * entry. */
 sd_status sd_head_map_logits(const sd_head *h, int V, const float *raw, int n, float *out);
+
+/* Medusa: the logits of every head at T final-normed hidden states x (T, D):
+ * out (heads, T, V), head i predicting the token i + 2 after the one x was computed at. */
+sd_status sd_head_medusa_logits(const sd_head *h, sd_model *target, int T, const float *x,
+                                float *out);
 
 #endif /* SD_HEAD_H */

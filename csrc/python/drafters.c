@@ -204,8 +204,74 @@ static PyObject *py_eagle(PyObject *mod, PyObject *args, PyObject *kwds) {
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
 }
 
-/* head_kind(drafter) -> int: sd_head_kind of an EAGLE drafter's head */
-static PyObject *py_head_kind(PyObject *mod, PyObject *arg) {
+/* medusa(path, paths) -> Drafter: Medusa heads and a static tree (a sequence of paths, each a
+ * sequence of ranks) */
+static PyObject *py_medusa(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *path = NULL, *paths_obj = NULL, *seq = NULL;
+    int32_t *flat = NULL, *start = NULL, *len = NULL;
+    if (!PyArg_ParseTuple(args, "O&O:medusa", PyUnicode_FSConverter, &path, &paths_obj)) {
+        return NULL;
+    }
+    const int dflt = paths_obj == Py_None; /* the default tree */
+    seq = dflt ? PyTuple_New(0) : PySequence_Fast(paths_obj, "tree must be a sequence of paths");
+    Py_ssize_t n = seq != NULL ? PySequence_Fast_GET_SIZE(seq) : 0, total = 0;
+    if (seq == NULL || n > SD_MAX_TREE_NODES) {
+        if (seq != NULL) {
+            PyErr_Format(PyExc_ValueError, "a Medusa tree needs 1 to %d paths, got %zd",
+                         SD_MAX_TREE_NODES, n);
+        }
+        goto fail;
+    }
+    start = PyMem_Calloc((size_t)n + 1, sizeof(int32_t));
+    len = PyMem_Calloc((size_t)n + 1, sizeof(int32_t));
+    flat = PyMem_Calloc((size_t)n * 32 + 1, sizeof(int32_t));
+    if (start == NULL || len == NULL || flat == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t m = 0;
+        int32_t *ranks = sd_py_tokens_from(PySequence_Fast_GET_ITEM(seq, i), "tree path", &m);
+        if (ranks == NULL) {
+            goto fail;
+        }
+        if (m > 32) {
+            PyMem_Free(ranks);
+            PyErr_Format(PyExc_ValueError, "Medusa tree path %zd is %zd long", i, m);
+            goto fail;
+        }
+        start[i] = (int32_t)total;
+        len[i] = (int32_t)m;
+        memcpy(flat + total, ranks, (size_t)m * sizeof(int32_t));
+        total += m;
+        PyMem_Free(ranks);
+    }
+    sd_head *head = NULL;
+    sd_drafter *d = NULL;
+    sd_status st;
+    const char *p = PyBytes_AS_STRING(path);
+    Py_BEGIN_ALLOW_THREADS st = sd_head_load(&head, p);
+    if (st == SD_OK) {
+        st = sd_drafter_medusa(&d, head, dflt ? NULL : flat, start, len, (int)n); /* owns it */
+    }
+    Py_END_ALLOW_THREADS PyMem_Free(flat);
+    PyMem_Free(start);
+    PyMem_Free(len);
+    Py_DECREF(seq);
+    Py_DECREF(path);
+    return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
+fail:
+    PyMem_Free(flat);
+    PyMem_Free(start);
+    PyMem_Free(len);
+    Py_XDECREF(seq);
+    Py_DECREF(path);
+    return NULL;
+}
+
+/* head_info(drafter) -> (sd_head_kind, Medusa's head count) of a learned drafter's head */
+static PyObject *py_head_info(PyObject *mod, PyObject *arg) {
     (void)mod;
     if (!PyObject_TypeCheck(arg, &sd_py_DrafterType)) {
         PyErr_Format(PyExc_TypeError, "expected a Drafter, got %s", Py_TYPE(arg)->tp_name);
@@ -216,10 +282,11 @@ static PyObject *py_head_kind(PyObject *mod, PyObject *arg) {
         PyErr_SetString(PyExc_ValueError, "the drafter has no head");
         return NULL;
     }
-    return PyLong_FromLong(sd_head_kind_of(h));
+    return Py_BuildValue("(ii)", sd_head_kind_of(h), sd_head_medusa_heads(h));
 }
 
-/* head_draft_logits(drafter, model, tokens) -> float32 (len(tokens) - 1, V) */
+/* head_draft_logits(drafter, model, tokens) -> float32 (len(tokens) - 1, V), or Medusa's
+ * (heads, len(tokens), V) */
 static PyObject *py_head_draft_logits(PyObject *mod, PyObject *args) {
     (void)mod;
     sd_py_Drafter *dr = NULL;
@@ -246,8 +313,10 @@ static PyObject *py_head_draft_logits(PyObject *mod, PyObject *args) {
                      n);
         return NULL;
     }
-    npy_intp dims[2] = {n - 1, sd_model_config(model->model)->vocab_size};
-    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    const int heads = sd_head_medusa_heads(h);
+    npy_intp dims[3] = {heads, heads > 0 ? n : n - 1, sd_model_config(model->model)->vocab_size};
+    PyArrayObject *out = (PyArrayObject *)(heads > 0 ? PyArray_SimpleNew(3, dims, NPY_FLOAT32)
+                                                     : PyArray_SimpleNew(2, dims + 1, NPY_FLOAT32));
     if (out == NULL || sd_py_model_enter(model) < 0) {
         PyMem_Free(tokens);
         Py_XDECREF(out);
@@ -268,8 +337,10 @@ static PyObject *py_head_draft_logits(PyObject *mod, PyObject *args) {
 PyMethodDef sd_py_drafter_methods[] = {
     {"eagle", (PyCFunction)(void (*)(void))py_eagle, METH_VARARGS | METH_KEYWORDS,
      "eagle(path, k, p_min, branching=1, nodes=16) -> Drafter (an EAGLE-1/2 or EAGLE-3 head)"},
-    {"head_kind", (PyCFunction)py_head_kind, METH_O,
-     "head_kind(drafter) -> int: 1 for EAGLE-1/2, 3 for EAGLE-3"},
+    {"medusa", (PyCFunction)py_medusa, METH_VARARGS,
+     "medusa(path, tree) -> Drafter (Medusa heads; tree: a sequence of paths of ranks)"},
+    {"head_info", (PyCFunction)py_head_info, METH_O,
+     "head_info(drafter) -> (kind: 1 EAGLE-1/2, 3 EAGLE-3, 4 Medusa; Medusa's head count)"},
     {"head_draft_logits", (PyCFunction)py_head_draft_logits, METH_VARARGS,
      "head_draft_logits(drafter, model, tokens) -> (len(tokens) - 1, V) teacher-forced logits"},
     {"prompt_lookup", (PyCFunction)(void (*)(void))py_prompt_lookup, METH_VARARGS | METH_KEYWORDS,

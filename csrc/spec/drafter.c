@@ -36,6 +36,9 @@ void sd_drafter_free(sd_drafter *d) {
     if (d != NULL && d->ops->destroy != NULL) {
         d->ops->destroy(d);
     }
+    if (d != NULL) {
+        sd_head_free(d->head);
+    }
     if (d != NULL && d->cost != NULL) {
         pthread_mutex_destroy(&d->cost->lock);
         free(d->cost);
@@ -49,6 +52,10 @@ int sd_drafter_max_draft(const sd_drafter *d) {
 
 const char *sd_drafter_name(const sd_drafter *d) {
     return d->ops->name;
+}
+
+const sd_head *sd_drafter_head(const sd_drafter *d) {
+    return d->head;
 }
 
 sd_status sd_check_max_draft(int k) {

@@ -91,6 +91,7 @@ struct sd_drafter {
     sd_model *model;     /* a drafter's own model (not owned), or NULL */
     void *shared;        /* state every request of the drafter shares (ops->destroy frees it) */
     sd_cost_curve *cost; /* (owned) a tree drafter's verify costs, with their own lock */
+    sd_head *head;       /* (owned) a learned drafter's head (EAGLE, Medusa), or NULL */
     union {
         sd_prompt_lookup lookup;
         sd_token_recycling recycling;
@@ -98,6 +99,13 @@ struct sd_drafter {
             sd_draft_params dp;
             int n_layers; /* early exit: the target's first n_layers layers; 0 = all */
         } m;
+        struct { /* Medusa's static tree: node i is rank[i] of head depth[i] - 1's best tokens */
+            int n;
+            int top; /* the most ranks a node reads: max rank + 1 */
+            int32_t parent[SD_MAX_TREE_NODES];
+            int32_t depth[SD_MAX_TREE_NODES];
+            int32_t rank[SD_MAX_TREE_NODES];
+        } medusa;
     } u;
 };
 

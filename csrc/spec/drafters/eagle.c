@@ -116,11 +116,11 @@ static sd_status eagle_check(const sd_drafter *d, const sd_model *m, int n_promp
                              int max_new_tokens) {
     (void)n_prompt;
     (void)max_new_tokens;
-    return sd_head_check(d->shared, m);
+    return sd_head_check(d->head, m);
 }
 
 static int eagle_features(const sd_drafter *d, const sd_model *target, int32_t *aux, int *n_aux) {
-    *n_aux = sd_head_aux_layers(d->shared, target, aux);
+    *n_aux = sd_head_aux_layers(d->head, target, aux);
     return *n_aux ==
            0; /* EAGLE-1/2: the final-normed hidden state; EAGLE-3: three layers' inputs */
 }
@@ -156,7 +156,7 @@ static sd_status eagle_begin(const sd_drafter *d, void **state, sd_spec_loop *L)
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
     }
     *state = s;
-    s->head = d->shared;
+    s->head = d->head;
     s->L = L;
     s->D = L->m->cfg.hidden_size;
     s->V = L->m->cfg.vocab_size;
@@ -199,12 +199,7 @@ static sd_status eagle_commit(const sd_drafter *d, void *state, sd_spec_loop *L,
 }
 
 static double eagle_cost(const sd_drafter *d, const sd_model *target) {
-    return sd_head_cost(d->shared, target);
-}
-
-static void eagle_destroy(sd_drafter *d) {
-    sd_head_free(d->shared);
-    d->shared = NULL;
+    return sd_head_cost(d->head, target);
 }
 
 static const sd_drafter_ops eagle_ops = {
@@ -215,18 +210,17 @@ static const sd_drafter_ops eagle_ops = {
     .commit = eagle_commit,
     .cost = eagle_cost,
     .end = eagle_end,
-    .destroy = eagle_destroy,
     .features = eagle_features,
 };
 
-const sd_head *sd_drafter_head(const sd_drafter *d) {
-    return d->ops == &eagle_ops ? d->shared : NULL;
-}
-
 sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp) {
     *out = NULL;
-    if (head == NULL) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "the EAGLE head is missing");
+    if (head == NULL || sd_head_kind_of(head) == SD_HEAD_MEDUSA) {
+        const int missing = head == NULL;
+        sd_head_free(head);
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            missing ? "the EAGLE head is missing"
+                                    : "a Medusa head: use the Medusa drafter (specdec.Medusa)");
     }
     /* the depth is the draft params' k (named so for the user) */
     sd_status st = dp->k >= 1 && dp->k <= SD_MAX_DRAFT
@@ -240,7 +234,7 @@ sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_param
         sd_head_free(head);
         return st;
     }
-    (*out)->shared = head;
+    (*out)->head = head;
     (*out)->context = 1 << 30;
     (*out)->u.m.dp = *dp;
     return SD_OK;
