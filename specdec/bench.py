@@ -137,9 +137,19 @@ def run(args: argparse.Namespace) -> dict:
             methods["recycling"] = specdec.TokenRecycling(nodes=args.tree_nodes, widths=widths,
                                                           adaptive=not args.tree_whole)
             draft_cost["recycling"] = 0.0
+        elif name == "eagle":
+            methods["eagle"] = specdec.Eagle(args.eagle or args.model, depth=args.eagle_depth,
+                                             branching=args.model_branching,
+                                             nodes=args.model_nodes, p_min=args.p_min)
+            draft_cost["eagle"] = 0.0  # counted in the measured time; not modelled here
+        elif name == "medusa":
+            if not args.medusa:
+                raise ValueError("the medusa method needs --medusa DIR (Medusa heads)")
+            methods["medusa"] = specdec.Medusa(args.medusa)
+            draft_cost["medusa"] = 0.0
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, layerskip, "
-                             "draft, recycling)")
+                             "draft, recycling, eagle, medusa)")
     rows = load_questions(args.data, args.limit)
     results = []
     ctx = model.config.context_length
@@ -215,8 +225,13 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="Spec-Bench-format JSONL")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--methods", default="lookup",
-                   help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling")
+                   help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling, "
+                   "eagle, medusa")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
+    p.add_argument("--eagle", help="eagle: an EAGLE head directory (default: the head shipped "
+                   "for --model's alias)")
+    p.add_argument("--eagle-depth", type=int, default=5, help="eagle: draft depth")
+    p.add_argument("--medusa", help="medusa: a Medusa heads directory")
     p.add_argument("--draft-layers", type=int, default=20,
                    help="draft without --draft: the target's first this many layers as a "
                         "separate model")
@@ -238,9 +253,10 @@ def main(argv=None) -> int:
     p.add_argument("--tree-branching", type=int, default=3,
                    help="lookup-tree: sibling branches from other occurrences")
     p.add_argument("--model-branching", type=int, default=1,
-                   help="layerskip, draft: children per expanded node (1 = a chain)")
+                   help="layerskip, draft, eagle: children per expanded node (1 = a chain)")
     p.add_argument("--model-nodes", type=int, default=16,
-                   help="layerskip, draft: the most nodes of a tree (with --model-branching > 1)")
+                   help="layerskip, draft, eagle: the most nodes of a tree (with "
+                   "--model-branching > 1)")
     p.add_argument("--tree-whole", action="store_true",
                    help="recycling: draft the whole template every step (default: the nodes "
                         "that pay at the measured verify costs)")

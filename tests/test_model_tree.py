@@ -25,7 +25,7 @@ import specdec
 import tinymodels as tm
 from helpers import (PROMPT, assert_stops_like_plain, exact_joint, make_v5, perturbed,
                      write_pair)
-from specdec import testing
+from specdec import _core, testing
 from stats import chi2_critical, chi2_stat
 
 # (k, branching, nodes): deep and narrow, wide, the largest tree, one node
@@ -150,19 +150,12 @@ def make_v5_two_layers(d):
 
 
 def joint_counts(m, drafter, setting, N):
-    """Counts (125) of the first three tokens of N seeded runs, the nodes rejected and
-    drafted."""
+    """Counts (125) of the first three tokens of N seeded runs (seeds 0 .. N - 1, counted in C),
+    the nodes rejected and drafted."""
     T, top_k, top_p, min_p = setting
-    counts = np.zeros(125)
-    rejected = drafted = 0
-    for s in range(N):
-        toks, _, st = m._core.generate(PROMPT, max_new_tokens=3, temperature=T, top_k=top_k,
-                                       top_p=top_p, min_p=min_p, seed=s, stop_ids=[],
-                                       drafter=drafter)
-        counts[toks[0] * 25 + toks[1] * 5 + toks[2]] += 1
-        rejected += st["drafted"] - st["accepted"]
-        drafted += st["drafted"]
-    return counts, rejected, drafted
+    counts, drafted, accepted = _core.joint_counts(m._core, drafter, PROMPT, N, T, top_k, top_p,
+                                                   min_p)
+    return counts.astype(np.float64), drafted - accepted, drafted
 
 
 @pytest.mark.parametrize("drafter", ["draft_model", "layerskip"])

@@ -502,6 +502,65 @@ done:
     return result;
 }
 
+/* joint_counts(model, drafter, prompt, runs, temperature, top_k, top_p, min_p) ->
+ * (counts, drafted, accepted): the first three tokens of `runs` speculative generations with
+ * seeds 0 .. runs - 1, counted in C (V^3 cells, a token triple (a, b, c) at a V^2 + b V + c) for
+ * the chi-square tests of exactness, with the drafts proposed and accepted over all runs. */
+static PyObject *hook_joint_counts(PyObject *mod, PyObject *args) {
+    (void)mod;
+    sd_py_Model *model = NULL;
+    sd_py_Drafter *dr = NULL;
+    PyObject *prompt_obj = NULL;
+    long runs = 0;
+    sd_generate_params p = sd_generate_default_params();
+    if (!PyArg_ParseTuple(args, "O!O!Olfiff:joint_counts", &sd_py_ModelType, &model,
+                          &sd_py_DrafterType, &dr, &prompt_obj, &runs, &p.temperature, &p.top_k,
+                          &p.top_p, &p.min_p)) {
+        return NULL;
+    }
+    const int V = sd_model_config(model->model)->vocab_size;
+    if (runs < 1 || V > 64) {
+        PyErr_SetString(PyExc_ValueError, "joint_counts needs runs >= 1 and a vocabulary <= 64");
+        return NULL;
+    }
+    Py_ssize_t n_prompt = 0;
+    int32_t *prompt = sd_py_tokens_from(prompt_obj, "prompt", &n_prompt);
+    if (prompt == NULL) {
+        return NULL;
+    }
+    npy_intp dims[1] = {(npy_intp)V * V * V};
+    PyArrayObject *counts = (PyArrayObject *)PyArray_ZEROS(1, dims, NPY_INT64, 0);
+    if (counts == NULL || sd_py_model_enter(model) < 0) {
+        PyMem_Free(prompt);
+        Py_XDECREF(counts);
+        return NULL;
+    }
+    int64_t *c = (int64_t *)PyArray_DATA(counts);
+    long long drafted = 0, accepted = 0;
+    sd_status st = SD_OK;
+    p.max_new_tokens = 3;
+    Py_BEGIN_ALLOW_THREADS for (long s = 0; s < runs && st == SD_OK; s++) {
+        int32_t out[3];
+        int n = 0;
+        sd_spec_stats ss;
+        p.seed = (uint64_t)s;
+        st = sd_generate_speculative(out, &n, NULL, &ss, model->model, dr->drafter, prompt,
+                                     (int)n_prompt, &p);
+        if (st == SD_OK && n == 3) {
+            c[((int64_t)out[0] * V + out[1]) * V + out[2]]++;
+        }
+        drafted += ss.drafted;
+        accepted += ss.accepted;
+    }
+    Py_END_ALLOW_THREADS sd_py_model_leave(model);
+    PyMem_Free(prompt);
+    if (st != SD_OK) {
+        Py_DECREF(counts);
+        return sd_py_raise(st);
+    }
+    return Py_BuildValue("(NLL)", counts, drafted, accepted);
+}
+
 static PyObject *hook_threadpool_selftest(PyObject *mod, PyObject *args) {
     (void)mod;
     int n_threads = 0, n_runs = 0;
@@ -541,6 +600,9 @@ PyMethodDef sd_py_hook_methods[] = {
     {"kernel", hook_kernel, METH_VARARGS,
      "kernel(name, device, args) -> None: a CUDA kernel (device 1) or its CPU twin (0)"},
     {"kernel_names", hook_kernel_names, METH_NOARGS, "the kernels kernel() runs"},
+    {"joint_counts", hook_joint_counts, METH_VARARGS,
+     "joint_counts(model, drafter, prompt, runs, temperature, top_k, top_p, min_p) -> (counts "
+     "(V^3,), drafted, accepted): the first three tokens of seeded runs, counted in C"},
     {"bench_attention", hook_bench_attention, METH_VARARGS,
      "bench_attention(T, n_attn, n_heads, n_kv_heads, head_dim, n_layers, threads, iters) -> "
      "seconds per pass of the CPU attention over n_layers layers of an f16 cache"},
