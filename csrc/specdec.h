@@ -466,6 +466,12 @@ typedef struct sd_head sd_head;
  * a setting specdec does not compute (each message names the file and the field). */
 sd_status sd_head_load(sd_head **out, const char *path);
 void sd_head_free(sd_head *head);
+/* Replace the head's matrices by Q8_0 copies (ggml's 8-bit blocks, repacked for this CPU's
+ * integer tiles): about a quarter of the bytes of F32 and the integer kernels, for a draft
+ * that runs several times a step; their logits move by the 8-bit rounding (the output stays
+ * exactly the target's whatever the head computes). Matrices whose rows are not whole blocks
+ * stay as they are. */
+sd_status sd_head_quantize(sd_head *head);
 int sd_head_kind_of(const sd_head *head);
 /* SD_ERR_INVALID_ARG naming the mismatch when the head was not made for a target of this shape
  * (hidden size, vocabulary, the layers EAGLE-3 reads), or the target cannot give features (a

@@ -104,6 +104,13 @@ class LayerSkip(Speculator):
 _SHIPPED_HEADS = {"smollm2-135m-instruct": "smollm2-135m-instruct-eagle3"}
 
 
+def _head_weights(weights: Any) -> bool:
+    """Whether a head computes with Q8_0 copies of its matrices."""
+    if weights not in ("q8_0", "float"):
+        raise ValueError(f"weights must be 'q8_0' or 'float', got {weights!r}")
+    return weights == "q8_0"
+
+
 def _head_path(path_or_alias: Any) -> str:
     """A head directory: a path as given, or the head shipped for a target alias."""
     import os
@@ -144,15 +151,21 @@ class Eagle(Speculator):
     before they are drawn so the output stays exactly the target's). ``p_min`` > 0: a node the
     head gave less than ``p_min`` is not expanded. CPU targets only so far.
 
+    ``weights``: ``"q8_0"`` (default) computes with 8-bit copies of the head's matrices (ggml's
+    Q8_0 blocks, on the integer kernels: a head runs once per depth, so its speed counts);
+    ``"float"`` with the file's own F32/F16/BF16 values. Either way the output is the target's.
+
     A head that does not fit the target (hidden size, vocabulary, the layers it reads) raises
     ValueError naming the mismatch at generate.
     """
 
     def __init__(self, path: Any, depth: int = 5, branching: int = 1, nodes: int = 16,
-                 p_min: float = 0.0) -> None:
+                 p_min: float = 0.0, weights: str = "q8_0") -> None:
         self.path = _head_path(path)
         self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
-                                    _int("branching", branching), _int("nodes", nodes))
+                                    _int("branching", branching), _int("nodes", nodes),
+                                    _head_weights(weights))
+        self.weights = weights
         self.kind = "eagle3" if _core.head_info(self._drafter)[0] == 3 else "eagle"
         self.depth = depth
         self.branching = branching
@@ -190,10 +203,10 @@ class Medusa(Speculator):
     the second's 2 best below the best and 1 below the second, then the best chain with one
     second-best leaf per further head. The nodes are verified by the exact tree rule, so the
     output is the target's; Medusa's "typical acceptance" (lossy) is not offered. CPU targets
-    only so far.
+    only so far. ``weights``: as :class:`Eagle`'s.
     """
 
-    def __init__(self, path: Any, tree: Any = None) -> None:
+    def __init__(self, path: Any, tree: Any = None, weights: str = "q8_0") -> None:
         import os
 
         if not isinstance(path, (str, os.PathLike)):
@@ -202,7 +215,8 @@ class Medusa(Speculator):
         if not os.path.isdir(self.path):
             raise FileNotFoundError(f"no Medusa head directory at {self.path!r}")
         paths = None if tree is None else [tuple(_int("tree rank", r) for r in p) for p in tree]
-        self._drafter = _core.medusa(self.path, paths)
+        self._drafter = _core.medusa(self.path, paths, _head_weights(weights))
+        self.weights = weights
         self.tree = None if tree is None else paths
         self.heads = _core.head_info(self._drafter)[1]
 

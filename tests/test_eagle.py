@@ -194,7 +194,7 @@ def test_draft_logits_match_the_reference(tmp_path, target, kind, bias, fmt):
     m, tiny = target
     d, hw, _ = write_head(tmp_path / "h", kind, fmt, bias=bias,
                           config_bias=None if bias else False)
-    spec = specdec.Eagle(d)
+    spec = specdec.Eagle(d, weights="float")
     assert spec.kind == ("eagle" if kind == "eagle" else "eagle3")
     toks = tm.random_tokens(TARGET.vocab, 14, seed=2)
     got = spec.draft_logits(m, toks)
@@ -208,13 +208,30 @@ def test_draft_logits_match_the_reference(tmp_path, target, kind, bias, fmt):
     np.testing.assert_array_equal(spec.draft_logits(m, toks[:8]), got[:7])
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_q8_0_weights_stay_near_the_float_ones(tmp_path, target, kind):
+    """The default Q8_0 copies move the logits by about the 8-bit rounding of the weights (a
+    few parts in a thousand of the largest), no more; their rows keep the draft vocabulary."""
+    m, _ = target
+    d, _, _ = write_head(tmp_path / "h", kind, "safetensors")
+    toks = tm.random_tokens(TARGET.vocab, 12, seed=7)
+    exact = specdec.Eagle(d, weights="float").draft_logits(m, toks)
+    q8 = specdec.Eagle(d).draft_logits(m, toks)
+    fin = np.isfinite(exact)
+    np.testing.assert_array_equal(np.isfinite(q8), fin)
+    err = np.abs(q8[fin] - exact[fin]).max() / np.abs(exact[fin]).max()
+    assert 0 < err < 6e-2, err
+    with pytest.raises(ValueError, match="weights must be 'q8_0' or 'float'"):
+        specdec.Eagle(d, weights="q4")
+
+
 def test_a_wrong_rule_fails_the_reference(tmp_path, target):
     """The comparison can fail: EAGLE-1/2 read through an extra final norm (a published bug),
     or EAGLE-3's taps in another order, move the logits far beyond the tolerance."""
     m, tiny = target
     toks = tm.random_tokens(TARGET.vocab, 10, seed=3)
     d, hw, _ = write_head(tmp_path / "e", "eagle", "safetensors")
-    got = specdec.Eagle(d).draft_logits(m, toks)
+    got = specdec.Eagle(d, weights="float").draft_logits(m, toks)
     want = ref_head_logits("eagle", hw, tiny.ref_weights, toks)
     normed = want / np.sqrt(np.mean(want ** 2, axis=1, keepdims=True))
     assert np.abs(got - normed).max() > 1e-2
@@ -223,7 +240,7 @@ def test_a_wrong_rule_fails_the_reference(tmp_path, target):
     D = TARGET.dim
     fc = hw3["fc.weight"]
     swapped["fc.weight"] = np.concatenate([fc[:, D:2 * D], fc[:, :D], fc[:, 2 * D:]], axis=1)
-    got3 = specdec.Eagle(d3).draft_logits(m, toks)
+    got3 = specdec.Eagle(d3, weights="float").draft_logits(m, toks)
     bad = ref_head_logits("eagle3", swapped, tiny.ref_weights, toks)
     fin = np.isfinite(bad)
     assert np.abs(got3[fin] - bad[fin]).max() > 1e-2

@@ -75,7 +75,7 @@ def ref_medusa(w: dict, heads: int, blocks: int, target_w: dict, cfg, tokens) ->
 def test_draft_logits_match_the_reference(tmp_path, target, fmt, heads, blocks):
     m, tiny = target
     d, w = write_medusa(tmp_path / "m", fmt, heads, blocks, config_heads=2)
-    spec = specdec.Medusa(d)
+    spec = specdec.Medusa(d, weights="float")
     assert spec.heads == heads  # the tensors, not the config
     toks = tm.random_tokens(TARGET.vocab, 11, seed=6)
     got = spec.draft_logits(m, toks)

@@ -31,6 +31,11 @@ struct sd_head {
     int heads, blocks;
     sd_mat *mats;
     float *bias;
+    /* EAGLE: the layer's matrices (g_layer_mats' order), fc, and EAGLE-3's lm_head, as read:
+     * views of the file, or Q8_0 copies (sd_head_quantize) */
+    sd_mat layer_mats[7], fc, lm_head;
+    void *q8;      /* one block holding the Q8_0 copies (and their repacked twins), or NULL */
+    int quantized; /* the matrices are Q8_0 copies */
 };
 
 static const char *const g_layer_mats[7] = {
@@ -297,6 +302,20 @@ static sd_status speculators_settings(sd_head *h, const sd_json *top, const char
     return SD_OK;
 }
 
+/* y = W x (+ b) over T rows, with the activations quantized when W is of a quantized type. */
+static sd_status head_matmul(sd_threadpool *pool, int T, const sd_matmul_job *job) {
+    unsigned char *xq = NULL;
+    if (sd_matmul_wants_q8(job, 1)) {
+        xq = malloc(SD_Q8_BATCH_BYTES((size_t)T, (size_t)job->w->cols));
+        if (xq == NULL) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory for a head's activations");
+        }
+    }
+    sd_matmul(pool, T, job, 1, xq, 0);
+    free(xq);
+    return SD_OK;
+}
+
 /* ---- Medusa ---------------------------------------------------------------------------------- */
 
 /* The tensor "{i}.{j}.{what}" of a Medusa file, or NULL. */
@@ -386,14 +405,20 @@ sd_status sd_head_medusa_logits(const sd_head *h, sd_model *target, int T, const
         for (int j = 0; j < h->blocks; j++) { /* y += silu(W y + b) */
             const float *b = h->bias + ((size_t)i * (size_t)h->blocks + (size_t)j) * D;
             sd_matmul_job job = {u, y, &h->mats[i * (h->blocks + 1) + j], b, 0};
-            sd_matmul(target->pool, T, &job, 1, NULL, 0);
+            if (head_matmul(target->pool, T, &job) != SD_OK) {
+                free(y);
+                return SD_ERR_NOMEM;
+            }
             for (size_t e = 0; e < (size_t)T * D; e++) {
                 y[e] += u[e] / (1.0f + expf(-u[e]));
             }
         }
         sd_matmul_job o = {out + (size_t)i * (size_t)T * V, y,
                            &h->mats[i * (h->blocks + 1) + h->blocks], NULL, 0};
-        sd_matmul(target->pool, T, &o, 1, NULL, 0);
+        if (head_matmul(target->pool, T, &o) != SD_OK) {
+            free(y);
+            return SD_ERR_NOMEM;
+        }
     }
     free(y);
     return SD_OK;
@@ -467,6 +492,15 @@ sd_status sd_head_load(sd_head **out, const char *path) {
     if (st == SD_OK) {
         st = check_tensors(h, cfg, layer_cfg);
     }
+    if (st == SD_OK) {
+        for (int i = 0; i < 7; i++) {
+            h->layer_mats[i] = mat_of(find(h, h->layer, g_layer_mats[i]));
+        }
+        h->fc = mat_of(sd_st_find(h->st, "fc.weight"));
+        if (h->kind == SD_HEAD_EAGLE3) {
+            h->lm_head = mat_of(sd_st_find(h->st, "lm_head.weight"));
+        }
+    }
     sd_json_free(cfg);
     free(buf);
     if (st != SD_OK) {
@@ -484,8 +518,97 @@ void sd_head_free(sd_head *h) {
         free(h->ids);
         free(h->mats);
         free(h->bias);
+        free(h->q8);
         free(h);
     }
+}
+
+/* The head's matrices that quantize: every one whose rows are whole Q8_0 blocks. */
+static int head_mats(sd_head *h, sd_mat **out) {
+    int n = 0;
+    if (h->kind == SD_HEAD_MEDUSA) {
+        for (int i = 0; i < h->heads * (h->blocks + 1); i++) {
+            out[n++] = &h->mats[i];
+        }
+    } else {
+        for (int i = 0; i < 7; i++) {
+            out[n++] = &h->layer_mats[i];
+        }
+        out[n++] = &h->fc;
+        if (h->kind == SD_HEAD_EAGLE3) {
+            out[n++] = &h->lm_head;
+        }
+    }
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (out[i]->cols % 32 == 0 && out[i]->type != SD_TYPE_Q8_0) {
+            out[kept++] = out[i];
+        }
+    }
+    return kept;
+}
+
+/* One row of n floats (n % 32 == 0) as ggml's Q8_0 blocks: an f16 scale d = max|x| / 127 and 32
+ * int8 q = round(x / d). */
+static void q8_0_row(uint8_t *dst, const float *x, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, dst += 34, x += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        }
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t dh = sd_f32_to_f16(d);
+        memcpy(dst, &dh, 2);
+        for (int i = 0; i < 32; i++) {
+            dst[2 + i] = (uint8_t)(int8_t)lrintf(x[i] * id);
+        }
+    }
+}
+
+sd_status sd_head_quantize(sd_head *h) {
+    sd_mat *mats[SD_MAX_TREE_NODES * 3 + 16];
+    if (h->quantized || (h->kind == SD_HEAD_MEDUSA && h->heads * (h->blocks + 1) > 160)) {
+        return SD_OK;
+    }
+    const int n = head_mats(h, mats);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += (size_t)mats[i]->rows * sd_row_bytes(SD_TYPE_Q8_0, mats[i]->cols);
+        total += sd_repack_bytes(SD_TYPE_Q8_0, mats[i]->rows, mats[i]->cols);
+    }
+    int64_t widest = 0;
+    for (int i = 0; i < n; i++) {
+        widest = mats[i]->cols > widest ? mats[i]->cols : widest;
+    }
+    uint8_t *p = h->q8 = malloc(total > 0 ? total : 1);
+    float *row = malloc((size_t)(widest > 0 ? widest : 1) * sizeof(float));
+    if (p == NULL || row == NULL) {
+        free(row);
+        return sd_set_error(SD_ERR_NOMEM, "out of memory quantizing a head");
+    }
+    for (int i = 0; i < n; i++) {
+        sd_mat *m = mats[i];
+        const size_t rb = sd_row_bytes(SD_TYPE_Q8_0, m->cols);
+        const sd_type_traits *tr = sd_type_get(m->type);
+        for (int64_t r = 0; r < m->rows; r++) {
+            tr->to_float(row, (const uint8_t *)m->data + (size_t)r * m->row_bytes, m->cols);
+            q8_0_row(p + (size_t)r * rb, row, m->cols);
+        }
+        m->data = p;
+        m->type = SD_TYPE_Q8_0;
+        m->row_bytes = rb;
+        m->packed = NULL;
+        p += (size_t)m->rows * rb;
+        const size_t pb = sd_repack_bytes(SD_TYPE_Q8_0, m->rows, m->cols);
+        if (pb > 0) { /* the 8-row interleaved twin the integer tiles read */
+            sd_repack(p, SD_TYPE_Q8_0, m->data, rb, m->rows, m->cols);
+            m->packed = p;
+            p += pb;
+        }
+    }
+    free(row);
+    h->quantized = 1;
+    return SD_OK;
 }
 
 int sd_head_kind_of(const sd_head *h) {
@@ -602,10 +725,10 @@ sd_status sd_head_bind(sd_model **out, const sd_head *h, sd_model *target) {
     w->tok_embd = target->w.tok_embd;
     sd_mat *mats[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
     for (int i = 0; i < 7; i++) {
-        *mats[i] = mat_of(find(h, h->layer, g_layer_mats[i]));
+        *mats[i] = h->layer_mats[i];
         m->weight_bytes += (size_t)mats[i]->rows * mats[i]->row_bytes;
     }
-    w->fc = mat_of(sd_st_find(h->st, "fc.weight"));
+    w->fc = h->fc;
     m->weight_bytes += (size_t)w->fc.rows * w->fc.row_bytes;
     float *v = m->vectors;
     L->ffn_norm = vec_of(h, v, h->layer, "post_attention_layernorm.weight");
@@ -614,7 +737,7 @@ sd_status sd_head_bind(sd_model **out, const sd_head *h, sd_model *target) {
         L->attn_norm = vec_of(h, v + 2 * D, h->layer, "input_layernorm.weight");
         L->hidden_norm = vec_of(h, v + 3 * D, h->layer, "hidden_norm.weight");
         w->out_norm = vec_of(h, v + 4 * D, "", "norm.weight");
-        w->output = mat_of(sd_st_find(h->st, "lm_head.weight"));
+        w->output = h->lm_head;
     } else {
         w->output = target->w.output; /* no norm before it: the head's output is the feature */
     }
@@ -652,9 +775,9 @@ sd_status sd_head_rows(const sd_head *h, sd_model *hm, int T, const int32_t *tok
         in = cat;
     }
     sd_matmul_job job = {x, in, &hm->w.fc, hm->w.fc_bias, 0};
-    sd_matmul(hm->pool, T, &job, 1, NULL, 0);
+    const sd_status st = head_matmul(hm->pool, T, &job);
     free(cat);
-    return SD_OK;
+    return st;
 }
 
 sd_status sd_head_map_logits(const sd_head *h, int V, const float *raw, int n, float *out) {

@@ -182,35 +182,50 @@ static PyObject *py_drafter_set_costs(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* eagle(path, k, p_min, branching=1, nodes=16) -> Drafter: an EAGLE-1/2 or EAGLE-3 head */
+/* A head read from `path` (and quantized to Q8_0 when q8), for a drafter to own. */
+static sd_status load_head(sd_head **head, PyObject *path, int q8) {
+    sd_status st;
+    const char *p = PyBytes_AS_STRING(path);
+    Py_BEGIN_ALLOW_THREADS st = sd_head_load(head, p);
+    if (st == SD_OK && q8) {
+        st = sd_head_quantize(*head);
+    }
+    Py_END_ALLOW_THREADS if (st != SD_OK) {
+        sd_head_free(*head);
+        *head = NULL;
+    }
+    return st;
+}
+
+/* eagle(path, k, p_min, branching=1, nodes=16, q8=1) -> Drafter: an EAGLE-1/2 or EAGLE-3 head */
 static PyObject *py_eagle(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"path", "k", "p_min", "branching", "nodes", NULL};
+    static char *kwlist[] = {"path", "k", "p_min", "branching", "nodes", "q8", NULL};
     PyObject *path = NULL;
     sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|ii:eagle", kwlist, PyUnicode_FSConverter,
-                                     &path, &dp.k, &dp.p_min, &dp.branching, &dp.nodes)) {
+    int q8 = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|iip:eagle", kwlist, PyUnicode_FSConverter,
+                                     &path, &dp.k, &dp.p_min, &dp.branching, &dp.nodes, &q8)) {
         return NULL;
     }
     sd_head *head = NULL;
     sd_drafter *d = NULL;
-    sd_status st;
-    const char *p = PyBytes_AS_STRING(path);
-    Py_BEGIN_ALLOW_THREADS st = sd_head_load(&head, p);
+    sd_status st = load_head(&head, path, q8);
     if (st == SD_OK) {
         st = sd_drafter_eagle(&d, head, &dp); /* owns the head from here on */
     }
-    Py_END_ALLOW_THREADS Py_DECREF(path);
+    Py_DECREF(path);
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
 }
 
-/* medusa(path, paths) -> Drafter: Medusa heads and a static tree (a sequence of paths, each a
+/* medusa(path, paths, q8=1) -> Drafter: Medusa heads and a static tree (a sequence of paths, each a
  * sequence of ranks) */
 static PyObject *py_medusa(PyObject *mod, PyObject *args) {
     (void)mod;
     PyObject *path = NULL, *paths_obj = NULL, *seq = NULL;
     int32_t *flat = NULL, *start = NULL, *len = NULL;
-    if (!PyArg_ParseTuple(args, "O&O:medusa", PyUnicode_FSConverter, &path, &paths_obj)) {
+    int q8 = 1;
+    if (!PyArg_ParseTuple(args, "O&O|p:medusa", PyUnicode_FSConverter, &path, &paths_obj, &q8)) {
         return NULL;
     }
     const int dflt = paths_obj == Py_None; /* the default tree */
@@ -249,13 +264,11 @@ static PyObject *py_medusa(PyObject *mod, PyObject *args) {
     }
     sd_head *head = NULL;
     sd_drafter *d = NULL;
-    sd_status st;
-    const char *p = PyBytes_AS_STRING(path);
-    Py_BEGIN_ALLOW_THREADS st = sd_head_load(&head, p);
+    sd_status st = load_head(&head, path, q8);
     if (st == SD_OK) {
         st = sd_drafter_medusa(&d, head, dflt ? NULL : flat, start, len, (int)n); /* owns it */
     }
-    Py_END_ALLOW_THREADS PyMem_Free(flat);
+    PyMem_Free(flat);
     PyMem_Free(start);
     PyMem_Free(len);
     Py_DECREF(seq);
@@ -336,9 +349,10 @@ static PyObject *py_head_draft_logits(PyObject *mod, PyObject *args) {
 
 PyMethodDef sd_py_drafter_methods[] = {
     {"eagle", (PyCFunction)(void (*)(void))py_eagle, METH_VARARGS | METH_KEYWORDS,
-     "eagle(path, k, p_min, branching=1, nodes=16) -> Drafter (an EAGLE-1/2 or EAGLE-3 head)"},
+     "eagle(path, k, p_min, branching=1, nodes=16, q8=True) -> Drafter (an EAGLE-1/2 or EAGLE-3 "
+     "head; q8: its matrices as Q8_0 copies)"},
     {"medusa", (PyCFunction)py_medusa, METH_VARARGS,
-     "medusa(path, tree) -> Drafter (Medusa heads; tree: a sequence of paths of ranks)"},
+     "medusa(path, tree, q8=True) -> Drafter (Medusa heads; tree: a sequence of paths of ranks)"},
     {"head_info", (PyCFunction)py_head_info, METH_O,
      "head_info(drafter) -> (kind: 1 EAGLE-1/2, 3 EAGLE-3, 4 Medusa; Medusa's head count)"},
     {"head_draft_logits", (PyCFunction)py_head_draft_logits, METH_VARARGS,
