@@ -151,6 +151,12 @@ class Eagle(Speculator):
     before they are drawn so the output stays exactly the target's). ``p_min`` > 0: a node the
     head gave less than ``p_min`` is not expanded. CPU targets only so far.
 
+    ``size_by_cost`` (at temperature 0): of the most probable nodes, verify only as many as pay
+    on this machine, by the head's path probabilities and the measured cost of a verify forward
+    of each size (timed on the target at the first request): few where verifying many tokens
+    is dear (AVX2 alone), the whole tree where it is cheap (AVX-512, AMX, a GPU); at least one
+    node every fourth step. ``False``: always ``nodes`` (a chain's ``depth``).
+
     ``weights``: ``"q8_0"`` (default) computes with 8-bit copies of the head's matrices (ggml's
     Q8_0 blocks, on the integer kernels: a head runs once per depth, so its speed counts);
     ``"float"`` with the file's own F32/F16/BF16 values. Either way the output is the target's.
@@ -160,12 +166,15 @@ class Eagle(Speculator):
     """
 
     def __init__(self, path: Any, depth: int = 5, branching: int = 1, nodes: int = 16,
-                 p_min: float = 0.0, weights: str = "q8_0") -> None:
+                 p_min: float = 0.0, weights: str = "q8_0", size_by_cost: bool = True) -> None:
         self.path = _head_path(path)
+        if not isinstance(size_by_cost, bool):
+            raise TypeError(f"size_by_cost must be a bool, got {size_by_cost!r}")
         self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
                                     _int("branching", branching), _int("nodes", nodes),
-                                    _head_weights(weights))
+                                    _head_weights(weights), size_by_cost)
         self.weights = weights
+        self.size_by_cost = size_by_cost
         self.kind = "eagle3" if _core.head_info(self._drafter)[0] == 3 else "eagle"
         self.depth = depth
         self.branching = branching

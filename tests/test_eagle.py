@@ -265,6 +265,31 @@ def test_greedy_equals_plain(tmp_path, target, kind, depth, branching, nodes):
         assert list(toks) == plain.tokens
 
 
+def test_trees_are_sized_by_the_verify_cost(tmp_path, target):
+    """size_by_cost: where a verify of many tokens costs about one (flat costs), the whole tree
+    of `nodes` is verified; where each token costs a forward of its own, only the most
+    probable few (a node of path probability p pays only if (1 + sum p) / T grows); the output
+    is the plain one either way."""
+    from specdec import _core
+
+    m, _ = target
+    d, _, _ = write_head(tmp_path / "h", "eagle", "safetensors")
+    prompt = tm.random_tokens(TARGET.vocab, 9, seed=3)
+    plain = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[])
+    sizes = {}
+    for name, costs in (("flat", [1.0] * 9), ("steep", [float(t) for t in range(1, 10)])):
+        spec = specdec.Eagle(d, depth=4, branching=2, nodes=8)
+        _core.drafter_set_costs(spec.drafter(), costs)
+        got = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
+        assert got.tokens == plain.tokens
+        sizes[name] = got.stats.drafted / got.stats.steps
+    fixed = specdec.Eagle(d, depth=4, branching=2, nodes=8, size_by_cost=False)
+    got = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], speculator=fixed)
+    assert got.tokens == plain.tokens
+    assert sizes["flat"] > 6 and sizes["steep"] < sizes["flat"] / 2, sizes
+    assert got.stats.drafted / got.stats.steps > 6
+
+
 def test_one_token_prompt_and_short_outputs(tmp_path, target):
     m, _ = target
     d, _, _ = write_head(tmp_path / "h", "eagle3", "safetensors")

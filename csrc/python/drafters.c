@@ -72,7 +72,7 @@ static PyObject *py_draft_model(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
     static char *kwlist[] = {"model", "k", "p_min", "verify_slope", "branching", "nodes", NULL};
     sd_py_Model *model = NULL;
-    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16};
+    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16, 0};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iff|ii:draft_model", kwlist, &sd_py_ModelType,
                                      &model, &dp.k, &dp.p_min, &dp.verify_slope, &dp.branching,
                                      &dp.nodes)) {
@@ -88,7 +88,7 @@ static PyObject *py_layerskip(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
     static char *kwlist[] = {"layers", "k", "p_min", "verify_slope", "branching", "nodes", NULL};
     int layers = 0;
-    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16};
+    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16, 0};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiff|ii:layerskip", kwlist, &layers, &dp.k,
                                      &dp.p_min, &dp.verify_slope, &dp.branching, &dp.nodes)) {
         return NULL;
@@ -200,12 +200,14 @@ static sd_status load_head(sd_head **head, PyObject *path, int q8) {
 /* eagle(path, k, p_min, branching=1, nodes=16, q8=1) -> Drafter: an EAGLE-1/2 or EAGLE-3 head */
 static PyObject *py_eagle(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"path", "k", "p_min", "branching", "nodes", "q8", NULL};
+    static char *kwlist[] = {"path",  "k",  "p_min",        "branching",
+                             "nodes", "q8", "size_by_cost", NULL};
     PyObject *path = NULL;
-    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16};
+    sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16, 0};
     int q8 = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|iip:eagle", kwlist, PyUnicode_FSConverter,
-                                     &path, &dp.k, &dp.p_min, &dp.branching, &dp.nodes, &q8)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|iipp:eagle", kwlist, PyUnicode_FSConverter,
+                                     &path, &dp.k, &dp.p_min, &dp.branching, &dp.nodes, &q8,
+                                     &dp.size_by_cost)) {
         return NULL;
     }
     sd_head *head = NULL;

@@ -72,7 +72,7 @@ static sd_status draft_propose(const sd_drafter *d, void *state, sd_spec_loop *L
                                sd_draft *out) {
     draft_state *s = state;
     if (s->tree != NULL) {
-        return sd_model_tree_propose(s->tree, L, d->model, s->dkv, 0, &d->u.m.dp, NULL, out);
+        return sd_model_tree_propose(s->tree, L, d->model, s->dkv, 0, &d->u.m.dp, NULL, NULL, out);
     }
     return sd_spec_model_propose(L, d->model, s->dkv, 0, &d->u.m.dp, room, out);
 }

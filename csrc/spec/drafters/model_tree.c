@@ -266,9 +266,36 @@ static int frontier(const sd_model_tree *t, int from, int budget, float p_min, i
     return np;
 }
 
+/* At temperature 0, how many of the `budget` most probable candidates pay on the verify costs
+ * c (sd_tree_size over their path probabilities), at least one every fourth step. */
+static int paying(const sd_model_tree *t, const sd_spec_loop *L, int budget,
+                  const sd_cost_curve *c) {
+    float p[SD_MAX_TREE_NODES] = {0};
+    int order[SD_MAX_TREE_NODES], n = 0;
+    for (int x = 0; x < t->n_cand && n < SD_MAX_TREE_NODES; x++) {
+        if (t->n_cand <= budget || rank_of(t, x) < budget) { /* closed under parents */
+            p[n++] = (float)t->P[x];
+        }
+    }
+    const int keep = sd_tree_size(p, n, c, order);
+    return keep == 0 && n > 0 && L->ss->steps % 4 == 0 ? 1 : keep;
+}
+
+/* Whether some candidate of [from, n_cand) is among those that pay. */
+static int pays_at(const sd_model_tree *t, const sd_spec_loop *L, int budget,
+                   const sd_cost_curve *c, int from) {
+    const int keep = paying(t, L, budget, c);
+    for (int x = from; x < t->n_cand; x++) {
+        if (rank_of(t, x) < keep) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
-                                sd_draft *out) {
+                                const sd_cost_curve *cost, sd_draft *out) {
     const int V = t->V, len = L->len;
     int depth_room = 0;
     const int room = sd_spec_tree_room(L, &depth_room);
@@ -340,6 +367,9 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
         if (d == D || t->n_cand == level0 || (t->sampling && t->n_cand >= budget)) {
             break;
         }
+        if (!t->sampling && cost != NULL && !pays_at(t, L, budget, cost, level0)) {
+            break; /* this depth's nodes do not pay: deeper ones, less probable, would not */
+        }
         int pick[B_MAX];
         const int np = frontier(t, level0, budget, dp->p_min, pick);
         if (np == 0) {
@@ -352,10 +382,14 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
     /* the kept candidates in their order (parents first, siblings as drawn): at temperature 0
      * the `budget` most probable, a set closed under parents (a child is never more probable
      * than its parent, and comes later); when sampling, all */
+    int keep = budget;
+    if (!t->sampling && cost != NULL && t->n_cand > 0) {
+        keep = paying(t, L, budget, cost);
+    }
     int idx[CAND_MAX];
     for (int x = 0; x < t->n_cand; x++) {
         idx[x] = -1;
-        if (!t->sampling && t->n_cand > budget && rank_of(t, x) >= budget) {
+        if (!t->sampling && t->n_cand > keep && rank_of(t, x) >= keep) {
             continue;
         }
         const int p = t->par[x];

@@ -39,10 +39,12 @@ void sd_model_tree_free(sd_model_tree *t);
  * sd_spec_tree_room, dp->k deep, at most dp->nodes nodes (sd_draft_params.branching says how it
  * is grown and cut). out receives it; when sampling, L->q row i is the processed distribution
  * node i was drawn from (its parent's, as the tree rule wants), else out->q is NULL (the
- * children are deterministic). dkv then holds the fed nodes past the text. */
+ * children are deterministic). dkv then holds the fed nodes past the text. cost (at temperature
+ * 0, or NULL): keep only the most probable nodes that pay on it (sd_tree_size; at least one
+ * every fourth step). */
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
-                                sd_draft *out);
+                                const sd_cost_curve *cost, sd_draft *out);
 
 /* After the verify kept n_acc nodes (L->hist now holds their tokens after the proposal's root):
  * the fed nodes of the accepted path, a prefix of it, move into consecutive slots after the
