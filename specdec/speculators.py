@@ -90,13 +90,17 @@ class LayerSkip(Speculator):
     #: 1: a chain. b > 1: a tree ``k`` deep of at most ``nodes`` nodes (see :class:`DraftModel`)
     branching: int = 1
     nodes: int = 16
+    #: a tree's nodes at temperature 0: only those that pay on the measured verify costs (see
+    #: :class:`DraftModel`)
+    size_by_cost: bool = False
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = _core.layerskip(_int("layers", self.layers), _int("k", self.k),
                             _number("p_min", self.p_min),
                             _number("verify_slope", self.verify_slope),
-                            _int("branching", self.branching), _int("nodes", self.nodes))
+                            _int("branching", self.branching), _int("nodes", self.nodes),
+                            _bool("size_by_cost", self.size_by_cost))
         object.__setattr__(self, "_drafter", d)
 
 
@@ -168,11 +172,9 @@ class Eagle(Speculator):
     def __init__(self, path: Any, depth: int = 5, branching: int = 1, nodes: int = 16,
                  p_min: float = 0.0, weights: str = "q8_0", size_by_cost: bool = True) -> None:
         self.path = _head_path(path)
-        if not isinstance(size_by_cost, bool):
-            raise TypeError(f"size_by_cost must be a bool, got {size_by_cost!r}")
         self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
                                     _int("branching", branching), _int("nodes", nodes),
-                                    _head_weights(weights), size_by_cost)
+                                    _head_weights(weights), _bool("size_by_cost", size_by_cost))
         self.weights = weights
         self.size_by_cost = size_by_cost
         self.kind = "eagle3" if _core.head_info(self._drafter)[0] == 3 else "eagle"
@@ -336,10 +338,17 @@ class DraftModel(Speculator):
     before its token is drawn, which keeps the output exactly the target's. The draft's cache
     keeps the accepted path. Pays where a verify forward of many tokens costs little more than
     one (AVX-512, AMX, GPUs); CPU models only so far. ``branching`` = 1 is the chain.
+
+    ``size_by_cost`` (trees, temperature 0): of the most probable nodes, verify only as many as
+    pay by the draft's path probabilities and the verify cost of each size on this machine
+    (timed on the target at the first request); drafting stops at a depth none of whose nodes
+    would pay. Off by default for draft models (their probabilities may be poorly calibrated);
+    :class:`Eagle` turns it on.
     """
 
     def __init__(self, model: "Model", k: int = 5, p_min: float = 0.0,
-                 verify_slope: float = 0.2, branching: int = 1, nodes: int = 16) -> None:
+                 verify_slope: float = 0.2, branching: int = 1, nodes: int = 16,
+                 size_by_cost: bool = False) -> None:
         from .model import Model
 
         if not isinstance(model, Model):
@@ -347,7 +356,9 @@ class DraftModel(Speculator):
                             f"{type(model).__name__}")
         self._drafter = _core.draft_model(model._core, _int("k", k), _number("p_min", p_min),
                                           _number("verify_slope", verify_slope),
-                                          _int("branching", branching), _int("nodes", nodes))
+                                          _int("branching", branching), _int("nodes", nodes),
+                                          _bool("size_by_cost", size_by_cost))
+        self.size_by_cost = size_by_cost
         self.model = model
         self.k = k
         self.p_min = float(p_min)
@@ -380,6 +391,13 @@ def _int(name: str, v: Any) -> int:
     """v as an int for the C core, which checks its range; TypeError naming `name` otherwise."""
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError(f"{name} must be an integer, got {v!r}")
+    return v
+
+
+def _bool(name: str, v: Any) -> bool:
+    """v as a bool; TypeError naming `name` otherwise."""
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {v!r}")
     return v
 
 

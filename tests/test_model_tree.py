@@ -54,6 +54,29 @@ def speculators(pair, k, b, n):
             "layerskip": specdec.LayerSkip(layers=1, k=k, branching=b, nodes=n, verify_slope=0)}
 
 
+def test_size_by_cost(pair):
+    """size_by_cost: flat verify costs keep the whole tree, steep ones only a few nodes; the
+    output is the plain one either way."""
+    target = pair["target"]
+    prompt = tm.random_tokens(40, 10, 1)
+    plain = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[])
+    per_step = {}
+    for name, costs in (("flat", [1.0] * 9), ("steep", [float(t) for t in range(1, 10)])):
+        for kind, spec in (("draft", specdec.DraftModel(pair["close"], k=4, branching=2, nodes=8,
+                                                        verify_slope=0, size_by_cost=True)),
+                           ("skip", specdec.LayerSkip(1, k=4, branching=2, nodes=8,
+                                                      verify_slope=0, size_by_cost=True))):
+            _core.drafter_set_costs(spec.drafter(), costs)
+            got = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[],
+                                   speculator=spec)
+            assert got.tokens == plain.tokens, (name, kind)
+            per_step[name, kind] = got.stats.drafted / got.stats.steps
+    for kind in ("draft", "skip"):
+        assert per_step["steep", kind] < per_step["flat", kind], per_step
+    with pytest.raises(TypeError, match="size_by_cost must be a bool"):
+        specdec.LayerSkip(1, size_by_cost=1)
+
+
 @pytest.mark.parametrize("k,b,n", TREES, ids=[f"k{k}b{b}n{n}" for k, b, n in TREES])
 def test_greedy_equals_plain(pair, k, b, n):
     target = pair["target"]

@@ -70,12 +70,13 @@ static PyObject *py_prompt_lookup(PyObject *mod, PyObject *args, PyObject *kwds)
 /* draft_model(model, k, p_min, verify_slope, branching=1, nodes=16) -> Drafter */
 static PyObject *py_draft_model(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"model", "k", "p_min", "verify_slope", "branching", "nodes", NULL};
+    static char *kwlist[] = {"model",     "k",     "p_min",        "verify_slope",
+                             "branching", "nodes", "size_by_cost", NULL};
     sd_py_Model *model = NULL;
     sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16, 0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iff|ii:draft_model", kwlist, &sd_py_ModelType,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!iff|iip:draft_model", kwlist, &sd_py_ModelType,
                                      &model, &dp.k, &dp.p_min, &dp.verify_slope, &dp.branching,
-                                     &dp.nodes)) {
+                                     &dp.nodes, &dp.size_by_cost)) {
         return NULL;
     }
     sd_drafter *d = NULL;
@@ -86,11 +87,13 @@ static PyObject *py_draft_model(PyObject *mod, PyObject *args, PyObject *kwds) {
 /* layerskip(layers, k, p_min, verify_slope, branching=1, nodes=16) -> Drafter */
 static PyObject *py_layerskip(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"layers", "k", "p_min", "verify_slope", "branching", "nodes", NULL};
+    static char *kwlist[] = {"layers",    "k",     "p_min",        "verify_slope",
+                             "branching", "nodes", "size_by_cost", NULL};
     int layers = 0;
     sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16, 0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiff|ii:layerskip", kwlist, &layers, &dp.k,
-                                     &dp.p_min, &dp.verify_slope, &dp.branching, &dp.nodes)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiff|iip:layerskip", kwlist, &layers, &dp.k,
+                                     &dp.p_min, &dp.verify_slope, &dp.branching, &dp.nodes,
+                                     &dp.size_by_cost)) {
         return NULL;
     }
     sd_drafter *d = NULL;

@@ -72,7 +72,10 @@ static sd_status draft_propose(const sd_drafter *d, void *state, sd_spec_loop *L
                                sd_draft *out) {
     draft_state *s = state;
     if (s->tree != NULL) {
-        return sd_model_tree_propose(s->tree, L, d->model, s->dkv, 0, &d->u.m.dp, NULL, NULL, out);
+        sd_cost_curve buf;
+        const sd_cost_curve *cost = NULL;
+        SD_TRY(sd_model_tree_costs(d, &d->u.m.dp, L, &buf, &cost));
+        return sd_model_tree_propose(s->tree, L, d->model, s->dkv, 0, &d->u.m.dp, NULL, cost, out);
     }
     return sd_spec_model_propose(L, d->model, s->dkv, 0, &d->u.m.dp, room, out);
 }

@@ -168,9 +168,6 @@ static sd_status eagle_begin(const sd_drafter *d, void **state, sd_spec_loop *L)
     if (L->feat == NULL) {
         return sd_set_error(SD_ERR_INTERNAL, "the loop kept no features for the EAGLE drafter");
     }
-    if (d->u.m.dp.size_by_cost && L->s.temperature == 0.0f) { /* once per model and threads */
-        SD_TRY(sd_cost_curve_measure(d->cost, L->m, tree_params(d).nodes + 1));
-    }
     SD_TRY(sd_head_bind(&s->hm, s->head, L->m));
     SD_TRY(sd_kv_cache_create(&s->hkv, s->hm, L->capacity));
     const sd_draft_params dp = tree_params(d);
@@ -184,12 +181,10 @@ static sd_status eagle_propose(const sd_drafter *d, void *state, sd_spec_loop *L
     s->L = L;
     const sd_tree_feeder fd = {feed_root, feed_nodes, s};
     const sd_draft_params dp = tree_params(d);
-    sd_cost_curve cost;
-    if (dp.size_by_cost) {
-        sd_cost_curve_get(d->cost, &cost);
-    }
-    return sd_model_tree_propose(s->tree, L, s->hm, s->hkv, 0, &dp, &fd,
-                                 dp.size_by_cost && cost.max_T > 0 ? &cost : NULL, out);
+    sd_cost_curve buf;
+    const sd_cost_curve *cost = NULL;
+    SD_TRY(sd_model_tree_costs(d, &dp, L, &buf, &cost));
+    return sd_model_tree_propose(s->tree, L, s->hm, s->hkv, 0, &dp, &fd, cost, out);
 }
 
 /* The drafted rows are forgotten: the head keeps the text's rows fed with the target's

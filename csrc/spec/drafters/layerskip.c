@@ -41,7 +41,10 @@ static sd_status skip_begin(const sd_drafter *d, void **state, sd_spec_loop *L) 
 static sd_status skip_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
                               sd_draft *out) {
     if (state != NULL) {
-        SD_TRY(sd_model_tree_propose(state, L, L->m, L->kv, d->u.m.n_layers, &d->u.m.dp, NULL, NULL,
+        sd_cost_curve buf;
+        const sd_cost_curve *cost = NULL;
+        SD_TRY(sd_model_tree_costs(d, &d->u.m.dp, L, &buf, &cost));
+        SD_TRY(sd_model_tree_propose(state, L, L->m, L->kv, d->u.m.n_layers, &d->u.m.dp, NULL, cost,
                                      out));
     } else {
         SD_TRY(sd_spec_model_propose(L, L->m, L->kv, d->u.m.n_layers, &d->u.m.dp, room, out));

@@ -411,6 +411,20 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
     return SD_OK;
 }
 
+sd_status sd_model_tree_costs(const sd_drafter *d, const sd_draft_params *dp, sd_spec_loop *L,
+                              sd_cost_curve *buf, const sd_cost_curve **out) {
+    *out = NULL;
+    if (!dp->size_by_cost || L->s.temperature != 0.0f) {
+        return SD_OK;
+    }
+    const int max_T = (dp->branching > 1 ? dp->nodes : dp->k) + 1;
+    SD_TRY(sd_cost_curve_measure(d->cost, L->m,
+                                 max_T < SD_MAX_TREE_NODES + 1 ? max_T : SD_MAX_TREE_NODES + 1));
+    sd_cost_curve_get(d->cost, buf);
+    *out = buf->max_T > 0 ? buf : NULL;
+    return SD_OK;
+}
+
 sd_status sd_model_tree_commit(sd_model_tree *t, const sd_spec_loop *L, sd_kv_cache *dkv,
                                int n_acc) {
     const int base = t->base;

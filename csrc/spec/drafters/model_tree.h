@@ -46,6 +46,12 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
                                 const sd_cost_curve *cost, sd_draft *out);
 
+/* The verify costs a tree is sized by this step: with dp->size_by_cost at temperature 0, d's
+ * curve (measured on L's target at its first use: sd_cost_curve_measure) copied into buf and
+ * *out = buf; else *out = NULL. */
+sd_status sd_model_tree_costs(const sd_drafter *d, const sd_draft_params *dp, sd_spec_loop *L,
+                              sd_cost_curve *buf, const sd_cost_curve **out);
+
 /* After the verify kept n_acc nodes (L->hist now holds their tokens after the proposal's root):
  * the fed nodes of the accepted path, a prefix of it, move into consecutive slots after the
  * root, and dkv keeps the text up to the last of them (at most all but the last token). */
