@@ -135,7 +135,9 @@ static void fed_rows(sd_model_tree *t, sd_spec_loop *L, int i, int node, const f
     const float mx = f->ptop[0];
     double sum = 0.0;
     for (int v = 0; v < V; v++) {
-        sum += exp((double)(lg[v] - mx));
+        if (lg[v] != -INFINITY) { /* a head's reduced vocabulary leaves most of them out */
+            sum += exp((double)(lg[v] - mx));
+        }
     }
     for (int j = 0; j < f->n_top; j++) {
         f->ptop[j] = (float)(exp((double)(f->ptop[j] - mx)) / sum);
