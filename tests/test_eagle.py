@@ -17,7 +17,7 @@ import pytest
 import reference
 import specdec
 import tinymodels as tm
-from helpers import SETTINGS, exact_joint
+from helpers import SETTINGS, exact_joint, in_threads
 from specdec import testing
 from stats import chi2_critical, chi2_stat
 from test_model_tree import joint_counts
@@ -288,6 +288,29 @@ def test_trees_are_sized_by_the_verify_cost(tmp_path, target):
     assert got.tokens == plain.tokens
     assert sizes["flat"] > 6 and sizes["steep"] < sizes["flat"] / 2, sizes
     assert got.stats.drafted / got.stats.steps > 6
+
+
+def test_requests_at_once_give_their_alone_bits(tmp_path, target):
+    """Four requests with EAGLE heads (both kinds, greedy and sampled) at once: their steps
+    share forwards (the scheduler), each head runs in its request's drafting, and every output
+    is the one it has alone."""
+    m, _ = target
+    d1, _, _ = write_head(tmp_path / "e", "eagle", "safetensors")
+    d3, _, _ = write_head(tmp_path / "e3", "eagle3", "safetensors")
+    runs = [(specdec.Eagle(d1, depth=3, branching=2, nodes=6), 0.0),
+            (specdec.Eagle(d3, depth=4), 0.0),
+            (specdec.Eagle(d3, depth=2, branching=2, nodes=4), 1.0),
+            (specdec.Eagle(d1, depth=3), 0.7)]
+    prompts = [tm.random_tokens(TARGET.vocab, 6 + i, seed=10 + i) for i in range(4)]
+
+    def one(i):
+        spec, temp = runs[i]
+        return specdec.generate(m, prompts[i], max_new_tokens=48, stop_tokens=[], seed=3,
+                                temperature=temp, speculator=spec).tokens
+
+    alone = [one(i) for i in range(4)]
+    together = in_threads([lambda i=i: one(i) for i in range(4)])
+    assert together == alone
 
 
 def test_one_token_prompt_and_short_outputs(tmp_path, target):
