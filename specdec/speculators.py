@@ -32,6 +32,20 @@ class Speculator:
     def check_target(self, target: "Model") -> None:
         """Raise ValueError when the speculator cannot serve ``target`` (nothing by default)."""
 
+    @property
+    def verify_costs(self) -> List[float]:
+        """What a verify forward of T tokens costs over one of 1 token, for T = 1, 2, ...: as
+        measured on the model at the first request of a speculator that sizes its trees by it
+        (adaptive Token Recycling, ``size_by_cost``; [] before), or as given to
+        :meth:`set_verify_costs`."""
+        return _core.drafter_costs(self._drafter)
+
+    def set_verify_costs(self, costs: Sequence[float]) -> None:
+        """Size trees by these costs (T = 1, 2, ...; positive, non-decreasing, scaled so the
+        first is 1) instead of measuring: reproducible tree sizes, or a curve measured
+        elsewhere (``verify_costs`` of another run). Not while a generation uses it."""
+        _core.drafter_set_costs(self._drafter, [_number("costs", c) for c in costs])
+
 
 @dataclass(frozen=True)
 class PromptLookup(Speculator):
@@ -287,19 +301,6 @@ class TokenRecycling(Speculator):
         d = _core.token_recycling(_int("nodes", self.nodes), list(widths), _int("top", self.top),
                                   self.adaptive)
         object.__setattr__(self, "_drafter", d)
-
-    @property
-    def verify_costs(self) -> List[float]:
-        """What a verify forward of T tokens costs over one of 1 token, for T = 1, 2, ...: as
-        measured on the model at the first request of an adaptive speculator ([] before), or
-        as given to :meth:`set_verify_costs`."""
-        return _core.drafter_costs(self._drafter)
-
-    def set_verify_costs(self, costs: Sequence[float]) -> None:
-        """Size trees by these costs (T = 1, 2, ...; positive, non-decreasing, scaled so the
-        first is 1) instead of measuring: reproducible tree sizes, or a curve measured
-        elsewhere (``verify_costs`` of another run). Not while a generation uses it."""
-        _core.drafter_set_costs(self._drafter, [_number("costs", c) for c in costs])
 
 
 class DraftModel(Speculator):

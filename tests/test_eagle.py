@@ -270,8 +270,6 @@ def test_trees_are_sized_by_the_verify_cost(tmp_path, target):
     of `nodes` is verified; where each token costs a forward of its own, only the most
     probable few (a node of path probability p pays only if (1 + sum p) / T grows); the output
     is the plain one either way."""
-    from specdec import _core
-
     m, _ = target
     d, _, _ = write_head(tmp_path / "h", "eagle", "safetensors")
     prompt = tm.random_tokens(TARGET.vocab, 9, seed=3)
@@ -279,7 +277,7 @@ def test_trees_are_sized_by_the_verify_cost(tmp_path, target):
     sizes = {}
     for name, costs in (("flat", [1.0] * 9), ("steep", [float(t) for t in range(1, 10)])):
         spec = specdec.Eagle(d, depth=4, branching=2, nodes=8)
-        _core.drafter_set_costs(spec.drafter(), costs)
+        spec.set_verify_costs(costs)
         got = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
         assert got.tokens == plain.tokens
         sizes[name] = got.stats.drafted / got.stats.steps

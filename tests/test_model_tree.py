@@ -66,7 +66,7 @@ def test_size_by_cost(pair):
                                                         verify_slope=0, size_by_cost=True)),
                            ("skip", specdec.LayerSkip(1, k=4, branching=2, nodes=8,
                                                       verify_slope=0, size_by_cost=True))):
-            _core.drafter_set_costs(spec.drafter(), costs)
+            spec.set_verify_costs(costs)
             got = specdec.generate(target, prompt, max_new_tokens=40, stop_tokens=[],
                                    speculator=spec)
             assert got.tokens == plain.tokens, (name, kind)
