@@ -483,6 +483,26 @@ def test_bad_files_are_refused(tmp_path):
         specdec.Eagle(d)
 
 
+def test_corrupt_files_and_unsupported_settings_are_named(tmp_path):
+    d, _, cfg = write_head(tmp_path / "h", "eagle3", "safetensors")
+    data = (d / "model.safetensors").read_bytes()
+    for cut, match in ((5, "truncated"), (len(data) // 2, "lies past the end of file")):
+        (d / "model.safetensors").write_bytes(data[:cut])
+        with pytest.raises(ValueError, match=match):
+            specdec.Eagle(d)
+    (d / "model.safetensors").write_bytes(data)
+    (d / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json: json: unexpected character"):
+        specdec.Eagle(d)
+    for extra, match in ((dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                          "\"rope_scaling\" of type \"yarn\" is not supported"),
+                         (dict(hidden_act="gelu"), "\"hidden_act\" = \"gelu\" is not supported"),
+                         (dict(draft_vocab_size=41), "draft_vocab_size 41 disagrees with lm_head")):
+        (d / "config.json").write_text(json.dumps(dict(cfg, **extra)))
+        with pytest.raises(ValueError, match=match):
+            specdec.Eagle(d)
+
+
 def test_a_bin_with_code_is_refused(tmp_path):
     """A pytorch_model.bin whose pickle would call os.system is refused, and nothing runs."""
     d, w, _ = write_head(tmp_path / "h", "eagle", "bin")
