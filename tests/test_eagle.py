@@ -225,6 +225,31 @@ def test_q8_0_weights_stay_near_the_float_ones(tmp_path, target, kind):
         specdec.Eagle(d, weights="q4")
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_packed_head_computes_as_the_quantized_one(tmp_path, target, kind):
+    """tools/pack_head.py's compact form (matrices as U8 rows of Q8_0 blocks, 34 bytes per 32
+    weights) gives the bits the file's F16/F32 values give once specdec quantizes them at load,
+    whatever the weights= setting."""
+    import importlib.util
+    from pathlib import Path
+
+    spec_ = importlib.util.spec_from_file_location(
+        "pack_head", Path(__file__).resolve().parent.parent / "tools" / "pack_head.py")
+    pack_head = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(pack_head)
+    m, _ = target
+    d, _, _ = write_head(tmp_path / "h", kind, "safetensors")
+    pack_head.pack(d, tmp_path / "packed")
+    toks = tm.random_tokens(TARGET.vocab, 12, seed=8)
+    want = specdec.Eagle(d).draft_logits(m, toks)
+    np.testing.assert_array_equal(specdec.Eagle(tmp_path / "packed").draft_logits(m, toks), want)
+    np.testing.assert_array_equal(
+        specdec.Eagle(tmp_path / "packed", weights="float").draft_logits(m, toks), want)
+    # this head is F32 and only its matrices of whole blocks (fc, EAGLE-3's lm_head) pack
+    assert (tmp_path / "packed" / "model.safetensors").stat().st_size < \
+        (d / "model.safetensors").stat().st_size
+
+
 def test_a_wrong_rule_fails_the_reference(tmp_path, target):
     """The comparison can fail: EAGLE-1/2 read through an extra final norm (a published bug),
     or EAGLE-3's taps in another order, move the logits far beyond the tolerance."""

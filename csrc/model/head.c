@@ -34,9 +34,13 @@ struct sd_head {
     /* EAGLE: the layer's matrices (g_layer_mats' order), fc, and EAGLE-3's lm_head, as read:
      * views of the file, or Q8_0 copies (sd_head_quantize) */
     sd_mat layer_mats[7], fc, lm_head;
-    void *q8;      /* one block holding the Q8_0 copies (and their repacked twins), or NULL */
-    int quantized; /* the matrices are Q8_0 copies */
+    /* the Q8_0 copies and repacked twins: [0] of the matrices stored as Q8_0 (at load), [1] of
+     * the float ones (sd_head_quantize) */
+    void *q8[2];
+    int quantized; /* the float matrices are Q8_0 copies */
 };
+
+static sd_status convert(sd_head *h, int quantize);
 
 static const char *const g_layer_mats[7] = {
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -50,7 +54,20 @@ static const sd_tensor_info *find(const sd_head *h, const char *prefix, const ch
     return sd_st_find(h->st, full);
 }
 
-/* The tensor prefix+name, which must be a float tensor of the given shape (cols 0: a vector). */
+/* Whether t holds Q8_0 blocks: specdec's compact form of a shipped head stores a matrix of
+ * (rows, cols) as U8 (rows, cols / 32 * 34), each row ggml's Q8_0 blocks (an f16 scale, 32
+ * int8); safetensors has no such dtype. */
+static int is_q8_0(const sd_tensor_info *t) {
+    return t->n_dims == 2 && strcmp(t->type_name, "U8") == 0 && t->shape[1] % 34 == 0;
+}
+
+/* A matrix tensor's columns: its elements per row. */
+static int64_t cols_of(const sd_tensor_info *t) {
+    return is_q8_0(t) ? t->shape[1] / 34 * 32 : t->shape[1];
+}
+
+/* The tensor prefix+name, which must be a float tensor of the given shape (cols 0: a vector),
+ * or a matrix in Q8_0 blocks (is_q8_0). */
 static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *prefix,
                       const char *name, int64_t rows, int64_t cols) {
     const sd_tensor_info *t = find(h, prefix, name);
@@ -58,6 +75,10 @@ static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *
         return sd_set_error(SD_ERR_FORMAT, "%s: missing tensor '%s%s'", h->file, prefix, name);
     }
     const int dims = cols > 0 ? 2 : 1;
+    if (dims == 2 && is_q8_0(t) && t->shape[0] == rows && cols_of(t) == cols) {
+        *out = t;
+        return SD_OK;
+    }
     if (t->n_dims != dims || t->shape[0] != rows || (dims == 2 && t->shape[1] != cols)) {
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: tensor '%s' has %d dimensions [%lld, %lld], expected [%lld%s%lld]"
@@ -81,10 +102,10 @@ static sd_mat mat_of(const sd_tensor_info *t) {
     sd_mat m;
     memset(&m, 0, sizeof(m));
     m.data = t->data;
-    m.type = t->type;
+    m.type = is_q8_0(t) ? SD_TYPE_Q8_0 : t->type;
     m.rows = t->shape[0];
-    m.cols = t->shape[1];
-    m.row_bytes = sd_row_bytes(t->type, m.cols);
+    m.cols = cols_of(t);
+    m.row_bytes = sd_row_bytes(m.type, m.cols);
     m.tensor_id = -1;
     return m;
 }
@@ -195,14 +216,14 @@ static sd_status check_tensors(sd_head *h, const sd_json *top, const sd_json *la
                   KVD = (int64_t)c->n_kv_heads * c->head_dim;
     const sd_tensor_info *fc = sd_st_find(h->st, "fc.weight");
     if (fc == NULL || fc->n_dims != 2 || fc->shape[0] != D ||
-        (fc->shape[1] != 2 * D && fc->shape[1] != 3 * D)) {
+        (cols_of(fc) != 2 * D && cols_of(fc) != 3 * D)) {
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: no tensor 'fc.weight' of shape [%lld, %lld] (EAGLE-1/2) or "
                             "[%lld, %lld] (EAGLE-3): not an EAGLE head",
                             h->file, (long long)D, (long long)(2 * D), (long long)D,
                             (long long)(3 * D));
     }
-    h->kind = fc->shape[1] == 2 * D ? SD_HEAD_EAGLE : SD_HEAD_EAGLE3;
+    h->kind = cols_of(fc) == 2 * D ? SD_HEAD_EAGLE : SD_HEAD_EAGLE3;
     const int e3 = h->kind == SD_HEAD_EAGLE3;
     h->layer =
         e3 && sd_st_find(h->st, "midlayer.hidden_norm.weight") != NULL ? "midlayer." : "layers.0.";
@@ -344,7 +365,7 @@ static sd_status load_medusa(sd_head *h) {
                             "%s: no Medusa heads ('0.0.linear.weight' ... '0.<blocks>.weight')",
                             h->file);
     }
-    const int64_t V = o->shape[0], D = o->shape[1];
+    const int64_t V = o->shape[0], D = cols_of(o);
     h->cfg.hidden_size = (int)D;
     h->vocab = (int)V;
     h->kind = SD_HEAD_MEDUSA;
@@ -446,6 +467,9 @@ sd_status sd_head_load(sd_head **out, const char *path) {
             if (st == SD_OK) {
                 st = load_medusa(h);
             }
+            if (st == SD_OK) {
+                st = convert(h, 0);
+            }
             if (st != SD_OK) {
                 sd_head_free(h);
                 return st;
@@ -500,6 +524,7 @@ sd_status sd_head_load(sd_head **out, const char *path) {
         if (h->kind == SD_HEAD_EAGLE3) {
             h->lm_head = mat_of(sd_st_find(h->st, "lm_head.weight"));
         }
+        st = convert(h, 0); /* matrices stored as Q8_0: repacked */
     }
     sd_json_free(cfg);
     free(buf);
@@ -518,7 +543,8 @@ void sd_head_free(sd_head *h) {
         free(h->ids);
         free(h->mats);
         free(h->bias);
-        free(h->q8);
+        free(h->q8[0]);
+        free(h->q8[1]);
         free(h);
     }
 }
@@ -541,7 +567,7 @@ static int head_mats(sd_head *h, sd_mat **out) {
     }
     int kept = 0;
     for (int i = 0; i < n; i++) {
-        if (out[i]->cols % 32 == 0 && out[i]->type != SD_TYPE_Q8_0) {
+        if (out[i]->cols % 32 == 0) {
             out[kept++] = out[i];
         }
     }
@@ -565,22 +591,32 @@ static void q8_0_row(uint8_t *dst, const float *x, int64_t n) {
     }
 }
 
-sd_status sd_head_quantize(sd_head *h) {
+/* The matrices stored as Q8_0 repacked (quantize 0, at load), or the float ones quantized
+ * and repacked (1), into block h->q8[quantize]. */
+static sd_status convert(sd_head *h, int quantize) {
     sd_mat *mats[SD_MAX_TREE_NODES * 3 + 16];
-    if (h->quantized || (h->kind == SD_HEAD_MEDUSA && h->heads * (h->blocks + 1) > 160)) {
-        return SD_OK;
+    if (h->kind == SD_HEAD_MEDUSA && h->heads * (h->blocks + 1) > SD_MAX_TREE_NODES * 3) {
+        return SD_OK; /* an optimisation, not a requirement */
     }
-    const int n = head_mats(h, mats);
-    size_t total = 0;
+    int n = head_mats(h, mats), kept = 0;
     for (int i = 0; i < n; i++) {
-        total += (size_t)mats[i]->rows * sd_row_bytes(SD_TYPE_Q8_0, mats[i]->cols);
+        if ((mats[i]->type == SD_TYPE_Q8_0) != quantize) {
+            mats[kept++] = mats[i];
+        }
+    }
+    n = kept;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) { /* stored Q8_0 matrices are only repacked */
+        if (mats[i]->type != SD_TYPE_Q8_0) {
+            total += (size_t)mats[i]->rows * sd_row_bytes(SD_TYPE_Q8_0, mats[i]->cols);
+        }
         total += sd_repack_bytes(SD_TYPE_Q8_0, mats[i]->rows, mats[i]->cols);
     }
     int64_t widest = 0;
     for (int i = 0; i < n; i++) {
         widest = mats[i]->cols > widest ? mats[i]->cols : widest;
     }
-    uint8_t *p = h->q8 = malloc(total > 0 ? total : 1);
+    uint8_t *p = h->q8[quantize] = malloc(total > 0 ? total : 1);
     float *row = malloc((size_t)(widest > 0 ? widest : 1) * sizeof(float));
     if (p == NULL || row == NULL) {
         free(row);
@@ -589,16 +625,18 @@ sd_status sd_head_quantize(sd_head *h) {
     for (int i = 0; i < n; i++) {
         sd_mat *m = mats[i];
         const size_t rb = sd_row_bytes(SD_TYPE_Q8_0, m->cols);
-        const sd_type_traits *tr = sd_type_get(m->type);
-        for (int64_t r = 0; r < m->rows; r++) {
-            tr->to_float(row, (const uint8_t *)m->data + (size_t)r * m->row_bytes, m->cols);
-            q8_0_row(p + (size_t)r * rb, row, m->cols);
+        if (m->type != SD_TYPE_Q8_0) {
+            const sd_type_traits *tr = sd_type_get(m->type);
+            for (int64_t r = 0; r < m->rows; r++) {
+                tr->to_float(row, (const uint8_t *)m->data + (size_t)r * m->row_bytes, m->cols);
+                q8_0_row(p + (size_t)r * rb, row, m->cols);
+            }
+            m->data = p;
+            m->type = SD_TYPE_Q8_0;
+            m->row_bytes = rb;
+            p += (size_t)m->rows * rb;
         }
-        m->data = p;
-        m->type = SD_TYPE_Q8_0;
-        m->row_bytes = rb;
         m->packed = NULL;
-        p += (size_t)m->rows * rb;
         const size_t pb = sd_repack_bytes(SD_TYPE_Q8_0, m->rows, m->cols);
         if (pb > 0) { /* the 8-row interleaved twin the integer tiles read */
             sd_repack(p, SD_TYPE_Q8_0, m->data, rb, m->rows, m->cols);
@@ -607,6 +645,14 @@ sd_status sd_head_quantize(sd_head *h) {
         }
     }
     free(row);
+    return SD_OK;
+}
+
+sd_status sd_head_quantize(sd_head *h) {
+    if (h->quantized) {
+        return SD_OK;
+    }
+    SD_TRY(convert(h, 1));
     h->quantized = 1;
     return SD_OK;
 }
