@@ -1,5 +1,6 @@
-/* head.c — EAGLE-1/2 and EAGLE-3 heads (head.h): read and check their files, bind them to a
- * target as one-layer models, and compute the rows entering their layer. */
+/* head.c — learned drafters' heads (head.h): EAGLE-1/2, EAGLE-3 and Medusa files read and
+ * checked, their matrices kept as views or Q8_0 copies, an EAGLE head bound to a target as a
+ * one-layer model with the rows entering its layer computed here, Medusa's heads run here. */
 #include "model/head.h"
 
 #include <math.h>
