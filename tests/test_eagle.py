@@ -541,3 +541,24 @@ def test_a_bin_with_code_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"refused: the pickle calls os\.system"):
         specdec.Eagle(d)
     assert not marker.exists()
+
+
+# ---- the head shipped for SmolLM2 -------------------------------------------------------------
+
+@pytest.mark.parametrize("depth,branching,nodes", [(4, 1, 4), (5, 3, 12)])
+def test_the_shipped_smollm2_head(smollm2_path, depth, branching, nodes):
+    """specdec.Eagle("smollm2-135m-instruct"), the EAGLE-3 head trained for the default model
+    (benchmarks/RESULTS.md) and shipped in the package: greedy output with it is the plain one,
+    and it drafts what the target says (its first draft is accepted most of the time)."""
+    m = specdec.load(smollm2_path)
+    spec = specdec.Eagle("smollm2-135m-instruct", depth=depth, branching=branching, nodes=nodes,
+                         size_by_cost=False)
+    assert spec.kind == "eagle3"
+    accepted = steps = 0
+    for q in ("List the days of the week.", "Explain how a bicycle works in three sentences."):
+        msgs = [{"role": "user", "content": q}]
+        plain = specdec.generate(m, msgs, max_new_tokens=48)
+        got = specdec.generate(m, msgs, max_new_tokens=48, speculator=spec)
+        assert got.tokens == plain.tokens, q
+        accepted, steps = accepted + got.stats.accepted, steps + got.stats.steps
+    assert accepted > 0.5 * steps, (accepted, steps)
