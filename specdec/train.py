@@ -125,15 +125,21 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, shar
 def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
     path = os.path.join(work, "vocab.npz")
     shards = td.list_shards(os.path.join(work, "data"))
-    train_shards = shards[:-held_out] if held_out and len(shards) > held_out else shards
-    counts = td.token_counts([td.read_shard(p) for p in train_shards], model.config.vocab_size)
+    train_shards, held_shards = td.split_shards(shards, held_out)
+    V = model.config.vocab_size
+    counts = td.token_counts([td.read_shard(p) for p in train_shards], V)
+    held = td.token_counts([td.read_shard(p) for p in held_shards], V)
     eog = sorted(model.require_tokenizer().eog_ids)
     ids, d2t, t2d, cov = td.draft_vocab(counts, vd, always=eog)
     report = {"draft_vocab": vd, "coverage": cov, "answer_tokens": int(counts.sum()),
-              "distinct_tokens": int((counts > 0).sum())}
+              "distinct_tokens": int((counts > 0).sum()), "held_out_tokens": int(held.sum())}
+    # coverage of the training answers, and of the held-out answers by the training vocabulary
     for v in (1024, 2048, 4096, 8192, 16384, 32000):
-        if v <= len(counts):
-            report[f"coverage_{v}"] = td.draft_vocab(counts, v, always=eog)[3]
+        if v <= V:
+            t = td.draft_vocab(counts, v, always=eog)
+            report[f"coverage_{v}"] = t[3]
+            if held.sum():
+                report[f"held_out_coverage_{v}"] = float(held[t[2]].sum() / held.sum())
     np.savez(path, ids=ids, d2t=d2t, t2d=t2d, counts=counts)
     with open(os.path.join(work, "vocab.json"), "w") as f:
         json.dump(report, f, indent=1)

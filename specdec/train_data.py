@@ -252,6 +252,17 @@ def list_shards(data_dir: str) -> List[str]:
             if all(os.path.exists(os.path.join(data_dir, n, f)) for f in SHARD_FILES)]
 
 
+def split_shards(shards: Sequence[str], held_out: int) -> Tuple[List[str], List[str]]:
+    """(training shards, held-out shards): ``held_out`` shards spread evenly over the list, so
+    that they mix the prompt kinds (the passage tasks come last); none when there are too few."""
+    n = len(shards)
+    if held_out <= 0 or n <= held_out:
+        return list(shards), []
+    pick = {min(n - 1, int((j + 0.5) * n / held_out)) for j in range(held_out)}
+    return ([p for i, p in enumerate(shards) if i not in pick],
+            [p for i, p in enumerate(shards) if i in pick])
+
+
 def topk_rows(logits: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
     """The ``k`` largest logits of each row and their ids, best first: (ids int32, logits)."""
     idx = np.argpartition(-logits, k - 1, axis=1)[:, :k]

@@ -293,10 +293,9 @@ def train(work: str, out: str, args) -> None:
     tgt2draft[ids] = np.arange(len(ids))
     embed = torch.from_numpy(np.load(os.path.join(work, "embed.npy")).astype(np.float32))
     shards = td.list_shards(os.path.join(work, "data"))
-    held = args.held_out if len(shards) > args.held_out else 0
-    train_b = Batches(shards[:len(shards) - held], args.max_len, args.ttt, tgt2draft)
-    eval_b = Batches(shards[len(shards) - held:], args.max_len, args.ttt, tgt2draft) if held \
-        else None
+    train_sh, held_sh = td.split_shards(shards, args.held_out)
+    train_b = Batches(train_sh, args.max_len, args.ttt, tgt2draft)
+    eval_b = Batches(held_sh, args.max_len, args.ttt, tgt2draft) if held_sh else None
     d2t_ids = torch.from_numpy(ids)
 
     head = build_head(cfg)
@@ -330,7 +329,7 @@ def train(work: str, out: str, args) -> None:
     rng = np.random.default_rng(args.seed + step)
     perm = rng.permutation(len(train_b))
     cursor = 0
-    print(f"training on {len(train_b)} sequences ({len(shards) - held} shards), held out "
+    print(f"training on {len(train_b)} sequences ({len(train_sh)} shards), held out "
           f"{len(eval_b) if eval_b else 0}; Vd {len(ids)}, TTT {args.ttt}", flush=True)
 
     def save_and_export(s: int) -> None:

@@ -110,6 +110,14 @@ def test_shard_roundtrip_and_listing(tmp_path):
         assert json.load(f) == {"note": "test"}
 
 
+def test_split_shards_spreads_held_out():
+    names = [f"s{i}" for i in range(10)]
+    train, held = td.split_shards(names, 2)
+    assert held == ["s2", "s7"] and len(train) == 8 and not set(train) & set(held)
+    assert td.split_shards(names[:1], 1) == (["s0"], [])
+    assert td.split_shards(names, 0) == (names, [])
+
+
 def test_topk_rows_sorted_best_first():
     rng = np.random.default_rng(0)
     lg = rng.standard_normal((6, 50)).astype(np.float32)
@@ -378,3 +386,36 @@ def test_train_and_export_end_to_end(tmp_path):
     args.steps = 4  # resumes from the step-3 checkpoint
     te.train(work, out, args)
     assert len(open(os.path.join(work, "train_log.csv")).read().splitlines()) == 5
+
+
+def test_check_tool_drafts_as_the_reference(tmp_path):
+    # tools/eagle3_check.py reads the exported files and drafts chains in NumPy; its rows must
+    # be the reference's (inference, one row at a time), and its accepted counts follow them
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import eagle3_check
+    finally:
+        sys.path.pop(0)
+    cfg = _cfg(H=8, nh=4, nkv=2, hd=4, F=12, V=30, Vd=30)
+    w = _weights(cfg, seed=3)
+    w["d2t"], w["t2d"] = np.zeros(30, np.int64), np.ones(30, bool)  # the whole vocabulary
+    td.export_eagle3(str(tmp_path), w, cfg, dtype=np.float32)
+    rng = np.random.default_rng(4)
+    embed = rng.standard_normal((30, 8)).astype(np.float32)
+    feats = rng.standard_normal((12, 24)).astype(np.float32)
+    head = eagle3_check.Head(str(tmp_path), embed)
+    # a text that follows the head's own greedy drafts from root row 4, two deep, then differs
+    toks = list(rng.integers(0, 30, 6))
+    ref = _NumpyHead(w, cfg, embed)
+    for r in range(5):
+        out, lg = ref.row(w["fc.weight"].astype(np.float64) @ feats[r], toks[r + 1], r)
+    d1 = int(np.argmax(lg))
+    toks.append(d1)                                   # text[6] = d1 (row 4 predicts text[6])
+    out, lg = ref.row(out, d1, 5)
+    d2 = int(np.argmax(lg))
+    toks.append(d2)
+    out, lg = ref.row(out, d2, 6)
+    toks.append((int(np.argmax(lg)) + 1) % 30)        # the third draft is rejected
+    toks += list(rng.integers(0, 30, 2))
+    acc = eagle3_check.check_sequence(head, np.array(toks), feats, answer=6, depth=4)
+    assert acc[0] == 2  # roots from row answer - 2 = 4 on
