@@ -124,6 +124,14 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, shar
 
 def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
     path = os.path.join(work, "vocab.npz")
+    if os.path.exists(path) and os.path.exists(os.path.join(work, "embed.npy")):
+        with open(os.path.join(work, "vocab.json")) as f:
+            report = json.load(f)
+        if report["draft_vocab"] == vd:  # done: checkpoints depend on this vocabulary
+            return report
+        raise ValueError(f"{path} holds a draft vocabulary of {report['draft_vocab']} tokens, "
+                         f"not {vd}: use another work directory (or delete it and the "
+                         f"checkpoints trained on it)")
     shards = td.list_shards(os.path.join(work, "data"))
     train_shards, held_shards = td.split_shards(shards, held_out)
     V = model.config.vocab_size
@@ -140,9 +148,10 @@ def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
             report[f"coverage_{v}"] = t[3]
             if held.sum():
                 report[f"held_out_coverage_{v}"] = float(held[t[2]].sum() / held.sum())
-    np.savez(path, ids=ids, d2t=d2t, t2d=t2d, counts=counts)
     with open(os.path.join(work, "vocab.json"), "w") as f:
         json.dump(report, f, indent=1)
+    np.savez(path + ".tmp.npz", ids=ids, d2t=d2t, t2d=t2d, counts=counts)
+    os.replace(path + ".tmp.npz", path)  # last: its presence marks the stage done
     _log("vocab: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in report.items()))
     emb = os.path.join(work, "embed.npy")

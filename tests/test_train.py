@@ -419,3 +419,61 @@ def test_check_tool_drafts_as_the_reference(tmp_path):
     toks += list(rng.integers(0, 30, 2))
     acc = eagle3_check.check_sequence(head, np.array(toks), feats, answer=6, depth=4)
     assert acc[0] == 2  # roots from row answer - 2 = 4 on
+
+
+def test_data_shard_from_the_real_model(smollm2_path, tmp_path):
+    # a shard holds the answer generate() gives and the features forward() gives for it
+    import specdec
+    m = specdec.load(smollm2_path)
+    prompts = [(0, "Name a colour."), (3, "Count to three.")]   # index 0 and 3: greedy
+    path = os.path.join(str(tmp_path), td.shard_name(0))
+    meta = td.generate_shard(m, prompts, path, layers=[2, 15, 27], k=4, max_new_tokens=8,
+                             threads=2, seed=0)
+    assert [s["index"] for s in meta["sequences"]] == [0, 3]
+    sh = td.read_shard(path)
+    for s, (_, text) in enumerate(prompts):
+        g = specdec.generate(m, [{"role": "user", "content": text}], max_new_tokens=8)
+        q = sh.seq(s)
+        assert q["tokens"].tolist() == g.prompt_tokens + g.tokens
+        assert q["answer"] == len(g.prompt_tokens)
+        toks = q["tokens"].tolist()
+        logits, _, aux = m.forward(m.new_cache(len(toks)), toks, aux_layers=[2, 15, 27])
+        want = np.concatenate([aux[0], aux[1], aux[2]], axis=1)
+        np.testing.assert_allclose(q["feats"].astype(np.float32), want, rtol=2e-3, atol=2e-2)
+        a = q["answer"]
+        assert (q["topk_ids"][:a - 1] == -1).all()
+        assert q["topk_ids"][a - 1:, 0].tolist() == logits[a - 1:].argmax(1).tolist()
+        # greedy answers: the text's next token is the target's argmax
+        assert q["topk_ids"][a - 1:-1, 0].tolist() == toks[a:]
+
+
+def test_cli_trains_and_exports(tmp_path):
+    pytest.importorskip("torch", reason=TORCH_REASON)
+    from specdec import train as cli
+    work = str(tmp_path / "work")
+    os.makedirs(os.path.join(work, "data"))
+    H, V, Vd = 8, 30, 10
+    rng = np.random.default_rng(5)
+    for s in range(2):
+        seqs = [(rng.integers(0, V, 10).tolist(), 3) for _ in range(2)]
+        td.write_shard(os.path.join(work, "data", td.shard_name(s)), seqs,
+                       [rng.standard_normal((10, 3 * H)).astype(np.float32) for _ in seqs],
+                       [td.topk_rows(rng.standard_normal((10, V)).astype(np.float32), 4)
+                        for _ in seqs], {})
+    counts = td.token_counts([td.read_shard(p) for p in td.list_shards(
+        os.path.join(work, "data"))], V)
+    ids, d2t, t2d, _ = td.draft_vocab(counts, Vd)
+    np.savez(os.path.join(work, "vocab.npz"), ids=ids, d2t=d2t, t2d=t2d, counts=counts)
+    np.save(os.path.join(work, "embed.npy"), rng.standard_normal((V, H)).astype(np.float32))
+    with open(os.path.join(work, "target_config.json"), "w") as f:
+        json.dump(_cfg(H=H, nh=2, nkv=1, hd=4, F=12, V=V, Vd=Vd), f)
+    out = str(tmp_path / "head")
+    base = ["eagle3", "--target", "unused", "--work", work, "--out", out,
+            "--intermediate-size", "12", "--draft-vocab", str(Vd), "--torch-threads", "1"]
+    assert cli.main(base + ["--stage", "train", "--only", "--steps", "2", "--batch", "2",
+                            "--ttt", "2", "--ckpt-every", "1"]) == 0
+    os.remove(os.path.join(out, "model.safetensors"))
+    assert cli.main(base + ["--stage", "export", "--only"]) == 0
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert cfg["intermediate_size"] == 12 and cfg["draft_vocab_size"] == Vd
+    assert td.read_safetensors(os.path.join(out, "model.safetensors"))["t2d"].sum() == Vd
