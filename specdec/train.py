@@ -8,7 +8,8 @@ Stages (each resumable; a finished stage is skipped when run again with the same
    batched across threads by specdec's scheduler; then one forward per sequence gives the
    residual stream entering layers 2, L//2 and L-3 and the top-k next-token logits. Shards of
    ``--shard-size`` sequences under ``WORK/data``. A second pass asks for summaries, extraction
-   and translations of passages from the first pass's answers.
+   and translations of passages from the first pass's answers; ``--extra-prompts`` adds more
+   template prompts after that (to extend a run).
 3. ``vocab``    the draft vocabulary: the ``--draft-vocab`` most frequent answer tokens
    (EAGLE-3's rule), its coverage, ``d2t``/``t2d`` (``WORK/vocab.npz``), and the target's
    embedding table as its forward computes it (``WORK/embed.npy``).
@@ -76,7 +77,8 @@ def _answers_text(model, data_dir: str, limit: int) -> List[str]:
     return out
 
 
-def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, shard_size: int,
+def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_extra: int,
+               shard_size: int,
                max_new_tokens: int, threads: int, k: int, seed: int,
                lookup: bool) -> None:
     from tqdm import tqdm
@@ -120,6 +122,23 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, shar
             with open(path, "w") as f:
                 json.dump(passage, f, indent=1)
         run([(len(main) + i, p) for i, p in enumerate(passage)], n_main, "passages")
+    else:
+        passage = []
+    if n_extra > 0:
+        # more template prompts after the first round's shards (a run extended later)
+        path = os.path.join(work, "prompts_extra.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                extra = json.load(f)
+        else:
+            known = set(prompts)
+            extra = [p for p in td.template_prompts(n_extra + len(prompts), seed + 2)
+                     if p not in known][:n_extra]
+            with open(path, "w") as f:
+                json.dump(extra, f, indent=1)
+        first = n_main + (len(passage) + shard_size - 1) // shard_size
+        base = len(main) + len(passage)
+        run([(base + i, p) for i, p in enumerate(extra)], first, "extra")
 
 
 def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
@@ -183,6 +202,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     e.add_argument("--self-prompts", type=int, default=400,
                    help="user turns for the target to write itself (some are dropped)")
     e.add_argument("--passage-prompts", type=int, default=200)
+    e.add_argument("--extra-prompts", type=int, default=0,
+                   help="more template prompts after the passage tasks (to extend a run)")
     e.add_argument("--shard-size", type=int, default=32)
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--topk", type=int, default=16, help="target logits kept per position")
@@ -236,6 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "data" in todo:
         t0 = time.time()
         stage_data(model, work, prompts, n_passage=args.passage_prompts,
+                   n_extra=args.extra_prompts,
                    shard_size=args.shard_size, max_new_tokens=args.max_new_tokens,
                    threads=args.threads, k=args.topk, seed=args.seed,
                    lookup=not args.no_lookup)
