@@ -127,13 +127,14 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
     if n_extra > 0:
         # more template prompts after the first round's shards (a run extended later)
         path = os.path.join(work, "prompts_extra.json")
+        extra: List[str] = []
         if os.path.exists(path):
             with open(path) as f:
                 extra = json.load(f)
-        else:
-            known = set(prompts)
-            extra = [p for p in td.template_prompts(n_extra + len(prompts), seed + 2)
-                     if p not in known][:n_extra]
+        if len(extra) < n_extra:  # a larger request extends the list; earlier shards stay
+            known = set(prompts) | set(extra)
+            extra += [p for p in td.template_prompts(n_extra + len(known), seed + 2)
+                      if p not in known][:n_extra - len(extra)]
             with open(path, "w") as f:
                 json.dump(extra, f, indent=1)
         first = n_main + (len(passage) + shard_size - 1) // shard_size

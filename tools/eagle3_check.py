@@ -128,6 +128,8 @@ def main() -> int:
     acc = []
     n_seqs = 0
     for p in shards:
+        if args.max_seqs and n_seqs >= args.max_seqs:
+            break
         with open(os.path.join(p, "meta.json")) as f:
             meta = json.load(f)
         sh = td.read_shard(p)
