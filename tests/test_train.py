@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import helpers
 from specdec import train_data as td
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -229,7 +230,11 @@ def test_safetensors_rejects_unknown_dtype(tmp_path):
 def test_library_does_not_import_torch():
     code = ("import sys, specdec, specdec.train, specdec.train_data, specdec.train_eagle3; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    # a child importing the same specdec as this process (the installed one in CI, not the
+    # source tree's, which has no built extension there)
+    r = subprocess.run([sys.executable, "-c", code], env=helpers.child_env(),
+                       cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr
 
 
