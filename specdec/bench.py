@@ -98,6 +98,12 @@ def load_draft(args: argparse.Namespace, model) -> "specdec.Model":
     return draft
 
 
+def _eagle_dir(args: argparse.Namespace) -> str:
+    if not args.eagle:
+        raise ValueError("the eagle methods need --eagle DIR (an EAGLE head directory)")
+    return args.eagle
+
+
 def run(args: argparse.Namespace) -> dict:
     model = specdec.load(args.model, threads=args.threads, kv_dtype=args.kv_dtype)
     # every method computes its own prefill: with prefix reuse the methods after the first
@@ -138,12 +144,12 @@ def run(args: argparse.Namespace) -> dict:
                                                           adaptive=not args.tree_whole)
             draft_cost["recycling"] = 0.0
         elif name == "eagle":
-            methods["eagle"] = specdec.Eagle(args.eagle or args.model, depth=args.eagle_depth,
+            methods["eagle"] = specdec.Eagle(_eagle_dir(args), depth=args.eagle_depth,
                                              branching=args.model_branching,
                                              nodes=args.model_nodes, p_min=args.p_min)
             draft_cost["eagle"] = 0.0  # counted in the measured time; not modelled here
         elif name == "eagle-tree":  # beside the chain in the same run
-            methods["eagle-tree"] = specdec.Eagle(args.eagle or args.model,
+            methods["eagle-tree"] = specdec.Eagle(_eagle_dir(args),
                                                   depth=args.eagle_depth,
                                                   branching=args.eagle_branching,
                                                   nodes=args.eagle_nodes, p_min=args.p_min)
@@ -234,8 +240,7 @@ def main(argv=None) -> int:
                    help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling, "
                    "eagle, eagle-tree, medusa")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
-    p.add_argument("--eagle", help="eagle: an EAGLE head directory (default: the head shipped "
-                   "for --model's alias)")
+    p.add_argument("--eagle", help="eagle, eagle-tree: an EAGLE head directory")
     p.add_argument("--eagle-depth", type=int, default=5, help="eagle, eagle-tree: draft depth")
     p.add_argument("--eagle-branching", type=int, default=3,
                    help="eagle-tree: children per expanded node")

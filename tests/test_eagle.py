@@ -8,7 +8,6 @@ target's (chi-square); and the errors of heads that do not fit."""
 from __future__ import annotations
 
 import json
-import struct
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,22 +31,20 @@ DRAFT_VOCAB = 40
 
 # ---- writing heads --------------------------------------------------------------------------
 
-ST_NAMES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-            np.dtype(np.int64): "I64", np.dtype(np.bool_): "BOOL"}
+def _load_pack_head():
+    """tools/pack_head.py (its safetensors writer, and the packer under test)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "pack_head", Path(__file__).resolve().parent.parent / "tools" / "pack_head.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def write_safetensors(path, tensors: dict) -> None:
-    """A safetensors file of mixed dtypes, in insertion order."""
-    header, blobs, off = {}, [], 0
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        header[name] = {"dtype": ST_NAMES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [off, off + a.nbytes]}
-        blobs.append(a.tobytes())
-        off += a.nbytes
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+pack_head = _load_pack_head()
+write_safetensors = pack_head.write_safetensors  # mixed dtypes, in insertion order
 
 
 def write_bin(path, tensors: dict) -> None:
@@ -230,13 +227,6 @@ def test_a_packed_head_computes_as_the_quantized_one(tmp_path, target, kind):
     """tools/pack_head.py's compact form (matrices as U8 rows of Q8_0 blocks, 34 bytes per 32
     weights) gives the bits the file's F16/F32 values give once specdec quantizes them at load,
     whatever the weights= setting."""
-    import importlib.util
-    from pathlib import Path
-
-    spec_ = importlib.util.spec_from_file_location(
-        "pack_head", Path(__file__).resolve().parent.parent / "tools" / "pack_head.py")
-    pack_head = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(pack_head)
     m, _ = target
     d, _, _ = write_head(tmp_path / "h", kind, "safetensors")
     pack_head.pack(d, tmp_path / "packed")
@@ -543,22 +533,42 @@ def test_a_bin_with_code_is_refused(tmp_path):
     assert not marker.exists()
 
 
-# ---- the head shipped for SmolLM2 -------------------------------------------------------------
+# ---- the real model ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("depth,branching,nodes", [(4, 1, 4), (5, 3, 12)])
-def test_the_shipped_smollm2_head(smollm2_path, depth, branching, nodes):
-    """specdec.Eagle("smollm2-135m-instruct"), the EAGLE-3 head trained for the default model
-    (benchmarks/RESULTS.md) and shipped in the package: greedy output with it is the plain one,
-    and it drafts what the target says (a quarter of a draft or more accepted per step)."""
+def test_smollm2_greedy_equals_plain(tmp_path, smollm2_path, depth, branching, nodes):
+    """An EAGLE-3 head of SmolLM2's shapes (random weights, a draft vocabulary of 1,024, taps
+    at layers 2, 15 and 27): greedy output with it is the plain one on the real model."""
+    rng = np.random.default_rng(0)
+    D, F, V, Vd = 576, 512, 49152, 1024
+
+    def mat(r, c):
+        return (rng.standard_normal((r, c)) / np.sqrt(c)).astype(np.float16)
+
+    ids = np.sort(rng.choice(V, Vd, replace=False))
+    p = "midlayer."
+    w = {"fc.weight": mat(D, 3 * D), p + "self_attn.q_proj.weight": mat(576, 2 * D),
+         p + "self_attn.k_proj.weight": mat(192, 2 * D),
+         p + "self_attn.v_proj.weight": mat(192, 2 * D), p + "self_attn.o_proj.weight": mat(D, 576),
+         p + "mlp.gate_proj.weight": mat(F, D), p + "mlp.up_proj.weight": mat(F, D),
+         p + "mlp.down_proj.weight": mat(D, F)}
+    for n in ("post_attention_layernorm", "input_layernorm", "hidden_norm"):
+        w[p + n + ".weight"] = np.ones(D, np.float16)
+    w.update({"norm.weight": np.ones(D, np.float16), "lm_head.weight": mat(Vd, D),
+              "d2t": (ids - np.arange(Vd)).astype(np.int64)})
+    d = tmp_path / "head"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": D, "intermediate_size": F,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+        "max_position_embeddings": 8192, "vocab_size": V, "draft_vocab_size": Vd}))
+    write_safetensors(d / "model.safetensors", w)
     m = specdec.load(smollm2_path)
-    spec = specdec.Eagle("smollm2-135m-instruct", depth=depth, branching=branching, nodes=nodes,
-                         size_by_cost=False)
-    assert spec.kind == "eagle3"
-    accepted = steps = 0
+    spec = specdec.Eagle(d, depth=depth, branching=branching, nodes=nodes, size_by_cost=False)
     for q in ("List the days of the week.", "Explain how a bicycle works in three sentences."):
         msgs = [{"role": "user", "content": q}]
         plain = specdec.generate(m, msgs, max_new_tokens=48)
         got = specdec.generate(m, msgs, max_new_tokens=48, speculator=spec)
         assert got.tokens == plain.tokens, q
-        accepted, steps = accepted + got.stats.accepted, steps + got.stats.steps
-    assert accepted > 0.25 * steps, (accepted, steps)
+        assert got.stats.drafted > got.stats.steps
