@@ -98,12 +98,6 @@ def load_draft(args: argparse.Namespace, model) -> "specdec.Model":
     return draft
 
 
-def _eagle_dir(args: argparse.Namespace) -> str:
-    if not args.eagle:
-        raise ValueError("the eagle methods need --eagle DIR (an EAGLE head directory)")
-    return args.eagle
-
-
 def run(args: argparse.Namespace) -> dict:
     model = specdec.load(args.model, threads=args.threads, kv_dtype=args.kv_dtype)
     # every method computes its own prefill: with prefix reuse the methods after the first
@@ -144,15 +138,17 @@ def run(args: argparse.Namespace) -> dict:
                                                           adaptive=not args.tree_whole)
             draft_cost["recycling"] = 0.0
         elif name == "eagle":
-            methods["eagle"] = specdec.Eagle(_eagle_dir(args), depth=args.eagle_depth,
+            methods["eagle"] = specdec.Eagle(args.eagle or args.model, depth=args.eagle_depth,
                                              branching=args.model_branching,
-                                             nodes=args.model_nodes, p_min=args.p_min)
+                                             nodes=args.model_nodes, p_min=args.p_min,
+                                             size_by_cost=not args.eagle_whole)
             draft_cost["eagle"] = 0.0  # counted in the measured time; not modelled here
         elif name == "eagle-tree":  # beside the chain in the same run
-            methods["eagle-tree"] = specdec.Eagle(_eagle_dir(args),
+            methods["eagle-tree"] = specdec.Eagle(args.eagle or args.model,
                                                   depth=args.eagle_depth,
                                                   branching=args.eagle_branching,
-                                                  nodes=args.eagle_nodes, p_min=args.p_min)
+                                                  nodes=args.eagle_nodes, p_min=args.p_min,
+                                                  size_by_cost=not args.eagle_whole)
             draft_cost["eagle-tree"] = 0.0
         elif name == "medusa":
             if not args.medusa:
@@ -200,7 +196,7 @@ def summarize(res: dict) -> str:
     cats = sorted({q["category"] for q in res["questions"]}) + ["overall"]
     methods = [m for m in res["questions"][0]["methods"] if m != "plain"] if res["questions"] \
         else []
-    lines = [f"| category | n | plain tok/s | plain at limit | plain looped | " + " | ".join(
+    lines = ["| category | n | plain tok/s | plain at limit | plain looped | " + " | ".join(
         f"{m} tok/s | {m} speedup | {m} decode speedup | {m} tau | {m} accept | {m} predicted"
         for m in methods) + " |", "|---|---|---|---|---|" + "---|---|---|---|---|---|" * len(methods)]
     for cat in cats:
@@ -240,7 +236,8 @@ def main(argv=None) -> int:
                    help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling, "
                    "eagle, eagle-tree, medusa")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
-    p.add_argument("--eagle", help="eagle, eagle-tree: an EAGLE head directory")
+    p.add_argument("--eagle", help="eagle: an EAGLE head directory (default: the head shipped "
+                   "for --model's alias)")
     p.add_argument("--eagle-depth", type=int, default=5, help="eagle, eagle-tree: draft depth")
     p.add_argument("--eagle-branching", type=int, default=3,
                    help="eagle-tree: children per expanded node")
@@ -271,6 +268,9 @@ def main(argv=None) -> int:
     p.add_argument("--model-nodes", type=int, default=16,
                    help="layerskip, draft, eagle: the most nodes of a tree (with "
                    "--model-branching > 1)")
+    p.add_argument("--eagle-whole", action="store_true",
+                   help="eagle, eagle-tree: draft the whole depth (or nodes) every step, not "
+                   "only what pays by the measured verify cost")
     p.add_argument("--tree-whole", action="store_true",
                    help="recycling: draft the whole template every step (default: the nodes "
                         "that pay at the measured verify costs)")

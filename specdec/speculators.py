@@ -118,6 +118,10 @@ class LayerSkip(Speculator):
         object.__setattr__(self, "_drafter", d)
 
 
+# Heads shipped inside the package, by the alias of the target they were trained for.
+_SHIPPED_HEADS = {"smollm2-135m-instruct": "smollm2-135m-instruct-eagle3"}
+
+
 def _head_weights(weights: Any) -> bool:
     """Whether a head computes with Q8_0 copies of its matrices."""
     if weights not in ("q8_0", "float"):
@@ -125,16 +129,25 @@ def _head_weights(weights: Any) -> bool:
     return weights == "q8_0"
 
 
-def _head_path(path: Any) -> str:
-    """A head directory, checked to exist."""
+def _head_path(path_or_alias: Any) -> str:
+    """A head directory: a path as given, or the head shipped for a target alias."""
     import os
 
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a head directory, got {type(path).__name__}")
-    d = os.fspath(path)
+    if isinstance(path_or_alias, str) and path_or_alias in _SHIPPED_HEADS:
+        d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "heads",
+                         _SHIPPED_HEADS[path_or_alias])
+        if not os.path.isdir(d):
+            raise ValueError(f"no EAGLE head is shipped for {path_or_alias!r} in this build "
+                             f"(expected at {d})")
+        return d
+    if not isinstance(path_or_alias, (str, os.PathLike)):
+        raise TypeError(f"path must be a head directory or a model alias, got "
+                        f"{type(path_or_alias).__name__}")
+    d = os.fspath(path_or_alias)
     if not os.path.isdir(d):
         raise FileNotFoundError(f"no EAGLE head directory at {d!r} (a directory with "
-                                f"config.json and model.safetensors or pytorch_model.bin)")
+                                f"config.json and model.safetensors or pytorch_model.bin, or one "
+                                f"of the aliases {sorted(_SHIPPED_HEADS)})")
     return d
 
 
@@ -146,7 +159,9 @@ class Eagle(Speculator):
     refused). The kind is told by the file: ``fc`` of width 2H is EAGLE-1/2 (the target's
     final-normed hidden state and the next token's embedding, one decoder layer, the target's
     output head), 3H is EAGLE-3 (three of the target's layer inputs, its own draft vocabulary).
-    ``python -m specdec.train eagle3`` trains one for a target (``specdec[train]``).
+    ``path`` may also be the alias of a target a head ships for: ``"smollm2-135m-instruct"``, an
+    EAGLE-3 head trained by ``python -m specdec.train eagle3`` (``specdec[train]``), with a draft
+    vocabulary of 4,096 tokens, stored as 4-bit blocks (``tools/pack_head.py --blocks q4_1``).
 
     Each step the head first reads what the last verify gave (the accepted tokens' features,
     from the same target forward: no extra pass), then drafts ``depth`` levels from the text's
@@ -164,7 +179,9 @@ class Eagle(Speculator):
 
     ``weights``: ``"q8_0"`` (default) computes with 8-bit copies of the head's matrices (ggml's
     Q8_0 blocks, on the integer kernels: a head runs once per depth, so its speed counts);
-    ``"float"`` with the file's own F32/F16/BF16 values. Either way the output is the target's.
+    ``"float"`` with the file's own F32/F16/BF16 values. Matrices the file stores as blocks
+    (``tools/pack_head.py``, as the shipped head is) compute as stored either way. Either way
+    the output is the target's.
 
     A head that does not fit the target (hidden size, vocabulary, the layers it reads) raises
     ValueError naming the mismatch at generate.

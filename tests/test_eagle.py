@@ -8,11 +8,13 @@ target's (chi-square); and the errors of heads that do not fit."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+import quantref
 import reference
 import specdec
 import tinymodels as tm
@@ -238,6 +240,71 @@ def test_a_packed_head_computes_as_the_quantized_one(tmp_path, target, kind):
     # this head is F32 and only its matrices of whole blocks (fc, EAGLE-3's lm_head) pack
     assert (tmp_path / "packed" / "model.safetensors").stat().st_size < \
         (d / "model.safetensors").stat().st_size
+
+
+@pytest.mark.parametrize("blocks,type_id,nbytes", [("q4_1", 3, 20), ("q4_0", 2, 18)])
+def test_a_head_packed_in_4_bits_computes_with_its_blocks(tmp_path, target, blocks, type_id,
+                                                          nbytes):
+    """tools/pack_head.py --blocks q4_1/q4_0 (U8 (rows, cols / 32, 20 or 18), the form the
+    shipped head takes): the blocks read back as ggml's layout defines them, within half a step
+    of the weights, and the head computes with them: its logits follow a float64 statement of
+    the head over the dequantized weights (to the 8-bit rounding of the activations the integer
+    kernels read), not the unrounded ones."""
+    m, tiny = target
+    d, hw, _ = write_head(tmp_path / "h", "eagle3", "safetensors")
+    pack_head.pack(d, tmp_path / "p", blocks=blocks)
+    packed = pack_head.read_safetensors(tmp_path / "p" / "model.safetensors")
+    deq = dict(hw)
+    for name, w in hw.items():
+        if w.ndim == 2 and w.shape[1] % 32 == 0:
+            b = packed[name]
+            assert b.dtype == np.uint8 and b.shape == (w.shape[0], w.shape[1] // 32, nbytes)
+            mine = quantref.dequantize(type_id, b.reshape(-1, nbytes)).reshape(w.shape)
+            core = specdec._core.dequantize(type_id, b.tobytes(), w.size).reshape(w.shape)
+            np.testing.assert_array_equal(core, mine)
+            # half a step of a block's range / 15 (Q4_1); Q4_0's steps are |x*| / 8 and its
+            # end opposite x* clips by up to a whole step (ggml's rule)
+            bound = np.abs(w).max() / (15 if blocks == "q4_1" else 8)
+            assert np.abs(mine - w).max() <= bound + 1e-6
+            deq[name] = mine.astype(np.float64)
+    toks = tm.random_tokens(TARGET.vocab, 12, seed=9)
+    got = specdec.Eagle(tmp_path / "p", weights="float").draft_logits(m, toks)
+    np.testing.assert_array_equal(specdec.Eagle(tmp_path / "p").draft_logits(m, toks), got)
+    fin = np.isfinite(got)
+    scale = np.abs(got[fin]).max()
+    near = np.abs(got[fin] - ref_head_logits("eagle3", deq, tiny.ref_weights, toks)[fin]).max()
+    far = np.abs(got[fin] - ref_head_logits("eagle3", hw, tiny.ref_weights, toks)[fin]).max()
+    assert near < 2e-2 * scale, (near, scale)
+    assert far > 3 * near, (far, near)
+
+
+@pytest.mark.parametrize("t2d", [True, False])
+def test_a_packed_head_keeps_the_most_frequent_draft_tokens(tmp_path, target, t2d):
+    """pack_head --draft-vocab N --counts: the N draft tokens most frequent in the counts stay,
+    with their logits unchanged; the others become -inf; d2t (and t2d) shrink with them."""
+    m, _ = target
+    d, hw, _ = write_head(tmp_path / "h", "eagle3", "safetensors")
+    if not t2d:
+        w = pack_head.read_safetensors(d / "model.safetensors")
+        pack_head.write_safetensors(d / "model.safetensors",
+                                    {k: v for k, v in w.items() if k != "t2d"})
+    ids = np.arange(DRAFT_VOCAB) + hw["d2t"]
+    counts = np.random.default_rng(4).integers(0, 1000, TARGET.vocab)
+    keep = np.sort(ids[np.argsort(-counts[ids], kind="stable")[:16]])
+    pack_head.pack(d, tmp_path / "p", draft_vocab=16, counts=counts)
+    cfg = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 16
+    packed = pack_head.read_safetensors(tmp_path / "p" / "model.safetensors")
+    np.testing.assert_array_equal(np.arange(16) + packed["d2t"], keep)
+    if t2d:
+        np.testing.assert_array_equal(np.flatnonzero(packed["t2d"]), keep)
+    toks = tm.random_tokens(TARGET.vocab, 10, seed=5)
+    full = specdec.Eagle(d).draft_logits(m, toks)
+    small = specdec.Eagle(tmp_path / "p").draft_logits(m, toks)
+    np.testing.assert_array_equal(np.flatnonzero(np.isfinite(small[0])), keep)
+    np.testing.assert_array_equal(small[:, keep], full[:, keep])
+    with pytest.raises(ValueError, match="drafts over 40 tokens"):
+        pack_head.pack(d, tmp_path / "q", draft_vocab=41, counts=counts)
 
 
 def test_a_wrong_rule_fails_the_reference(tmp_path, target):
@@ -572,3 +639,26 @@ def test_smollm2_greedy_equals_plain(tmp_path, smollm2_path, depth, branching, n
         got = specdec.generate(m, msgs, max_new_tokens=48, speculator=spec)
         assert got.tokens == plain.tokens, q
         assert got.stats.drafted > got.stats.steps
+
+
+def test_the_shipped_smollm2_head(smollm2_path):
+    """specdec.Eagle("smollm2-135m-instruct"): the EAGLE-3 head shipped in the package (4-bit
+    blocks, a draft vocabulary of 4,096) loads for SmolLM2, greedy output with it is the plain
+    one, and it is a trained head: its first draft is accepted far more often than a random
+    head's never-accepted guesses (about 0.4 to 0.5 on chat answers)."""
+    spec = specdec.Eagle("smollm2-135m-instruct", depth=3, size_by_cost=False)
+    assert spec.kind == "eagle3"
+    cfg = json.loads((Path(spec.path) / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 4096
+    m = specdec.load(smollm2_path)
+    first = []
+    for q in ("What are three good habits for studying?",
+              "Write a short poem about the sea.", "How do I boil an egg?"):
+        msgs = [{"role": "user", "content": q}]
+        plain = specdec.generate(m, msgs, max_new_tokens=64)
+        got = specdec.generate(m, msgs, max_new_tokens=64, speculator=spec)
+        assert got.tokens == plain.tokens, q
+        first.append(got.stats.per_position_acceptance[0])
+    assert np.mean(first) > 0.25, first
+    with pytest.raises(FileNotFoundError, match="aliases"):
+        specdec.Eagle("no-such-model")

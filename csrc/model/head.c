@@ -35,7 +35,7 @@ struct sd_head {
     /* EAGLE: the layer's matrices (g_layer_mats' order), fc, and EAGLE-3's lm_head, as read:
      * views of the file, or Q8_0 copies (sd_head_quantize) */
     sd_mat layer_mats[7], fc, lm_head;
-    /* the Q8_0 copies and repacked twins: [0] of the matrices stored as Q8_0 (at load), [1] of
+    /* the Q8_0 copies and repacked twins: [0] of the matrices stored in blocks (at load), [1] of
      * the float ones (sd_head_quantize) */
     void *q8[2];
     int quantized; /* the float matrices are Q8_0 copies */
@@ -55,20 +55,39 @@ static const sd_tensor_info *find(const sd_head *h, const char *prefix, const ch
     return sd_st_find(h->st, full);
 }
 
-/* Whether t holds Q8_0 blocks: specdec's compact form of a shipped head stores a matrix of
- * (rows, cols) as U8 (rows, cols / 32 * 34), each row ggml's Q8_0 blocks (an f16 scale, 32
- * int8); safetensors has no such dtype. */
-static int is_q8_0(const sd_tensor_info *t) {
-    return t->n_dims == 2 && strcmp(t->type_name, "U8") == 0 && t->shape[1] % 34 == 0;
+/* The block type a matrix tensor is stored in, or -1 for none: specdec's compact form of a
+ * shipped head stores a matrix of (rows, cols) as U8 rows of ggml blocks of 32 elements,
+ * safetensors having no such dtype: (rows, cols / 32 * 34) or (rows, cols / 32, 34) for Q8_0 (an
+ * f16 scale, 32 int8), (rows, cols / 32, 20) for Q4_1 (f16 scale and minimum, 32 nibbles) and
+ * (rows, cols / 32, 18) for Q4_0 (an f16 scale, 32 nibbles less 8). */
+static int block_type(const sd_tensor_info *t) {
+    if (strcmp(t->type_name, "U8") != 0) {
+        return -1;
+    }
+    if (t->n_dims == 2) {
+        return t->shape[1] % 34 == 0 ? SD_TYPE_Q8_0 : -1;
+    }
+    if (t->n_dims != 3) {
+        return -1;
+    }
+    switch (t->shape[2]) {
+    case 34: return SD_TYPE_Q8_0;
+    case 20: return SD_TYPE_Q4_1;
+    case 18: return SD_TYPE_Q4_0;
+    default: return -1;
+    }
 }
 
 /* A matrix tensor's columns: its elements per row. */
 static int64_t cols_of(const sd_tensor_info *t) {
-    return is_q8_0(t) ? t->shape[1] / 34 * 32 : t->shape[1];
+    if (block_type(t) < 0) {
+        return t->shape[1];
+    }
+    return t->n_dims == 3 ? t->shape[1] * 32 : t->shape[1] / 34 * 32;
 }
 
 /* The tensor prefix+name, which must be a float tensor of the given shape (cols 0: a vector),
- * or a matrix in Q8_0 blocks (is_q8_0). */
+ * or a matrix in blocks (block_type). */
 static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *prefix,
                       const char *name, int64_t rows, int64_t cols) {
     const sd_tensor_info *t = find(h, prefix, name);
@@ -76,7 +95,7 @@ static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *
         return sd_set_error(SD_ERR_FORMAT, "%s: missing tensor '%s%s'", h->file, prefix, name);
     }
     const int dims = cols > 0 ? 2 : 1;
-    if (dims == 2 && is_q8_0(t) && t->shape[0] == rows && cols_of(t) == cols) {
+    if (dims == 2 && block_type(t) >= 0 && t->shape[0] == rows && cols_of(t) == cols) {
         *out = t;
         return SD_OK;
     }
@@ -103,7 +122,7 @@ static sd_mat mat_of(const sd_tensor_info *t) {
     sd_mat m;
     memset(&m, 0, sizeof(m));
     m.data = t->data;
-    m.type = is_q8_0(t) ? SD_TYPE_Q8_0 : t->type;
+    m.type = block_type(t) >= 0 ? block_type(t) : t->type;
     m.rows = t->shape[0];
     m.cols = cols_of(t);
     m.row_bytes = sd_row_bytes(m.type, m.cols);
@@ -216,7 +235,7 @@ static sd_status check_tensors(sd_head *h, const sd_json *top, const sd_json *la
     const int64_t QD = (int64_t)c->n_heads * c->head_dim,
                   KVD = (int64_t)c->n_kv_heads * c->head_dim;
     const sd_tensor_info *fc = sd_st_find(h->st, "fc.weight");
-    if (fc == NULL || fc->n_dims != 2 || fc->shape[0] != D ||
+    if (fc == NULL || (fc->n_dims != 2 && block_type(fc) < 0) || fc->shape[0] != D ||
         (cols_of(fc) != 2 * D && cols_of(fc) != 3 * D)) {
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: no tensor 'fc.weight' of shape [%lld, %lld] (EAGLE-1/2) or "
@@ -265,7 +284,7 @@ static sd_status check_tensors(sd_head *h, const sd_json *top, const sd_json *la
     SD_TRY(need(h, &t, h->layer, "hidden_norm.weight", D, 0));
     SD_TRY(need(h, &t, "", "norm.weight", D, 0));
     const sd_tensor_info *lm = sd_st_find(h->st, "lm_head.weight");
-    if (lm == NULL || lm->n_dims != 2) {
+    if (lm == NULL || (lm->n_dims != 2 && block_type(lm) < 0)) {
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: missing tensor 'lm_head.weight' [draft vocab, %lld]", h->file,
                             (long long)D);
@@ -361,7 +380,7 @@ static sd_status load_medusa(sd_head *h) {
         h->blocks++;
     }
     const sd_tensor_info *o = h->heads > 0 ? medusa_find(h, 0, h->blocks, "weight") : NULL;
-    if (o == NULL || o->n_dims != 2) {
+    if (o == NULL || (o->n_dims != 2 && block_type(o) < 0)) {
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: no Medusa heads ('0.0.linear.weight' ... '0.<blocks>.weight')",
                             h->file);
@@ -525,7 +544,7 @@ sd_status sd_head_load(sd_head **out, const char *path) {
         if (h->kind == SD_HEAD_EAGLE3) {
             h->lm_head = mat_of(sd_st_find(h->st, "lm_head.weight"));
         }
-        st = convert(h, 0); /* matrices stored as Q8_0: repacked */
+        st = convert(h, 0); /* matrices stored in blocks: repacked */
     }
     sd_json_free(cfg);
     free(buf);
@@ -592,8 +611,12 @@ static void q8_0_row(uint8_t *dst, const float *x, int64_t n) {
     }
 }
 
-/* The matrices stored as Q8_0 repacked (quantize 0, at load), or the float ones quantized
- * and repacked (1), into block h->q8[quantize]. */
+static int is_blocks(const sd_mat *m) {
+    return m->type == SD_TYPE_Q8_0 || m->type == SD_TYPE_Q4_1 || m->type == SD_TYPE_Q4_0;
+}
+
+/* The matrices stored in blocks repacked (quantize 0, at load), or the float ones quantized to
+ * Q8_0 and repacked (1), into block h->q8[quantize]. */
 static sd_status convert(sd_head *h, int quantize) {
     sd_mat *mats[SD_MAX_TREE_NODES * 3 + 16];
     if (h->kind == SD_HEAD_MEDUSA && h->heads * (h->blocks + 1) > SD_MAX_TREE_NODES * 3) {
@@ -601,17 +624,18 @@ static sd_status convert(sd_head *h, int quantize) {
     }
     int n = head_mats(h, mats), kept = 0;
     for (int i = 0; i < n; i++) {
-        if ((mats[i]->type == SD_TYPE_Q8_0) != quantize) {
+        if (is_blocks(mats[i]) != quantize) {
             mats[kept++] = mats[i];
         }
     }
     n = kept;
     size_t total = 0;
-    for (int i = 0; i < n; i++) { /* stored Q8_0 matrices are only repacked */
-        if (mats[i]->type != SD_TYPE_Q8_0) {
+    for (int i = 0; i < n; i++) { /* stored blocks are only repacked */
+        const int type = quantize ? SD_TYPE_Q8_0 : mats[i]->type;
+        if (quantize) {
             total += (size_t)mats[i]->rows * sd_row_bytes(SD_TYPE_Q8_0, mats[i]->cols);
         }
-        total += sd_repack_bytes(SD_TYPE_Q8_0, mats[i]->rows, mats[i]->cols);
+        total += sd_repack_bytes(type, mats[i]->rows, mats[i]->cols);
     }
     int64_t widest = 0;
     for (int i = 0; i < n; i++) {
@@ -625,8 +649,8 @@ static sd_status convert(sd_head *h, int quantize) {
     }
     for (int i = 0; i < n; i++) {
         sd_mat *m = mats[i];
-        const size_t rb = sd_row_bytes(SD_TYPE_Q8_0, m->cols);
-        if (m->type != SD_TYPE_Q8_0) {
+        if (quantize) {
+            const size_t rb = sd_row_bytes(SD_TYPE_Q8_0, m->cols);
             const sd_type_traits *tr = sd_type_get(m->type);
             for (int64_t r = 0; r < m->rows; r++) {
                 tr->to_float(row, (const uint8_t *)m->data + (size_t)r * m->row_bytes, m->cols);
@@ -638,9 +662,9 @@ static sd_status convert(sd_head *h, int quantize) {
             p += (size_t)m->rows * rb;
         }
         m->packed = NULL;
-        const size_t pb = sd_repack_bytes(SD_TYPE_Q8_0, m->rows, m->cols);
+        const size_t pb = sd_repack_bytes(m->type, m->rows, m->cols);
         if (pb > 0) { /* the 8-row interleaved twin the integer tiles read */
-            sd_repack(p, SD_TYPE_Q8_0, m->data, rb, m->rows, m->cols);
+            sd_repack(p, m->type, m->data, m->row_bytes, m->rows, m->cols);
             m->packed = p;
             p += pb;
         }
