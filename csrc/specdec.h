@@ -398,11 +398,13 @@ typedef struct {
      * SD_MODEL_MAX_BRANCHING; CPU targets only for b > 1 (tree verification). */
     int branching;
     int nodes; /* 1 <= nodes <= SD_MAX_TREE_NODES: a tree's most nodes (b > 1) */
-    /* EAGLE: 1 = at temperature 0 keep, of the most probable nodes, only as many as pay on this
-     * machine: the count that maximises (1 + the sum of their path probabilities) over the
-     * measured cost of a verify forward of that many tokens (sd_cost_curve, measured on the
-     * target at the first request), at least one every fourth step; 0 = always `nodes` (a
-     * chain's k). Sampling keeps them all (a node is kept or dropped before it is drawn). */
+    /* 1 = keep only as many nodes as pay on this machine: the count that maximises (1 + the
+     * sum of their chances to be on the accepted path) over the measured cost of a verify
+     * forward of that many tokens (sd_cost_curve, measured on the target at the first request),
+     * at least one every fourth step; at temperature 0 the most probable nodes, their chances
+     * their path probabilities; when sampling, a count fixed before the step's draws, the
+     * chances those of reaching each depth measured over the request's steps (model_tree.c);
+     * 0 = always `nodes` (a chain's k). */
     int size_by_cost;
 } sd_draft_params;
 #define SD_MODEL_MAX_BRANCHING 8

@@ -104,8 +104,7 @@ class LayerSkip(Speculator):
     #: 1: a chain. b > 1: a tree ``k`` deep of at most ``nodes`` nodes (see :class:`DraftModel`)
     branching: int = 1
     nodes: int = 16
-    #: a tree's nodes at temperature 0: only those that pay on the measured verify costs (see
-    #: :class:`DraftModel`)
+    #: a tree's nodes: only those that pay on the measured verify costs (see :class:`DraftModel`)
     size_by_cost: bool = False
     _drafter: Any = field(init=False, repr=False, compare=False)
 
@@ -171,11 +170,16 @@ class Eagle(Speculator):
     before they are drawn so the output stays exactly the target's). ``p_min`` > 0: a node the
     head gave less than ``p_min`` is not expanded. CPU targets only so far.
 
-    ``size_by_cost`` (at temperature 0): of the most probable nodes, verify only as many as pay
-    on this machine, by the head's path probabilities and the measured cost of a verify forward
-    of each size (timed on the target at the first request): few where verifying many tokens
-    is dear (AVX2 alone), the whole tree where it is cheap (AVX-512, AMX, a GPU); at least one
-    node every fourth step. ``False``: always ``nodes`` (a chain's ``depth``).
+    ``size_by_cost``: verify only as many nodes as pay on this machine, by the measured cost of
+    a verify forward of each size (timed on the target at the first request; or given by
+    :meth:`set_verify_costs`): few where verifying many tokens is dear (AVX2 alone), the whole
+    tree where it is cheap (AVX-512, AMX, a GPU); at least one node every fourth step. At
+    temperature 0 the most probable nodes, by the head's path probabilities; when sampling, a
+    count chosen before the step's draws from how deep this request's accepted paths have
+    reached (a drawn token's chance to be accepted is not its draft probability), so the output
+    stays exactly the target's; sizes that follow timings make sampled output reproducible in
+    distribution, not token for token, unless the costs are given. ``False``: always ``nodes``
+    (a chain's ``depth``).
 
     ``weights``: ``"q8_0"`` (default) computes with 8-bit copies of the head's matrices (ggml's
     Q8_0 blocks, on the integer kernels: a head runs once per depth, so its speed counts);
@@ -344,10 +348,11 @@ class DraftModel(Speculator):
     keeps the accepted path. Pays where a verify forward of many tokens costs little more than
     one (AVX-512, AMX, GPUs); CPU models only so far. ``branching`` = 1 is the chain.
 
-    ``size_by_cost`` (trees, temperature 0): of the most probable nodes, verify only as many as
-    pay by the draft's path probabilities and the verify cost of each size on this machine
-    (timed on the target at the first request); drafting stops at a depth none of whose nodes
-    would pay. Off by default for draft models (their probabilities may be poorly calibrated);
+    ``size_by_cost`` (trees): verify only as many nodes as pay on the verify cost of each size on
+    this machine (timed on the target at the first request): at temperature 0 the most
+    probable by the draft's path probabilities, drafting stopping at a depth none of whose
+    nodes would pay; when sampling, as many as this request's accepted path lengths say pay,
+    chosen before the step's draws (see :class:`Eagle`). Off by default for draft models (their probabilities may be poorly calibrated);
     :class:`Eagle` turns it on.
     """
 

@@ -474,13 +474,30 @@ SAMPLED = {"T1": SETTINGS["T1"], "T0.7-topk3-topp-minp": (0.7, 3, 0.9, 0.1)}
 def test_sampled_output_is_distributed_as_the_target(v5, kind, branching, name, N):
     """Trees of EAGLE drafts at T=1 and with every filter at once (100,000 runs each, the tree
     rule's own tests show its broken variants failing at this size: test_model_tree.py,
-    test_tree.py), and a sampled chain."""
+    test_tree.py), and a sampled chain; the whole tree every step."""
     m, row, w, d = v5
     setting = SAMPLED[name]
     spec = specdec.Eagle(v5_head(d / f"head-{kind}", kind), depth=2, branching=branching,
-                         nodes=3)
+                         nodes=3, size_by_cost=False)
     counts, rejected, drafted = joint_counts(m, spec.drafter(), setting, N)
     assert rejected > N // 10 and drafted > N  # the residual path is exercised
+    stat, df = chi2_stat(counts, exact_joint(row, w, setting))
+    assert stat < chi2_critical(df), (stat, df)
+
+
+def test_sampled_trees_sized_by_cost_stay_exact(v5):
+    """size_by_cost when sampling: each step draws as many nodes as pay by how deep this
+    request's accepted paths reached so far, decided before the step's draws. On a cost curve
+    where two nodes pay at first and one after a miss the size changes within each run; the
+    output is still the target's (100,000 runs)."""
+    m, row, w, d = v5
+    setting, N = SAMPLED["T1"], 100_000
+    spec = specdec.Eagle(v5_head(d / "head-eagle3", "eagle3"), depth=2, branching=2, nodes=3)
+    spec.set_verify_costs([1.0, 1.2, 1.45, 1.8])
+    counts, rejected, drafted = joint_counts(m, spec.drafter(), setting, N)
+    # a run's first step drafts two nodes (the prior pays for them), and after a miss (this
+    # random head's drafts are mostly rejected) one: both sizes occur (the whole tree, 4 N)
+    assert 2.5 * N < drafted < 3.5 * N and rejected > N // 10, (drafted, rejected)
     stat, df = chi2_stat(counts, exact_joint(row, w, setting))
     assert stat < chi2_critical(df), (stat, df)
 

@@ -17,7 +17,8 @@
  *   is drawn and never after: each depth gets an equal share of the nodes left, and its draws go,
  *   one at a time, to the parent whose next draw promises most (its path probability times its
  *   largest undrawn q, known before the draw). Dropping drawn children by their own path
- *   probability, EAGLE-2's re-ranking, would favour probable draws and bias the output. */
+ *   probability, EAGLE-2's re-ranking, would favour probable draws and bias the output. Sized
+ *   by cost, the node count is fixed before the step's first draw (sampled_paying). */
 #include "spec/drafters/model_tree.h"
 
 #include <math.h>
@@ -61,6 +62,10 @@ struct sd_model_tree {
      * i's slot in the draft cache, -1 when it was not fed */
     int base, prefix, n;
     int32_t tokens[SD_MAX_TREE_NODES], parent[SD_MAX_TREE_NODES], slot[SD_MAX_TREE_NODES];
+    /* when sampling, for sizing by cost: the last proposal's depth, and over this request's
+     * steps, how many drafted depth d (tried[d]) and how many accepted a path reaching it */
+    int last_depth;
+    int tried[SD_MAX_DRAFT + 1], reached[SD_MAX_DRAFT + 1];
 };
 
 sd_status sd_model_tree_create(sd_model_tree **out, const sd_draft_params *dp,
@@ -283,6 +288,28 @@ static int paying(const sd_model_tree *t, const sd_spec_loop *L, int budget,
     return keep == 0 && n > 0 && L->ss->steps % 4 == 0 ? 1 : keep;
 }
 
+/* When sampling, how many nodes pay on the verify costs c, decided before any draw: the chance
+ * that the accepted path reaches depth d, as measured over this request's steps that drafted
+ * it (Beta-smoothed towards 0.6^d), is the p of a chain's depth-d node (sd_tree_size); at least
+ * one node every fourth step. A drawn child's chance to be accepted is not its q (p = q would
+ * accept every one), so the draft's probabilities cannot tell it as at temperature 0; and since
+ * the count depends on earlier steps alone, never on this step's draws, the tree rule stays
+ * exact. */
+static int sampled_paying(const sd_model_tree *t, const sd_spec_loop *L, int D,
+                          const sd_cost_curve *c) {
+    float p[SD_MAX_DRAFT];
+    int order[SD_MAX_DRAFT];
+    double prior = 1.0, prev = 1.0;
+    for (int d = 1; d <= D; d++) {
+        prior *= 0.6;
+        const double r = (t->reached[d] + 2.0 * prior) / (t->tried[d] + 2.0);
+        prev = r < prev ? r : prev; /* a deeper node is never likelier */
+        p[d - 1] = (float)prev;
+    }
+    const int keep = sd_tree_size(p, D, c, order);
+    return keep == 0 && L->ss->steps % 4 == 0 ? 1 : keep;
+}
+
 /* Whether some candidate of [from, n_cand) is among those that pay. */
 static int pays_at(const sd_model_tree *t, const sd_spec_loop *L, int budget,
                    const sd_cost_curve *c, int from) {
@@ -302,7 +329,19 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
     int depth_room = 0;
     const int room = sd_spec_tree_room(L, &depth_room);
     const int D = dp->k < depth_room ? dp->k : depth_room;
-    const int budget = room < t->max_fed - 1 ? room : t->max_fed - 1;
+    int budget = room < t->max_fed - 1 ? room : t->max_fed - 1;
+    if (t->last_depth > 0) { /* the last proposal's outcome: the text grew by n_acc + 1 */
+        const int n_acc = len - t->base - 1;
+        for (int d = 1; d <= t->last_depth; d++) {
+            t->tried[d]++;
+            t->reached[d] += n_acc >= d;
+        }
+        t->last_depth = 0;
+    }
+    if (t->sampling && cost != NULL && D >= 1 && budget >= 1) {
+        const int keep = sampled_paying(t, L, D, cost);
+        budget = keep < budget ? keep : budget;
+    }
     t->base = len;
     t->n = t->n_cand = t->n_fed = 0;
     out->n = 0;
@@ -410,13 +449,18 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
     }
     out->n = t->n;
     out->q = t->sampling ? L->q : NULL;
+    for (int x = 0; x < t->n_cand; x++) { /* the depth drafted */
+        if (idx[x] >= 0 && t->dep[x] > t->last_depth) {
+            t->last_depth = t->dep[x];
+        }
+    }
     return SD_OK;
 }
 
 sd_status sd_model_tree_costs(const sd_drafter *d, const sd_draft_params *dp, sd_spec_loop *L,
                               sd_cost_curve *buf, const sd_cost_curve **out) {
     *out = NULL;
-    if (!dp->size_by_cost || L->s.temperature != 0.0f) {
+    if (!dp->size_by_cost) {
         return SD_OK;
     }
     const int max_T = (dp->branching > 1 ? dp->nodes : dp->k) + 1;

@@ -39,16 +39,17 @@ void sd_model_tree_free(sd_model_tree *t);
  * sd_spec_tree_room, dp->k deep, at most dp->nodes nodes (sd_draft_params.branching says how it
  * is grown and cut). out receives it; when sampling, L->q row i is the processed distribution
  * node i was drawn from (its parent's, as the tree rule wants), else out->q is NULL (the
- * children are deterministic). dkv then holds the fed nodes past the text. cost (at temperature
- * 0, or NULL): keep only the most probable nodes that pay on it (sd_tree_size; at least one
- * every fourth step). */
+ * children are deterministic). dkv then holds the fed nodes past the text. cost (or NULL): at
+ * temperature 0 keep only the most probable nodes that pay on it (sd_tree_size; at least one
+ * every fourth step); when sampling, draw only as many nodes as pay by how deep this request's
+ * accepted paths have reached, decided before the step's draws. */
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
                                 const sd_cost_curve *cost, sd_draft *out);
 
-/* The verify costs a tree is sized by this step: with dp->size_by_cost at temperature 0, d's
- * curve (measured on L's target at its first use: sd_cost_curve_measure) copied into buf and
- * *out = buf; else *out = NULL. */
+/* The verify costs a tree is sized by this step: with dp->size_by_cost, d's curve (measured on L's
+ * target at its first use: sd_cost_curve_measure) copied into buf and *out = buf; else *out = NULL.
+ */
 sd_status sd_model_tree_costs(const sd_drafter *d, const sd_draft_params *dp, sd_spec_loop *L,
                               sd_cost_curve *buf, const sd_cost_curve **out);
 
