@@ -1,6 +1,6 @@
 """Hashes of generated tokens: plain decoding and every speculator, greedy and sampled with fixed
 seeds, over tiny random models (llama and qwen2, GGUF and HF, float and quantized) and, when it
-can be had, SmolLM2-135M-Instruct.
+can be had, SmolLM2-135M-Instruct (with the EAGLE head shipped for it, where a build has one).
 
 A refactoring of the decoding loops must not move a single token. Run this before the change
 (``--write before.json``) and after it (``--check before.json``): every run's hash must match.
@@ -49,11 +49,26 @@ def speculators(model: specdec.Model, draft: specdec.Model) -> dict:
     }
 
 
+def head_speculators() -> dict:
+    """EAGLE with the head shipped for SmolLM2, when this build ships one: a chain and a tree
+    drafted whole, and a tree sized by a fixed cost curve (measured timings would move the
+    sampled tokens from run to run)."""
+    try:
+        chain = specdec.Eagle("smollm2-135m-instruct", depth=3, size_by_cost=False)
+    except (ValueError, FileNotFoundError):
+        return {}
+    sized = specdec.Eagle("smollm2-135m-instruct", depth=4, branching=3, nodes=8)
+    sized.set_verify_costs([1.0 + 0.15 * i for i in range(9)])
+    return {"eagle_chain3": chain, "eagle_tree_sized": sized,
+            "eagle_tree_whole": specdec.Eagle("smollm2-135m-instruct", depth=4, branching=3,
+                                              nodes=8, size_by_cost=False)}
+
+
 def run_model(name: str, model: specdec.Model, draft: specdec.Model, prompts, n_new: int,
-              out: dict) -> None:
+              out: dict, extra=None) -> None:
     for pi, prompt in enumerate(prompts):
         for (t, tk, tp, mp, seed) in SAMPLING:
-            for sname, spec in speculators(model, draft).items():
+            for sname, spec in {**speculators(model, draft), **(extra or {})}.items():
                 g = specdec.generate(model, prompt, max_new_tokens=n_new, temperature=t,
                                      top_k=tk, top_p=tp, min_p=mp, seed=seed, stop_tokens=[],
                                      speculator=spec)
@@ -115,7 +130,7 @@ def main() -> int:
                 f"Item {i} of the list is the number {i * i} written in words." for i in range(30))
               }],
         ]
-        run_model("smollm2", m, m, prompts, 64, out)
+        run_model("smollm2", m, m, prompts, 64, out, head_speculators())
 
     if args.write:
         Path(args.write).write_text(json.dumps(out, indent=1, sort_keys=True))
