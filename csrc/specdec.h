@@ -356,6 +356,13 @@ typedef struct {
      * how far back they agree, the latest), each of the chain's length; verified in one forward
      * by the tree rule. 1 <= b <= SD_LOOKUP_MAX_BRANCHES, k * b <= SD_MAX_TREE_NODES. */
     int branching;
+    /* 0: as above. 1: each step keeps only the drafts that pay on the verify costs measured on
+     * the target at the first request (sd_tree_size; or those given, sd_drafter_set_costs),
+     * in place of verify_slope: a chain's node j (0-based) is accepted with a^(j+1), a the
+     * acceptance rate above, and a sibling branch's first token with the rate at which
+     * branches of its rank were taken so far in the request (smoothed towards 0.1), times
+     * a^j deeper; where nothing pays, one draft every fourth step keeps measuring. */
+    int size_by_cost;
 } sd_prompt_lookup;
 #define SD_LOOKUP_MAX_BRANCHES 8
 

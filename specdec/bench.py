@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
         elif name == "lookup-tree":  # beside the chain in the same run
             methods["lookup-tree"] = specdec.PromptLookup(
                 k=args.k, max_ngram=args.max_ngram, min_ngram=1, verify_slope=args.verify_slope,
-                branching=args.tree_branching)
+                branching=args.tree_branching, size_by_cost=not args.tree_whole)
             draft_cost["lookup-tree"] = 0.0
         elif name == "layerskip":
             methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k,
@@ -272,8 +272,8 @@ def main(argv=None) -> int:
                    help="eagle, eagle-tree: draft the whole depth (or nodes) every step, not "
                    "only what pays by the measured verify cost")
     p.add_argument("--tree-whole", action="store_true",
-                   help="recycling: draft the whole template every step (default: the nodes "
-                        "that pay at the measured verify costs)")
+                   help="recycling, lookup-tree: draft the whole template or tree every step "
+                        "(default: the nodes that pay at the measured verify costs)")
     p.add_argument("--k", type=int, default=16, help="lookup: the most drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--verify-slope", type=float, default=0.2,

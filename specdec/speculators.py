@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _core
 
@@ -75,13 +75,22 @@ class PromptLookup(Speculator):
     #: one forward; pays where a verify batch of many tokens costs little more than one (AVX-512,
     #: AMX, GPUs). ``k * branching`` <= 64. CPU models only for b > 1.
     branching: int = 1
+    #: keep of each step's drafts only those that pay on the verify costs measured on the
+    #: target at the first request (:attr:`verify_costs`), in place of ``verify_slope``: a
+    #: chain's j-th draft counts with the measured acceptance rate to the j-th power, a sibling
+    #: branch with how often branches of its rank were taken; so a tree grows where verifying
+    #: many tokens is cheap and shrinks to the chain, or to nothing, where it is dear. None
+    #: (the default): on for trees (``branching`` > 1), off for a chain.
+    size_by_cost: Optional[bool] = None
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        branching = _int("branching", self.branching)
+        sized = branching > 1 if self.size_by_cost is None else _bool("size_by_cost",
+                                                                          self.size_by_cost)
         d = _core.prompt_lookup(_int("k", self.k), _int("max_ngram", self.max_ngram),
                                 _int("min_ngram", self.min_ngram),
-                                _number("verify_slope", self.verify_slope),
-                                _int("branching", self.branching))
+                                _number("verify_slope", self.verify_slope), branching, sized)
         object.__setattr__(self, "_drafter", d)
 
 

@@ -33,7 +33,7 @@ def model(tmp_path_factory):
 def speculator(name):
     return {"plain": lambda: None,
             "lookup": lambda: specdec.PromptLookup(k=4),
-            "branching": lambda: specdec.PromptLookup(k=4, branching=3),
+            "branching": lambda: specdec.PromptLookup(k=4, branching=3, size_by_cost=False),
             "recycling": lambda: specdec.TokenRecycling(nodes=8, adaptive=False)}[name]()
 
 

@@ -372,7 +372,7 @@ def test_trees_on_the_gpu_are_the_cpus(gpu_pair, sampling):
     table on each side, its trees (and so its tokens) are the CPU's."""
     for seed in range(3):
         prompt = tm.random_tokens(CFG.vocab, 6, seed) * 3
-        for make in (lambda: specdec.PromptLookup(k=4, branching=3, verify_slope=0),
+        for make in (lambda: specdec.PromptLookup(k=4, branching=3, verify_slope=0, size_by_cost=False),
                      lambda: specdec.TokenRecycling(nodes=12, adaptive=False)):
             got = [specdec.generate(gpu_pair[name], prompt, max_new_tokens=40, stop_tokens=[],
                                     speculator=make(), **sampling)
@@ -385,7 +385,7 @@ def test_trees_on_the_gpu_are_the_cpus(gpu_pair, sampling):
                 assert got[0].tokens == plain
         tokens, reason, _ = gpu_pair["target"]._core.generate(
             prompt, max_new_tokens=30, stop_ids=[], check_cache=True,
-            drafter=specdec.PromptLookup(k=4, branching=3, verify_slope=0).drafter(),
+            drafter=specdec.PromptLookup(k=4, branching=3, verify_slope=0, size_by_cost=False).drafter(),
             **sampling)
         assert len(tokens) == 30 and reason == "length"
 

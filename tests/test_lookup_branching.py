@@ -36,7 +36,7 @@ def test_greedy_equals_plain_and_trees_are_drafted(model, b, k):
     trees = 0
     for prompt in prompts():
         plain = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[])
-        spec = specdec.PromptLookup(k=k, branching=b, verify_slope=0)
+        spec = specdec.PromptLookup(k=k, branching=b, verify_slope=0, size_by_cost=False)
         got = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
         assert got.tokens == plain.tokens
         chain = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[],
@@ -70,7 +70,7 @@ def test_caches_equal_fresh_forward_after_every_step(model, temperature):
 def test_sampled_output_is_distributed_as_the_target(tmp_path, name):
     m, _, w, _, row = make_v5(tmp_path)
     setting = SETTINGS[name]
-    spec = specdec.PromptLookup(k=2, branching=3, verify_slope=0)
+    spec = specdec.PromptLookup(k=2, branching=3, verify_slope=0, size_by_cost=False)
     assert_joint_matches(m, spec, setting, exact_joint(row, w, setting, BRANCHY), N=40_000,
                          prompt=BRANCHY)
 
@@ -88,7 +88,8 @@ def test_bad_branching(kw, match):
 
 
 @pytest.mark.parametrize("make", [lambda: specdec.PromptLookup(k=4, verify_slope=0),
-                                  lambda: specdec.PromptLookup(k=4, branching=3, verify_slope=0),
+                                  lambda: specdec.PromptLookup(k=4, branching=3, verify_slope=0,
+                                                                size_by_cost=False),
                                   lambda: specdec.TokenRecycling(nodes=10, adaptive=False)],
                          ids=["chain", "lookup-tree", "recycling"])
 def test_stats_count_steps_by_tree_size_and_accepted_path(model, make):
@@ -102,3 +103,95 @@ def test_stats_count_steps_by_tree_size_and_accepted_path(model, make):
     assert sum(st.steps_by_accepted.values()) == st.steps
     assert sum(a * c for a, c in st.steps_by_accepted.items()) == st.accepted
     assert st.accepted > 0 and max(st.steps_by_nodes) >= 2
+
+
+# verify costs by tokens in the batch (1, 2, ...): every node pays; no node pays; some do
+FLAT = [1.0] * 65
+STEEP = [float(t) for t in range(1, 66)]
+MIXED = [1.0, 1.05, 1.15, 1.3, 1.5, 1.75, 2.0, 2.3, 2.6, 2.9, 3.2, 3.5, 3.8, 4.1, 4.4, 4.7, 5.0]
+
+
+def run(model, prompt, spec):
+    return specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
+
+
+def whole_tree(k, b):
+    return specdec.PromptLookup(k=k, branching=b, verify_slope=0, size_by_cost=False)
+
+
+def sized(k, b, costs=None):
+    spec = specdec.PromptLookup(k=k, branching=b, verify_slope=0, size_by_cost=True)
+    if costs is not None:
+        spec.set_verify_costs(costs)
+    return spec
+
+
+@pytest.mark.parametrize("b,k", [(1, 4), (3, 3), (8, 2), (3, 16)])
+@pytest.mark.parametrize("costs", [FLAT, STEEP, MIXED, None], ids=["flat", "steep", "mixed",
+                                                                    "measured"])
+def test_trees_sized_by_cost_keep_greedy_output(model, b, k, costs):
+    # (3, 16): the drafter has room for 48 nodes, a branch for 16 (k)
+    for prompt in prompts() + [(BRANCHY * 12)[:80]]:
+        plain = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[])
+        got = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[],
+                               speculator=sized(k, b, costs))
+        assert got.tokens == plain.tokens
+
+
+def test_trees_sized_by_cost_follow_the_costs(model):
+    """Where a verify batch costs what one token does, every candidate pays: the sized tree is
+    the whole tree, step for step. Where it costs as many tokens as it holds, none does: one
+    draft every fourth step (to keep measuring), no more. Between, the tree is smaller than the
+    whole tree and larger than nothing, and its sibling branches come and go."""
+    for prompt in prompts():
+        whole = run(model, prompt, whole_tree(3, 3))
+        flat = run(model, prompt, sized(3, 3, FLAT))
+        assert flat.stats.steps_by_nodes == whole.stats.steps_by_nodes
+        steep = run(model, prompt, sized(3, 3, STEEP))
+        assert set(steep.stats.steps_by_nodes) <= {0, 1}
+        assert 0 < steep.stats.drafted <= (steep.stats.steps + 3) // 4
+    mixed = run(model, BRANCHY * 3, sized(3, 3, MIXED))
+    whole = run(model, BRANCHY * 3, whole_tree(3, 3))
+    sizes = mixed.stats.steps_by_nodes
+    assert len([n for n in sizes if n > 0]) >= 2  # sizes change within the run
+    assert mixed.stats.drafted < whole.stats.drafted and mixed.stats.accepted > 0
+
+
+def test_a_sized_chain_drafts_by_the_costs(model):
+    """branching=1 with size_by_cost: flat costs draft all k every step (as verify_slope=0);
+    steep ones one draft every fourth step."""
+    prompt = BRANCHY * 3
+    every = run(model, prompt, specdec.PromptLookup(k=4, verify_slope=0))
+    flat = run(model, prompt, sized(4, 1, FLAT))
+    assert flat.stats.steps_by_nodes == every.stats.steps_by_nodes
+    steep = run(model, prompt, sized(4, 1, STEEP))
+    assert set(steep.stats.steps_by_nodes) <= {0, 1}
+
+
+def test_trees_are_sized_by_cost_by_default():
+    assert specdec.PromptLookup(branching=1).size_by_cost is None
+    assert _core.drafter_costs(specdec.PromptLookup(k=4, branching=3).drafter()) == []
+    with pytest.raises(TypeError, match="size_by_cost must be a bool"):
+        specdec.PromptLookup(k=4, branching=3, size_by_cost=1)
+
+
+def test_the_measured_costs_are_kept(model):
+    spec = specdec.PromptLookup(k=4, branching=3)
+    specdec.generate(model, BRANCHY, max_new_tokens=4, stop_tokens=[], speculator=spec)
+    costs = spec.verify_costs
+    assert len(costs) == 13 and costs[0] == 1.0
+    assert all(b >= a for a, b in zip(costs, costs[1:]))
+    plain = specdec.PromptLookup(k=4)
+    specdec.generate(model, BRANCHY, max_new_tokens=4, stop_tokens=[], speculator=plain)
+    assert plain.verify_costs == []  # a chain with its verify_slope measures nothing
+
+
+@pytest.mark.parametrize("name", ["T1", "T0.7-topk3"])
+def test_sampled_sized_trees_are_distributed_as_the_target(tmp_path, name):
+    """The tree's size is fixed from the acceptance seen in earlier steps, before the step's
+    draws, so the rule stays exact while the size changes from step to step."""
+    m, _, w, _, row = make_v5(tmp_path)
+    setting = SETTINGS[name]
+    spec = sized(2, 3, MIXED[:7])
+    assert_joint_matches(m, spec, setting, exact_joint(row, w, setting, BRANCHY), N=40_000,
+                         prompt=BRANCHY)

@@ -50,16 +50,18 @@ PyTypeObject sd_py_DrafterType = {
     .tp_getset = drafter_getset,
 };
 
-/* prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1) -> Drafter */
+/* prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1, size_by_cost=False)
+ * -> Drafter */
 static PyObject *py_prompt_lookup(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"k", "max_ngram", "min_ngram", "verify_slope", "branching", NULL};
+    static char *kwlist[] = {"k",         "max_ngram",    "min_ngram", "verify_slope",
+                             "branching", "size_by_cost", NULL};
     sd_prompt_lookup pl;
     memset(&pl, 0, sizeof(pl));
     pl.branching = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiif|i:prompt_lookup", kwlist, &pl.k,
-                                     &pl.max_ngram, &pl.min_ngram, &pl.verify_slope,
-                                     &pl.branching)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiif|ip:prompt_lookup", kwlist, &pl.k,
+                                     &pl.max_ngram, &pl.min_ngram, &pl.verify_slope, &pl.branching,
+                                     &pl.size_by_cost)) {
         return NULL;
     }
     sd_drafter *d = NULL;
@@ -363,7 +365,8 @@ PyMethodDef sd_py_drafter_methods[] = {
     {"head_draft_logits", (PyCFunction)py_head_draft_logits, METH_VARARGS,
      "head_draft_logits(drafter, model, tokens) -> (len(tokens) - 1, V) teacher-forced logits"},
     {"prompt_lookup", (PyCFunction)(void (*)(void))py_prompt_lookup, METH_VARARGS | METH_KEYWORDS,
-     "prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1) -> Drafter "
+     "prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1, size_by_cost=False) "
+     "-> Drafter "
      "(sd_prompt_lookup)"},
     {"draft_model", (PyCFunction)(void (*)(void))py_draft_model, METH_VARARGS | METH_KEYWORDS,
      "draft_model(model, k, p_min, verify_slope, branching=1, nodes=16) -> Drafter "

@@ -33,7 +33,17 @@ typedef struct {
     int n_branches;
     int start[SD_LOOKUP_MAX_BRANCHES + 1], blen[SD_LOOKUP_MAX_BRANCHES];
     int32_t tokens[SD_MAX_TREE_NODES], parent[SD_MAX_TREE_NODES];
+    /* size_by_cost: the rank (0 = the best match) of a step's branch i among the occurrences
+     * found, and per rank >= 1 the steps whose tree carried such a branch and those that took
+     * it */
+    int rank[SD_LOOKUP_MAX_BRANCHES];
+    double tried[SD_LOOKUP_MAX_BRANCHES], taken[SD_LOOKUP_MAX_BRANCHES];
 } lookup_state;
+
+/* A sibling branch's chance of being taken before any was tried: its Beta prior's mean and
+ * weight (in steps). */
+#define SD_LOOKUP_SIBLING_PRIOR 0.1
+#define SD_LOOKUP_SIBLING_WEIGHT 2.0
 
 static sd_status lookup_check(const sd_drafter *d, const sd_model *target, int n_prompt,
                               int max_new_tokens) {
@@ -45,7 +55,10 @@ static sd_status lookup_check(const sd_drafter *d, const sd_model *target, int n
 }
 
 static sd_status lookup_begin(const sd_drafter *d, void **state, sd_spec_loop *L) {
-    (void)L;
+    const sd_prompt_lookup *pl = &d->u.lookup;
+    if (pl->size_by_cost) { /* once per drafter and thread count */
+        SD_TRY(sd_cost_curve_measure(d->cost, L->m, pl->k * pl->branching + 1));
+    }
     const int n_buckets = d->u.lookup.max_ngram + 3;
     lookup_state *s = calloc(1, sizeof(*s));
     double *counts = calloc((size_t)n_buckets, 2 * sizeof(double));
@@ -99,17 +112,111 @@ static void branch_out(lookup_state *s, sd_spec_loop *L, const sd_prompt_lookup 
     out->parent = s->parent;
 }
 
+/* The acceptance rate of bucket b's drafted tokens (sd_adaptive_k's, with its prior). */
+static double bucket_rate(const lookup_state *s, const sd_prompt_lookup *pl, int b) {
+    const double prior = b > pl->max_ngram ? SD_LOOKUP_LONG * (b - pl->max_ngram) : 0.0;
+    return (s->acc_n[b] + prior + 1.0) / (s->acc_n[b] + s->rej_n[b] + prior + 2.0);
+}
+
+/* size_by_cost: the k-token chain already in L->batch + 1 and, with branching > 1, the other
+ * occurrences' branches, as candidates with their chances of being on the accepted path; of
+ * them the nodes that pay on the measured costs (each branch keeps a prefix, since its chances
+ * fall with depth), branch by branch into s; out gets the chain or the tree. */
+static void sized_propose(const sd_drafter *d, lookup_state *s, sd_spec_loop *L, int k, double a,
+                          sd_draft *out) {
+    const sd_prompt_lookup *pl = &d->u.lookup;
+    /* the candidates: the chain, or the branches as branch_out would draft them all */
+    int32_t drafts[SD_MAX_TREE_NODES];
+    int lens[SD_LOOKUP_MAX_BRANCHES], nb = 1, kb = k;
+    lens[0] = k;
+    memcpy(drafts, L->batch + 1, (size_t)k * sizeof(int32_t));
+    int depth_room = 0;
+    const int tree_room = pl->branching > 1 ? sd_spec_tree_room(L, &depth_room) : 0;
+    const int kt = k < depth_room ? k : depth_room;
+    if (pl->branching > 1 && kt >= 1) {
+        int32_t tree[SD_MAX_TREE_NODES];
+        int tl[SD_LOOKUP_MAX_BRANCHES], n_match = 0, extent = 0, total = 0, m = 0;
+        const int got = sd_lookup_branches(tree, tl, &n_match, &extent, L->hist, L->len,
+                                           pl->max_ngram, pl->min_ngram, kt, pl->branching);
+        for (; m < got && total < tree_room; m++) { /* within the tree's room */
+            tl[m] = tl[m] < tree_room - total ? tl[m] : tree_room - total;
+            total += tl[m];
+        }
+        if (m >= 2) {
+            nb = m;
+            kb = kt;
+            memcpy(drafts, tree, (size_t)nb * (size_t)kb * sizeof(int32_t));
+            memcpy(lens, tl, (size_t)nb * sizeof(int));
+        }
+    }
+    /* candidates branch by branch (a parent before its child), with their chances */
+    float p[SD_MAX_TREE_NODES];
+    int branch_of[SD_MAX_TREE_NODES], order[SD_MAX_TREE_NODES], n = 0;
+    for (int i = 0; i < nb; i++) {
+        const double first =
+            i == 0 ? a
+                   : (s->taken[i] + SD_LOOKUP_SIBLING_PRIOR * SD_LOOKUP_SIBLING_WEIGHT) /
+                         (s->tried[i] + SD_LOOKUP_SIBLING_WEIGHT);
+        double q = first;
+        for (int j = 0; j < lens[i]; j++, n++) {
+            p[n] = (float)q;
+            branch_of[n] = i;
+            q *= a;
+        }
+    }
+    sd_cost_curve cost;
+    sd_cost_curve_get(d->cost, &cost);
+    int keep = n > 0 ? sd_tree_size(p, n, &cost, order) : 0;
+    if (keep == 0 && n > 0 && L->ss->steps % 4 == 0) { /* keep measuring */
+        keep = 1;
+        order[0] = 0;
+    }
+    int kept[SD_LOOKUP_MAX_BRANCHES] = {0};
+    for (int i = 0; i < keep; i++) {
+        kept[branch_of[order[i]]]++;
+    }
+    int total = 0;
+    s->n_branches = 0;
+    for (int i = 0; i < nb; i++) {
+        if (kept[i] == 0) {
+            continue;
+        }
+        const int b = s->n_branches++;
+        s->start[b] = total;
+        s->blen[b] = kept[i];
+        s->rank[b] = i;
+        for (int j = 0; j < kept[i]; j++) {
+            s->tokens[total + j] = drafts[(size_t)i * (size_t)kb + (size_t)j];
+            s->parent[total + j] = j == 0 ? -1 : total + j - 1;
+        }
+        total += kept[i];
+    }
+    out->n = total;
+    out->tokens = s->tokens;
+    out->parent = s->parent;
+}
+
 static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
                                 sd_draft *out) {
     const sd_prompt_lookup *pl = &d->u.lookup;
     lookup_state *s = state;
     int n = 0, extent = 0;
+    room = room < pl->k ? room : pl->k; /* a tree's drafter has room for k * branching nodes */
     int k = room > 0 ? sd_lookup_draft(L->batch + 1, &n, &extent, L->hist, L->len, pl->max_ngram,
                                        pl->min_ngram, room)
                      : 0;
     /* the acceptance counts this draft is sized by and adds to */
     const int b =
         extent < SD_LOOKUP_LONG ? n : pl->max_ngram + (extent < SD_LOOKUP_LONG_MAX ? 1 : 2);
+    s->bucket = b;
+    s->n_branches = 1;
+    if (pl->size_by_cost) {
+        out->n = 0;
+        if (k > 0) {
+            sized_propose(d, s, L, k, bucket_rate(s, pl, b), out);
+        }
+        return SD_OK;
+    }
     if (pl->verify_slope > 0.0f && k > 0) {
         /* a repeating text starts from the prior of a long run of accepted tokens */
         const double prior = b > pl->max_ngram ? SD_LOOKUP_LONG * (b - pl->max_ngram) : 0.0;
@@ -129,15 +236,20 @@ static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *
 
 static sd_status lookup_commit(const sd_drafter *d, void *state, sd_spec_loop *L,
                                const sd_draft *draft, int n_acc, int32_t next) {
-    (void)d;
     (void)L;
     (void)next;
     lookup_state *s = state;
     /* a tree: the branch taken is the one starting with the first accepted token (siblings
      * differ), and its tokens after the path's end were rejected */
     int n = draft->n;
-    for (int i = 0; s->n_branches > 1 && i < s->n_branches; i++) {
-        n = n_acc > 0 && s->tokens[s->start[i]] == L->batch[1] ? s->blen[i] : n;
+    const int sized = d->u.lookup.size_by_cost;
+    for (int i = 0; (sized || s->n_branches > 1) && i < s->n_branches; i++) {
+        const int took = n_acc > 0 && s->tokens[s->start[i]] == L->batch[1];
+        n = took && s->n_branches > 1 ? s->blen[i] : n;
+        if (sized && s->rank[i] > 0) { /* how often such a branch is taken */
+            s->tried[s->rank[i]] += 1.0;
+            s->taken[s->rank[i]] += took ? 1.0 : 0.0;
+        }
     }
     s->acc_n[s->bucket] += n_acc;
     s->rej_n[s->bucket] += n_acc < n ? 1.0 : 0.0;
@@ -185,6 +297,10 @@ sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *pl)
     if (pl->branching < 1 || pl->branching > SD_LOOKUP_MAX_BRANCHES) {
         return sd_set_error(SD_ERR_INVALID_ARG, "branching must be in [1, %d], got %d",
                             SD_LOOKUP_MAX_BRANCHES, pl->branching);
+    }
+    if (pl->size_by_cost != 0 && pl->size_by_cost != 1) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "size_by_cost must be 0 or 1, got %d",
+                            pl->size_by_cost);
     }
     if (pl->branching > 1 && pl->k * pl->branching > SD_MAX_TREE_NODES) {
         return sd_set_error(SD_ERR_INVALID_ARG,
