@@ -502,8 +502,14 @@ sd_status sd_head_draft_logits(const sd_head *head, sd_model *target, const int3
  * gave (its features of the accepted tokens), then grows a tree from the text's last token as
  * dp says (EAGLE-2's dynamic tree for branching > 1, a chain for 1; dp->k is the depth; the
  * nodes are kept as sd_draft_params documents, so sampling stays exact), one head forward per
- * depth. The drafter owns `head` from now on (also on failure). CPU targets only so far. */
-sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp);
+ * depth. lookup > 0 (at most SD_MAX_DRAFT): prompt lookup beside the head; at a step where the
+ * text's last n-gram occurred before (n <= 4), the continuation (up to `lookup` tokens, as
+ * deterministic drafts, sized on the measured verify costs by its kind of match's acceptance
+ * rate, sd_lookup_rate) is drafted instead of the head's tree when it promises more tokens per
+ * unit of time than the head's steps have given so far (their accepted drafts, verify sizes
+ * and drafting time); the choice rests on earlier steps alone, so sampling stays exact. 0:
+ * off. The drafter owns `head` from now on (also on failure). CPU targets only so far. */
+sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp, int lookup);
 /* Medusa (Cai et al. 2024): each step, the heads read the target's last hidden state (from the
  * verify forward) and a static tree is filled from their best tokens: node i of `paths` (n_paths
  * of them, path i = paths[start[i] .. start[i] + len[i]), 1 <= len[i] <= the head count) takes

@@ -143,6 +143,12 @@ def run(args: argparse.Namespace) -> dict:
                                              nodes=args.model_nodes, p_min=args.p_min,
                                              size_by_cost=not args.eagle_whole)
             draft_cost["eagle"] = 0.0  # counted in the measured time; not modelled here
+        elif name == "eagle-lookup":  # the chain with prompt lookup beside the head
+            methods["eagle-lookup"] = specdec.Eagle(args.eagle or args.model,
+                                                    depth=args.eagle_depth, p_min=args.p_min,
+                                                    size_by_cost=not args.eagle_whole,
+                                                    lookup=args.k)
+            draft_cost["eagle-lookup"] = 0.0
         elif name == "eagle-tree":  # beside the chain in the same run
             methods["eagle-tree"] = specdec.Eagle(args.eagle or args.model,
                                                   depth=args.eagle_depth,
@@ -157,7 +163,7 @@ def run(args: argparse.Namespace) -> dict:
             draft_cost["medusa"] = 0.0
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, layerskip, "
-                             "draft, recycling, eagle, eagle-tree, medusa)")
+                             "draft, recycling, eagle, eagle-lookup, eagle-tree, medusa)")
     rows = load_questions(args.data, args.limit)
     results = []
     ctx = model.config.context_length
@@ -234,7 +240,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--methods", default="lookup",
                    help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling, "
-                   "eagle, eagle-tree, medusa")
+                   "eagle, eagle-lookup, eagle-tree, medusa")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
     p.add_argument("--eagle", help="eagle: an EAGLE head directory (default: the head shipped "
                    "for --model's alias)")
@@ -274,7 +280,8 @@ def main(argv=None) -> int:
     p.add_argument("--tree-whole", action="store_true",
                    help="recycling, lookup-tree: draft the whole template or tree every step "
                         "(default: the nodes that pay at the measured verify costs)")
-    p.add_argument("--k", type=int, default=16, help="lookup: the most drafts per step")
+    p.add_argument("--k", type=int, default=16,
+                   help="lookup, lookup-tree, eagle-lookup: the most lookup drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--verify-slope", type=float, default=0.2,
                    help="adaptive draft length (0 = always draft k)")

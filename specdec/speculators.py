@@ -190,6 +190,14 @@ class Eagle(Speculator):
     distribution, not token for token, unless the costs are given. ``False``: always ``nodes``
     (a chain's ``depth``).
 
+    ``lookup`` > 0: prompt lookup beside the head. At a step where the text's last n-gram
+    occurred before, the continuation (up to ``lookup`` tokens) is drafted instead of the
+    head's tree when it promises more tokens per unit of time: its kind of match's acceptance
+    rate so far against the head's accepted drafts, verify sizes and drafting time so far, on
+    the measured verify costs. Long matches (copied passages, lists, a small model's loops)
+    then go to lookup and the rest to the head; the choice rests on earlier steps only, so the
+    output stays exactly the target's. 0 (default): the head alone.
+
     ``weights``: ``"q8_0"`` (default) computes with 8-bit copies of the head's matrices (ggml's
     Q8_0 blocks, on the integer kernels: a head runs once per depth, so its speed counts);
     ``"float"`` with the file's own F32/F16/BF16 values. Matrices the file stores as blocks
@@ -201,11 +209,14 @@ class Eagle(Speculator):
     """
 
     def __init__(self, path: Any, depth: int = 5, branching: int = 1, nodes: int = 16,
-                 p_min: float = 0.0, weights: str = "q8_0", size_by_cost: bool = True) -> None:
+                 p_min: float = 0.0, weights: str = "q8_0", size_by_cost: bool = True,
+                 lookup: int = 0) -> None:
         self.path = _head_path(path)
         self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
                                     _int("branching", branching), _int("nodes", nodes),
-                                    _head_weights(weights), _bool("size_by_cost", size_by_cost))
+                                    _head_weights(weights), _bool("size_by_cost", size_by_cost),
+                                    _int("lookup", lookup))
+        self.lookup = lookup
         self.weights = weights
         self.size_by_cost = size_by_cost
         self.kind = "eagle3" if _core.head_info(self._drafter)[0] == 3 else "eagle"
@@ -216,7 +227,7 @@ class Eagle(Speculator):
 
     def __repr__(self) -> str:
         return (f"Eagle({self.path!r}, depth={self.depth}, branching={self.branching}, "
-                f"nodes={self.nodes}, p_min={self.p_min})  # {self.kind}")
+                f"nodes={self.nodes}, p_min={self.p_min}, lookup={self.lookup})  # {self.kind}")
 
     def draft_logits(self, target: "Model", tokens: Sequence[int]) -> Any:
         """The head's teacher-forced logits over ``tokens``: a float32 array

@@ -19,7 +19,7 @@ import reference
 import specdec
 import tinymodels as tm
 from helpers import SETTINGS, exact_joint, in_threads
-from specdec import testing
+from specdec import _core, testing
 from stats import chi2_critical, chi2_stat
 from test_model_tree import joint_counts
 from test_torch_bin import STORAGE, checkpoint, evil_call, write_torch_layout_zip
@@ -410,6 +410,29 @@ V5 = tm.TinyConfig(arch="llama", vocab=5, dim=16, n_layers=4, n_heads=2, n_kv_he
                    context_length=32)
 
 
+
+@pytest.mark.parametrize("branching,nodes", [(1, 1), (2, 4)])
+def test_lookup_beside_the_head_keeps_greedy_output(tmp_path, target, branching, nodes):
+    """Eagle(lookup=k): on texts that repeat themselves, steps drafted by prompt lookup (more
+    than the head's one node) are chosen beside the head's; greedy output is the plain one and
+    the cache holds after every step."""
+    m, _ = target
+    d, _, _ = write_head(tmp_path / "h", "eagle3", "safetensors")
+    looked = 0
+    for seed in (1, 2, 3):
+        prompt = tm.random_tokens(TARGET.vocab, 7, seed=seed) * 3
+        plain = specdec.generate(m, prompt, max_new_tokens=48, stop_tokens=[])
+        spec = specdec.Eagle(d, depth=1, branching=branching, nodes=nodes, lookup=6)
+        spec.set_verify_costs([1.0, 1.02, 1.05, 1.1, 1.15, 1.2, 1.3])
+        got = specdec.generate(m, prompt, max_new_tokens=48, stop_tokens=[], speculator=spec)
+        assert got.tokens == plain.tokens
+        looked += max(got.stats.steps_by_nodes) > nodes  # only lookup drafts more
+        toks, _, _ = m._core.generate(prompt, max_new_tokens=48, temperature=0.0, seed=1,
+                                      stop_ids=[], top_k=0, top_p=1.0, drafter=spec.drafter(),
+                                      check_cache=True)
+        assert list(toks) == plain.tokens
+    assert looked > 0
+
 def v5_head(d, kind: str):
     """A head for the vocabulary-5 target (EAGLE-3: a draft vocabulary of 3)."""
     rng = np.random.default_rng(9)
@@ -502,6 +525,28 @@ def test_sampled_trees_sized_by_cost_stay_exact(v5):
     assert stat < chi2_critical(df), (stat, df)
 
 
+
+@pytest.mark.parametrize("name", list(SAMPLED))
+def test_sampled_lookup_beside_the_head_stays_exact(v5, name):
+    """Eagle(lookup=k) when sampling: a step drafts the head's sampled chain or lookup's
+    deterministic continuation, chosen from earlier steps alone; over 100,000 runs after a
+    prompt that repeats itself the first three tokens are distributed as the target's."""
+    m, row, w, d = v5
+    setting, N = SAMPLED[name], 100_000
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+    spec = specdec.Eagle(v5_head(d / "head-eagle3", "eagle3"), depth=1, lookup=4)
+    spec.set_verify_costs([1.0, 1.02, 1.05, 1.1, 1.15])
+    T, top_k, top_p, min_p = setting
+    counts, drafted, accepted = _core.joint_counts(m._core, spec.drafter(), prompt, N, T, top_k,
+                                                   top_p, min_p)
+    assert drafted > 1.2 * N and drafted - accepted > N // 10, (drafted, accepted)
+    looked = [max(specdec.generate(m, prompt, max_new_tokens=12, stop_tokens=[], seed=s,
+                                   temperature=T, speculator=spec).stats.steps_by_nodes)
+              for s in range(20)]
+    assert max(looked) > 1, looked  # lookup drafted (the head's chain is one node)
+    stat, df = chi2_stat(counts.astype(np.float64), exact_joint(row, w, setting, prompt))
+    assert stat < chi2_critical(df), (stat, df)
+
 # ---- heads that do not fit, files that are not heads ----------------------------------------
 
 def test_mismatches_name_the_problem(tmp_path, target, tiny):
@@ -528,6 +573,9 @@ def test_mismatches_name_the_problem(tmp_path, target, tiny):
     (dict(nodes=0, branching=2), ValueError, r"nodes must be in \[1, 64\], got 0"),
     (dict(p_min=2.0), ValueError, r"p_min must be in \[0, 1\], got 2"),
     (dict(depth=1.5), TypeError, "depth must be an integer"),
+    (dict(lookup=33), ValueError, r"lookup must be in \[0, 32\], got 33"),
+    (dict(lookup=-1), ValueError, r"lookup must be in \[0, 32\], got -1"),
+    (dict(lookup=2.0), TypeError, "lookup must be an integer"),
 ])
 def test_bad_arguments(tmp_path, kw, error, match):
     d, _, _ = write_head(tmp_path / "h", "eagle", "safetensors")
@@ -661,9 +709,11 @@ def test_smollm2_greedy_equals_plain(tmp_path, smollm2_path, depth, branching, n
 def test_the_shipped_smollm2_head(smollm2_path):
     """specdec.Eagle("smollm2-135m-instruct"): the EAGLE-3 head shipped in the package (4-bit
     blocks, a draft vocabulary of 4,096) loads for SmolLM2, greedy output with it is the plain
-    one, and it is a trained head: its first draft is accepted far more often than a random
-    head's never-accepted guesses (about 0.4 to 0.5 on chat answers)."""
+    one (also with prompt lookup beside it), and it is a trained head: its first draft is
+    accepted far more often than a random head's never-accepted guesses (about 0.4 to 0.5 on
+    chat answers)."""
     spec = specdec.Eagle("smollm2-135m-instruct", depth=3, size_by_cost=False)
+    both = specdec.Eagle("smollm2-135m-instruct", depth=3, lookup=16)
     assert spec.kind == "eagle3"
     cfg = json.loads((Path(spec.path) / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 4096
@@ -676,6 +726,8 @@ def test_the_shipped_smollm2_head(smollm2_path):
         got = specdec.generate(m, msgs, max_new_tokens=64, speculator=spec)
         assert got.tokens == plain.tokens, q
         first.append(got.stats.per_position_acceptance[0])
+        mixed = specdec.generate(m, msgs, max_new_tokens=64, speculator=both)
+        assert mixed.tokens == plain.tokens, q
     assert np.mean(first) > 0.25, first
     with pytest.raises(FileNotFoundError, match="aliases"):
         specdec.Eagle("no-such-model")

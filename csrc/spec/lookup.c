@@ -97,3 +97,15 @@ int sd_lookup_branches(int32_t *draft, int *lens, int *n_match, int *extent, con
     }
     return found;
 }
+
+int sd_lookup_bucket(int n_match, int extent, int max_ngram) {
+    return extent < SD_LOOKUP_LONG ? n_match : max_ngram + (extent < SD_LOOKUP_LONG_MAX ? 1 : 2);
+}
+
+double sd_lookup_rate(double accepted, double rejected, int bucket, int max_ngram, double *prior) {
+    const double w = bucket > max_ngram ? SD_LOOKUP_LONG * (bucket - max_ngram) : 0.0;
+    if (prior != NULL) {
+        *prior = w;
+    }
+    return (accepted + w + 1.0) / (accepted + rejected + w + 2.0);
+}

@@ -30,4 +30,18 @@ int sd_lookup_draft(int32_t *draft, int *n_match, int *extent, const int32_t *h,
 int sd_lookup_branches(int32_t *draft, int *lens, int *n_match, int *extent, const int32_t *h,
                        int len, int max_ngram, int min_ngram, int k, int b);
 
+/* The acceptance of lookup drafts is counted apart by kind of match (a bucket): a long match
+ * predicts the continuation far better than a one-token one, and one that extends
+ * SD_LOOKUP_LONG or SD_LOOKUP_LONG_MAX tokens back (the text repeats itself: a list, a loop)
+ * better still. Buckets 0 .. max_ngram + 2. */
+#define SD_LOOKUP_LONG 16
+#define SD_LOOKUP_LONG_MAX 32
+int sd_lookup_bucket(int n_match, int extent, int max_ngram);
+
+/* The chance that a draft token of `bucket` is accepted, from its counts there: accepted tokens
+ * and rejected drafts, the trials of a geometric acceptance (the tokens after a rejected one are
+ * never tested). Beta(1, 1)-smoothed, so 0.5 before any; a repeating text's buckets start from
+ * the prior of a long run of accepted tokens. The prior's weight is returned in *prior. */
+double sd_lookup_rate(double accepted, double rejected, int bucket, int max_ngram, double *prior);
+
 #endif /* SD_LOOKUP_H */

@@ -15,10 +15,28 @@
 #include "model/head.h"
 #include "spec/drafter.h"
 #include "spec/drafters/model_tree.h"
+#include "spec/lookup.h"
 #include "spec/loop.h"
+#include "util/clock.h"
 #include "util/status.h"
 
 #define FED_MAX (SD_MAX_TREE_NODES + 1)
+/* prompt lookup beside the head: n-grams of up to this many tokens, and its buckets */
+#define LOOKUP_NGRAM 4
+#define LOOKUP_BUCKETS (LOOKUP_NGRAM + 3)
+
+/* What the drafter knows of its two ways of drafting, over a request's steps: the head's steps
+ * (their number, accepted drafts, verify size as rel[T], seconds drafting and verifying) and
+ * lookup's counts by kind of match (sd_lookup_rate). */
+typedef struct {
+    int step_lookup; /* the step in flight drafted by lookup */
+    int bucket;      /* ... its kind of match */
+    double steps, accepted, rel, draft_s, verify_s;
+    double verify_mark; /* the loop's verify seconds when the last head step was proposed */
+    double acc[LOOKUP_BUCKETS], rej[LOOKUP_BUCKETS];
+    int32_t tokens[SD_MAX_DRAFT];
+    int32_t parent[SD_MAX_DRAFT];
+} eagle_mix;
 
 /* A request's state. */
 typedef struct {
@@ -35,6 +53,7 @@ typedef struct {
     float *raw;  /* (rows, V) logits before their spreading to the target's ids */
     int rows;    /* the rows x, f, last and raw hold */
     int prefix;  /* the text's rows the head held after the last step's root */
+    eagle_mix mix;
 } eagle_state;
 
 static sd_status grow_rows(eagle_state *s, int T, int W) {
@@ -168,35 +187,112 @@ static sd_status eagle_begin(const sd_drafter *d, void **state, sd_spec_loop *L)
     if (L->feat == NULL) {
         return sd_set_error(SD_ERR_INTERNAL, "the loop kept no features for the EAGLE drafter");
     }
+    s->mix.verify_mark = -1.0;
     SD_TRY(sd_head_bind(&s->hm, s->head, L->m));
     SD_TRY(sd_kv_cache_create(&s->hkv, s->hm, L->capacity));
     const sd_draft_params dp = tree_params(d);
     return sd_model_tree_create(&s->tree, &dp, L);
 }
 
+/* Lookup's draft for this step when it promises more tokens per unit of time than the head's
+ * steps have given (1 into out), else 0. The head's value: (1 + accepted drafts per step) over
+ * its mean verify cost times 1 + its drafting over verifying time (optimistic before any
+ * step, so the head is tried first); lookup's: the best (1 + sum of a^j) / rel[m + 1] over its
+ * first m drafts (sd_tree_size), a its kind of match's acceptance rate, drafting free. */
+static int lookup_instead(const sd_drafter *d, eagle_mix *x, sd_spec_loop *L, int room,
+                          const sd_cost_curve *c, sd_draft *out) {
+    int n_match = 0, extent = 0, order[SD_MAX_DRAFT];
+    const int lim = room < d->u.m.lookup ? room : d->u.m.lookup;
+    const int k = lim > 0 ? sd_lookup_draft(x->tokens, &n_match, &extent, L->hist, L->len,
+                                            LOOKUP_NGRAM, 1, lim)
+                          : 0;
+    if (k == 0 || c->max_T < 2) {
+        return 0;
+    }
+    const int b = sd_lookup_bucket(n_match, extent, LOOKUP_NGRAM);
+    const double a = sd_lookup_rate(x->acc[b], x->rej[b], b, LOOKUP_NGRAM, NULL);
+    float p[SD_MAX_DRAFT];
+    double q = a, gain = 1.0;
+    for (int j = 0; j < k; j++, q *= a) {
+        p[j] = (float)q;
+    }
+    const int m = sd_tree_size(p, k, c, order);
+    for (int j = 0; j < m; j++) {
+        gain += p[j];
+    }
+    const double head_rel = x->steps > 0 ? x->rel / x->steps : c->rel[2];
+    const double head_draft = x->steps > 0 && x->verify_s > 0 ? x->draft_s / x->verify_s : 0.0;
+    const double head =
+        (1.0 + (x->accepted + 1.0) / (x->steps + 1.0)) / (head_rel * (1.0 + head_draft));
+    if (m == 0 || gain / (double)c->rel[m + 1] <= head) {
+        return 0;
+    }
+    for (int j = 0; j < m; j++) {
+        x->parent[j] = j - 1;
+    }
+    x->bucket = b;
+    out->n = m;
+    out->tokens = x->tokens;
+    out->parent = x->parent;
+    out->q = NULL;
+    return 1;
+}
+
 static sd_status eagle_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
                                sd_draft *out) {
-    (void)room; /* the tree keeps within sd_spec_tree_room */
     eagle_state *s = state;
+    eagle_mix *x = &s->mix;
     s->L = L;
     const sd_tree_feeder fd = {feed_root, feed_nodes, s};
     const sd_draft_params dp = tree_params(d);
     sd_cost_curve buf;
     const sd_cost_curve *cost = NULL;
+    if (d->u.m.lookup > 0) { /* one measurement for both (the tree's alone would be shorter) */
+        const int T = (dp.nodes > d->u.m.lookup ? dp.nodes : d->u.m.lookup) + 1;
+        SD_TRY(sd_cost_curve_measure(d->cost, L->m, T));
+    }
     SD_TRY(sd_model_tree_costs(d, &dp, L, &buf, &cost));
-    return sd_model_tree_propose(s->tree, L, s->hm, s->hkv, 0, &dp, &fd, cost, out);
+    if (!x->step_lookup && x->verify_mark >= 0.0) { /* the last step was the head's */
+        x->verify_s += L->ss->time_verify_s - x->verify_mark;
+    }
+    x->verify_mark = -1.0;
+    x->step_lookup = 0;
+    sd_cost_curve lc;
+    if (d->u.m.lookup > 0) {
+        sd_cost_curve_get(d->cost, &lc);
+        if (lookup_instead(d, x, L, room, &lc, out)) {
+            /* the tree's outcome statistics must not count this step's tokens */
+            sd_model_tree_settle(s->tree, L);
+            x->step_lookup = 1;
+            return SD_OK;
+        }
+    }
+    const double t0 = sd_now_s();
+    SD_TRY(sd_model_tree_propose(s->tree, L, s->hm, s->hkv, 0, &dp, &fd, cost, out));
+    if (d->u.m.lookup > 0) {
+        const int T = out->n + 1 <= lc.max_T ? out->n + 1 : lc.max_T;
+        x->draft_s += sd_now_s() - t0;
+        x->rel += lc.rel[T];
+        x->verify_mark = L->ss->time_verify_s;
+    }
+    return SD_OK;
 }
 
 /* The drafted rows are forgotten: the head keeps the text's rows fed with the target's
  * features (positions 0 .. len - 2 of the proposal's text). */
 static sd_status eagle_commit(const sd_drafter *d, void *state, sd_spec_loop *L,
                               const sd_draft *draft, int n_acc, int32_t next) {
-    (void)d;
-    (void)draft;
-    (void)n_acc;
     (void)next;
     (void)L;
     eagle_state *s = state;
+    eagle_mix *x = &s->mix;
+    if (x->step_lookup) { /* a run of n_acc accepted tokens, then one rejected unless all were */
+        x->acc[x->bucket] += n_acc;
+        x->rej[x->bucket] += n_acc < draft->n ? 1.0 : 0.0;
+    } else if (d->u.m.lookup > 0) {
+        x->steps += 1.0;
+        x->accepted += n_acc;
+    }
     const int n = sd_kv_cache_length(s->hkv);
     return sd_kv_cache_set_length(s->hkv, s->prefix < n ? s->prefix : n);
 }
@@ -216,7 +312,7 @@ static const sd_drafter_ops eagle_ops = {
     .features = eagle_features,
 };
 
-sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp) {
+sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp, int lookup) {
     *out = NULL;
     if (head == NULL || sd_head_kind_of(head) == SD_HEAD_MEDUSA) {
         const int missing = head == NULL;
@@ -230,8 +326,13 @@ sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_param
                        ? sd_drafter_check_draft_params(dp)
                        : sd_set_error(SD_ERR_INVALID_ARG, "depth must be in [1, %d], got %d",
                                       SD_MAX_DRAFT, dp->k);
+    if (st == SD_OK && (lookup < 0 || lookup > SD_MAX_DRAFT)) {
+        st = sd_set_error(SD_ERR_INVALID_ARG, "lookup must be in [0, %d], got %d", SD_MAX_DRAFT,
+                          lookup);
+    }
     if (st == SD_OK) {
-        st = sd_drafter_alloc(out, &eagle_ops, dp->branching > 1 ? dp->nodes : dp->k, 1);
+        const int nodes = dp->branching > 1 ? dp->nodes : dp->k;
+        st = sd_drafter_alloc(out, &eagle_ops, nodes > lookup ? nodes : lookup, 1);
     }
     if (st != SD_OK) {
         sd_head_free(head);
@@ -240,5 +341,6 @@ sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_param
     (*out)->head = head;
     (*out)->context = 1 << 30;
     (*out)->u.m.dp = *dp;
+    (*out)->u.m.lookup = lookup;
     return SD_OK;
 }

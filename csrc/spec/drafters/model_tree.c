@@ -322,6 +322,17 @@ static int pays_at(const sd_model_tree *t, const sd_spec_loop *L, int budget,
     return 0;
 }
 
+void sd_model_tree_settle(sd_model_tree *t, const sd_spec_loop *L) {
+    if (t->last_depth > 0) { /* the last proposal's outcome: the text grew by n_acc + 1 */
+        const int n_acc = L->len - t->base - 1;
+        for (int d = 1; d <= t->last_depth; d++) {
+            t->tried[d]++;
+            t->reached[d] += n_acc >= d;
+        }
+        t->last_depth = 0;
+    }
+}
+
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
                                 const sd_cost_curve *cost, sd_draft *out) {
@@ -330,14 +341,7 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
     const int room = sd_spec_tree_room(L, &depth_room);
     const int D = dp->k < depth_room ? dp->k : depth_room;
     int budget = room < t->max_fed - 1 ? room : t->max_fed - 1;
-    if (t->last_depth > 0) { /* the last proposal's outcome: the text grew by n_acc + 1 */
-        const int n_acc = len - t->base - 1;
-        for (int d = 1; d <= t->last_depth; d++) {
-            t->tried[d]++;
-            t->reached[d] += n_acc >= d;
-        }
-        t->last_depth = 0;
-    }
+    sd_model_tree_settle(t, L);
     if (t->sampling && cost != NULL && D >= 1 && budget >= 1) {
         const int keep = sampled_paying(t, L, D, cost);
         budget = keep < budget ? keep : budget;

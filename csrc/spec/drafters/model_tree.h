@@ -47,6 +47,11 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
                                 const sd_cost_curve *cost, sd_draft *out);
 
+/* Counts the last proposal's outcome (how deep its accepted path reached, from how far L's text
+ * grew since) into the per-depth statistics that size sampled trees, once; the next proposal
+ * does it when not done before, so a step drafted otherwise (EAGLE's lookup) calls it first. */
+void sd_model_tree_settle(sd_model_tree *t, const sd_spec_loop *L);
+
 /* The verify costs a tree is sized by this step: with dp->size_by_cost, d's curve (measured on L's
  * target at its first use: sd_cost_curve_measure) copied into buf and *out = buf; else *out = NULL.
  */

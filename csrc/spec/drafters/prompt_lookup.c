@@ -10,11 +10,6 @@
 #include "spec/loop.h"
 #include "util/status.h"
 
-/* The adaptive draft length counts acceptance apart for a match that extends this many tokens
- * back (sd_lookup_draft's extent), where the text repeats itself, and apart again for one this
- * long (at most SD_LOOKUP_EXTENT_MAX). */
-#define SD_LOOKUP_LONG 16
-#define SD_LOOKUP_LONG_MAX 32
 /* Bounds the per-request counts (max_ngram + 3 buckets): far past any useful n-gram. */
 #define SD_LOOKUP_MAX_NGRAM (1 << 20)
 
@@ -112,12 +107,6 @@ static void branch_out(lookup_state *s, sd_spec_loop *L, const sd_prompt_lookup 
     out->parent = s->parent;
 }
 
-/* The acceptance rate of bucket b's drafted tokens (sd_adaptive_k's, with its prior). */
-static double bucket_rate(const lookup_state *s, const sd_prompt_lookup *pl, int b) {
-    const double prior = b > pl->max_ngram ? SD_LOOKUP_LONG * (b - pl->max_ngram) : 0.0;
-    return (s->acc_n[b] + prior + 1.0) / (s->acc_n[b] + s->rej_n[b] + prior + 2.0);
-}
-
 /* size_by_cost: the k-token chain already in L->batch + 1 and, with branching > 1, the other
  * occurrences' branches, as candidates with their chances of being on the accepted path; of
  * them the nodes that pay on the measured costs (each branch keeps a prefix, since its chances
@@ -206,20 +195,20 @@ static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *
                                        pl->min_ngram, room)
                      : 0;
     /* the acceptance counts this draft is sized by and adds to */
-    const int b =
-        extent < SD_LOOKUP_LONG ? n : pl->max_ngram + (extent < SD_LOOKUP_LONG_MAX ? 1 : 2);
+    const int b = sd_lookup_bucket(n, extent, pl->max_ngram);
+    double prior = 0.0;
+    const double a = sd_lookup_rate(s->acc_n[b], s->rej_n[b], b, pl->max_ngram, &prior);
     s->bucket = b;
     s->n_branches = 1;
     if (pl->size_by_cost) {
         out->n = 0;
         if (k > 0) {
-            sized_propose(d, s, L, k, bucket_rate(s, pl, b), out);
+            sized_propose(d, s, L, k, a, out);
         }
         return SD_OK;
     }
     if (pl->verify_slope > 0.0f && k > 0) {
         /* a repeating text starts from the prior of a long run of accepted tokens */
-        const double prior = b > pl->max_ngram ? SD_LOOKUP_LONG * (b - pl->max_ngram) : 0.0;
         k = sd_adaptive_k(s->acc_n[b] + prior, s->acc_n[b] + s->rej_n[b] + prior, pl->verify_slope,
                           k, L->ss->steps);
     }
