@@ -531,11 +531,13 @@ int sd_head_medusa_heads(const sd_head *head);
 int sd_drafter_max_draft(const sd_drafter *drafter);
 const char *sd_drafter_name(const sd_drafter *drafter);
 /* A tree drafter's verify costs: rel[T - 1] is what a verify forward of T tokens costs over one
- * of 1 token, for T = 1 .. the count returned (0 before they are measured, at the first request
- * of an adaptive drafter). Setting them (n entries, positive and non-decreasing, scaled so the
- * first is 1) replaces the measurement: for reproducible tree sizes, or a curve measured
- * elsewhere. Not while a request uses the drafter. */
-int sd_drafter_costs(const sd_drafter *drafter, float *rel, int cap);
+ * of 1 token after a text of len tokens, for T = 1 .. the count returned (0 before they are
+ * measured, at the first request of an adaptive drafter; measured after two lengths of text and
+ * interpolated linearly in seconds, since attention grows with the text). Setting them (n
+ * entries, positive and non-decreasing, scaled so the first is 1) replaces the measurement,
+ * after any text: for reproducible tree sizes, or a curve measured elsewhere. Not while a
+ * request uses the drafter. */
+int sd_drafter_costs(const sd_drafter *drafter, int len, float *rel, int cap);
 sd_status sd_drafter_set_costs(sd_drafter *drafter, const float *rel, int n);
 void sd_drafter_free(sd_drafter *drafter);
 

@@ -36,9 +36,17 @@ class Speculator:
     def verify_costs(self) -> List[float]:
         """What a verify forward of T tokens costs over one of 1 token, for T = 1, 2, ...: as
         measured on the model at the first request of a speculator that sizes its trees by it
-        (adaptive Token Recycling, ``size_by_cost``; [] before), or as given to
-        :meth:`set_verify_costs`."""
+        (adaptive Token Recycling, ``size_by_cost``; [] before) after a short text (64 tokens),
+        or as given to :meth:`set_verify_costs`. See :meth:`verify_costs_after`."""
         return _core.drafter_costs(self._drafter)
+
+    def verify_costs_after(self, length: int) -> List[float]:
+        """:attr:`verify_costs` after a text of ``length`` tokens, the costs a step sizes its
+        tree by there. Attention grows with the text and the weights do not, so a verify of
+        many tokens costs relatively more after a long text: the costs are measured after two
+        lengths (64 and 320 tokens, where the model's context allows) and interpolated linearly
+        in seconds (extrapolated past 320). Given costs hold after any length."""
+        return _core.drafter_costs(self._drafter, _int("length", length))
 
     def set_verify_costs(self, costs: Sequence[float]) -> None:
         """Size trees by these costs (T = 1, 2, ...; positive, non-decreasing, scaled so the

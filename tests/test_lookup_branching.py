@@ -195,3 +195,21 @@ def test_sampled_sized_trees_are_distributed_as_the_target(tmp_path, name):
     spec = sized(2, 3, MIXED[:7])
     assert_joint_matches(m, spec, setting, exact_joint(row, w, setting, BRANCHY), N=40_000,
                          prompt=BRANCHY)
+
+
+def test_costs_by_the_length_of_the_text(model):
+    """The measured costs hold after the text's length (measured after two lengths, since
+    attention grows with the text): after a short text they are verify_costs themselves, after
+    any length they rise with the batch; given costs hold after every length."""
+    spec = specdec.PromptLookup(k=4, branching=3)
+    specdec.generate(model, BRANCHY, max_new_tokens=4, stop_tokens=[], speculator=spec)
+    short = spec.verify_costs
+    assert spec.verify_costs_after(0) == short == spec.verify_costs_after(64)
+    for n in (100, 320, 2000):
+        after = spec.verify_costs_after(n)
+        assert len(after) == len(short) and after[0] == 1.0
+        assert all(b >= a for a, b in zip(after, after[1:]))
+    given = sized(4, 3, MIXED[:13])
+    assert given.verify_costs_after(5000) == given.verify_costs == pytest.approx(MIXED[:13])
+    with pytest.raises(TypeError, match="length must be an integer"):
+        spec.verify_costs_after(1.5)

@@ -141,15 +141,17 @@ static PyObject *py_token_recycling(PyObject *mod, PyObject *args, PyObject *kwd
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
 }
 
-/* drafter_costs(drafter) -> list[float]: sd_drafter_costs */
+/* drafter_costs(drafter, length=0) -> list[float]: sd_drafter_costs */
 static PyObject *py_drafter_costs(PyObject *mod, PyObject *args) {
     (void)mod;
     PyObject *obj = NULL;
-    if (!PyArg_ParseTuple(args, "O!:drafter_costs", &sd_py_DrafterType, &obj)) {
+    int len = 0;
+    if (!PyArg_ParseTuple(args, "O!|i:drafter_costs", &sd_py_DrafterType, &obj, &len)) {
         return NULL;
     }
     float rel[SD_MAX_TREE_NODES + 1];
-    const int n = sd_drafter_costs(((sd_py_Drafter *)obj)->drafter, rel, SD_MAX_TREE_NODES + 1);
+    const int n =
+        sd_drafter_costs(((sd_py_Drafter *)obj)->drafter, len, rel, SD_MAX_TREE_NODES + 1);
     PyObject *list = PyList_New(n);
     for (int i = 0; list != NULL && i < n; i++) {
         PyList_SET_ITEM(list, i, PyFloat_FromDouble(rel[i]));
@@ -379,7 +381,8 @@ PyMethodDef sd_py_drafter_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "token_recycling(nodes, widths, top, adaptive) -> Drafter (sd_token_recycling)"},
     {"drafter_costs", (PyCFunction)py_drafter_costs, METH_VARARGS,
-     "drafter_costs(drafter) -> list[float]: the verify costs a tree drafter sizes trees by"},
+     "drafter_costs(drafter, length=0) -> list[float]: the verify costs a tree drafter sizes "
+     "trees by after a text of `length` tokens"},
     {"drafter_set_costs", (PyCFunction)py_drafter_set_costs, METH_VARARGS,
      "drafter_set_costs(drafter, costs): give them instead of measuring"},
     {NULL, NULL, 0, NULL},

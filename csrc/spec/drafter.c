@@ -165,70 +165,121 @@ sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T) {
     return st;
 }
 
-void sd_cost_curve_get(sd_cost_curve *c, sd_cost_curve *copy) {
+void sd_cost_curve_get(sd_cost_curve *c, int len, sd_cost_curve *copy) {
     pthread_mutex_lock(&c->lock);
     copy->threads = c->threads;
     copy->asked = c->asked;
     copy->max_T = c->max_T;
     memcpy(copy->rel, c->rel, sizeof(c->rel));
+    memcpy(copy->ctx, c->ctx, sizeof(c->ctx));
+    memcpy(copy->secs, c->secs, sizeof(c->secs));
     pthread_mutex_unlock(&c->lock);
+    const int lo = copy->ctx[0], hi = copy->ctx[1];
+    if (hi <= lo || copy->max_T < 1) {
+        return;
+    }
+    /* a forward's seconds are linear in the text's length: interpolated between the two
+     * measured lengths, extrapolated past them */
+    const double w = (double)((len > lo ? len : lo) - lo) / (double)(hi - lo);
+    double one = 0.0;
+    for (int T = 1; T <= copy->max_T; T++) {
+        const double t = copy->secs[0][T] + w * (copy->secs[1][T] - copy->secs[0][T]);
+        one = T == 1 ? (t > 1e-9 ? t : 1e-9) : one;
+        const float r = (float)(t / one);
+        copy->rel[T] = T > 1 && r < copy->rel[T - 1] ? copy->rel[T - 1] : r;
+    }
+    copy->rel[1] = 1.0f;
+}
+
+/* The seconds of forwards of T = 1 .. max_T tokens after ctx cached ones (kv holds tok's first
+ * ctx), measured at a few sizes and interpolated between them, into secs. */
+static sd_status measure_at(double *secs, sd_model *m, sd_kv_cache *kv, const int32_t *tok, int ctx,
+                            int max_T, uint8_t *mask, float *logits) {
+    /* measured sizes (increasing, the last max_T); the others interpolated between them */
+    static const int sizes[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, SD_MAX_TREE_NODES + 1};
+    int Ts[sizeof(sizes) / sizeof(sizes[0])];
+    double at[sizeof(sizes) / sizeof(sizes[0])];
+    int n_pts = 0;
+    for (int i = 0; i < (int)(sizeof(sizes) / sizeof(sizes[0])); i++) {
+        Ts[n_pts] = sizes[i] < max_T ? sizes[i] : max_T;
+        SD_TRY(time_forward(&at[n_pts], m, kv, tok, ctx, Ts[n_pts], mask, logits));
+        if (Ts[n_pts++] == max_T) {
+            break;
+        }
+    }
+    for (int T = 1, j = 0; T <= max_T; T++) {
+        while (j + 1 < n_pts - 1 && Ts[j + 1] < T) {
+            j++;
+        }
+        const int k = j + 1 < n_pts ? j + 1 : j;
+        const double w = Ts[k] > Ts[j] ? (double)(T - Ts[j]) / (double)(Ts[k] - Ts[j]) : 0.0;
+        secs[T] = at[j] + w * (at[k] - at[j]);
+    }
+    return SD_OK;
 }
 
 /* The measurement of sd_cost_curve_measure (c's lock held). */
 static sd_status measure(sd_cost_curve *c, sd_model *m, int max_T) {
-    const int V = m->cfg.vocab_size;
-    int ctx = m->cfg.context_length - max_T < 64 ? m->cfg.context_length - max_T : 64;
-    ctx = ctx < 1 ? 1 : ctx;
-    if (ctx + max_T > m->cfg.context_length) {
-        max_T = m->cfg.context_length - ctx;
+    const int V = m->cfg.vocab_size, n_ctx = m->cfg.context_length;
+    int ctx[2] = {64, 320};
+    ctx[0] = n_ctx - max_T < ctx[0] ? n_ctx - max_T : ctx[0];
+    ctx[0] = ctx[0] < 1 ? 1 : ctx[0];
+    if (ctx[0] + max_T > n_ctx) {
+        max_T = n_ctx - ctx[0];
     }
-    int32_t *tok = malloc((size_t)(ctx + max_T) * sizeof(int32_t));
-    uint8_t *mask = malloc((size_t)max_T * (size_t)(ctx + max_T));
+    ctx[1] = ctx[1] + max_T <= n_ctx ? ctx[1] : 0; /* a short model: one context */
+    const int most = (ctx[1] > 0 ? ctx[1] : ctx[0]) + max_T;
+    int32_t *tok = malloc((size_t)most * sizeof(int32_t));
+    uint8_t *mask = malloc((size_t)max_T * (size_t)most);
     float *logits = m->cuda == NULL ? malloc((size_t)max_T * (size_t)V * sizeof(float)) : NULL;
     sd_kv_cache *kv = NULL;
     sd_status st = tok == NULL || mask == NULL || (m->cuda == NULL && logits == NULL)
                        ? sd_set_error(SD_ERR_NOMEM, "out of memory measuring verify costs")
                        : SD_OK;
     if (st == SD_OK) {
-        st = sd_kv_cache_create(&kv, m, ctx + max_T);
+        st = sd_kv_cache_create(&kv, m, most);
     }
-    for (int i = 0; st == SD_OK && i < ctx + max_T; i++) { /* ids spread over the vocabulary */
+    for (int i = 0; st == SD_OK && i < most; i++) { /* ids spread over the vocabulary */
         tok[i] = (int32_t)((1000003u * (unsigned)(i + 1)) % (unsigned)V);
     }
-    sd_batch b = {0};
-    b.n_tokens = ctx;
-    b.tokens = tok;
-    if (st == SD_OK) {
-        st = sd_forward(m, kv, &b, NULL);
-    }
-    /* measured sizes (increasing, the last max_T); the others interpolated between them */
-    static const int sizes[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, SD_MAX_TREE_NODES + 1};
-    int Ts[sizeof(sizes) / sizeof(sizes[0])];
-    double at[sizeof(sizes) / sizeof(sizes[0])];
-    int n_pts = 0;
-    for (int i = 0; st == SD_OK && i < (int)(sizeof(sizes) / sizeof(sizes[0])); i++) {
-        Ts[n_pts] = sizes[i] < max_T ? sizes[i] : max_T;
-        st = time_forward(&at[n_pts], m, kv, tok, ctx, Ts[n_pts], mask, logits);
-        if (Ts[n_pts++] == max_T) {
-            break;
+    for (int x = 0; x < 2 && st == SD_OK && ctx[x] > 0; x++) {
+        sd_batch b = {0};
+        b.n_tokens = ctx[x];
+        b.tokens = tok;
+        st = sd_kv_cache_set_length(kv, 0);
+        if (st == SD_OK) {
+            st = sd_forward(m, kv, &b, NULL);
+        }
+        if (st == SD_OK && x == 0) {
+            st = measure_at(c->secs[0], m, kv, tok, ctx[0], max_T, mask, logits);
+        }
+        /* after the longer text only 1 and max_T tokens: what the text adds is attention,
+         * linear in the tokens, so it is interpolated between them */
+        double one = 0.0, all = 0.0;
+        if (st == SD_OK && x == 1) {
+            st = time_forward(&one, m, kv, tok, ctx[1], 1, mask, logits);
+        }
+        if (st == SD_OK && x == 1) {
+            st = time_forward(&all, m, kv, tok, ctx[1], max_T, mask, logits);
+        }
+        for (int T = 1; st == SD_OK && x == 1 && T <= max_T; T++) {
+            const double w = max_T > 1 ? (double)(T - 1) / (double)(max_T - 1) : 0.0;
+            const double add =
+                (one - c->secs[0][1]) + w * ((all - c->secs[0][max_T]) - (one - c->secs[0][1]));
+            c->secs[1][T] = c->secs[0][T] + add;
         }
     }
     if (st == SD_OK) {
-        for (int T = 1, j = 0; T <= max_T; T++) {
-            while (j + 1 < n_pts - 1 && Ts[j + 1] < T) {
-                j++;
-            }
-            const int k = j + 1 < n_pts ? j + 1 : j;
-            const double w = Ts[k] > Ts[j] ? (double)(T - Ts[j]) / (double)(Ts[k] - Ts[j]) : 0.0;
-            /* a clock too coarse for one forward must not divide by zero */
-            c->rel[T] = (float)((at[j] + w * (at[k] - at[j])) / (at[0] > 1e-9 ? at[0] : 1e-9));
-        }
-        c->rel[0] = 0.0f;
-        c->rel[1] = 1.0f;
-        for (int T = 2; T <= max_T; T++) { /* a larger batch never costs less */
-            c->rel[T] = c->rel[T] > c->rel[T - 1] ? c->rel[T] : c->rel[T - 1];
-        }
+        c->ctx[0] = ctx[0];
+        c->ctx[1] = ctx[1];
         c->max_T = max_T;
+        c->rel[0] = 0.0f;
+        const double one = c->secs[0][1] > 1e-9 ? c->secs[0][1] : 1e-9;
+        for (int T = 1; T <= max_T; T++) { /* a larger batch never costs less */
+            const float r = (float)(c->secs[0][T] / one);
+            c->rel[T] = T > 1 && r < c->rel[T - 1] ? c->rel[T - 1] : r;
+        }
+        c->rel[1] = 1.0f; /* a clock too coarse for one forward must not divide by zero */
     }
     sd_kv_cache_free(kv);
     free(tok);
@@ -259,9 +310,9 @@ int sd_tree_size(const float *p, int n, const sd_cost_curve *c, int *order) {
     return best;
 }
 
-int sd_drafter_costs(const sd_drafter *d, float *rel, int cap) {
+int sd_drafter_costs(const sd_drafter *d, int len, float *rel, int cap) {
     sd_cost_curve c;
-    sd_cost_curve_get(d->cost, &c);
+    sd_cost_curve_get(d->cost, len, &c);
     const int n = c.threads != 0 ? c.max_T : 0;
     for (int T = 1; T <= n && T <= cap; T++) {
         rel[T - 1] = c.rel[T];
@@ -287,6 +338,7 @@ sd_status sd_drafter_set_costs(sd_drafter *d, const float *rel, int n) {
         d->cost->rel[T] = rel[T - 1] / rel[0];
     }
     d->cost->max_T = n;
+    d->cost->ctx[1] = 0; /* the same costs after any text */
     d->cost->threads = -1;
     pthread_mutex_unlock(&d->cost->lock);
     return SD_OK;

@@ -78,6 +78,14 @@ typedef struct {
     int asked;            /* the largest size a measurement was asked for */
     int max_T;            /* rel holds T = 1 .. max_T */
     float rel[SD_MAX_TREE_NODES + 2]; /* rel[T]: a tree-masked forward of T tokens over one */
+    /* Measured: the seconds of a forward of T tokens after ctx[0] and after ctx[1] cached ones
+     * (rel is the first's ratios). Attention grows with the text while the matrices do not, so
+     * a verify of many tokens costs relatively more after a long text (SmolLM2 Q4_1 on a Zen
+     * 4: 8 tokens cost 1.45 times one after 64 tokens, 1.87 after 700); the cost at a text's
+     * length is interpolated, or extrapolated, linearly between the two.
+     * ctx[1] = 0: one context only (given costs, or a model too short for two). */
+    int ctx[2];
+    double secs[2][SD_MAX_TREE_NODES + 2];
 } sd_cost_curve;
 
 /* A drafter: its operations, the most nodes it proposes per step, and its parameters. */
@@ -129,14 +137,17 @@ int sd_adaptive_k(double accepted, double trials, float slope, int kmax, int ste
 int sd_model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double draft_cost,
                      int room);
 
-/* Measures c for forwards of up to max_T tokens (<= SD_MAX_TREE_NODES + 1) after a short prefix, on
- * a scratch cache: the fastest of three timed runs of each of a few sizes, interpolated between
- * them (a fraction of a second on a small CPU model). Nothing is measured when c already holds
- * a curve for this thread count and size, or one that was given (sd_drafter_set_costs). */
+/* Measures c for forwards of up to max_T tokens (<= SD_MAX_TREE_NODES + 1) after a short prefix
+ * (64 tokens), on a scratch cache: the fastest of three timed runs of each of a few sizes,
+ * interpolated between them; and after a longer one (320 tokens, where the model's context
+ * allows) of 1 and max_T tokens, the rest interpolated (about a second on a small CPU model).
+ * Nothing is measured when c already holds a curve for this thread count and size, or one that was
+ * given (sd_drafter_set_costs). */
 sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T);
 
-/* A copy of the curve, taken under its lock (for sd_tree_size). */
-void sd_cost_curve_get(sd_cost_curve *c, sd_cost_curve *copy);
+/* A copy of the curve, taken under its lock (for sd_tree_size), its rel the costs after `len`
+ * cached tokens (see sd_cost_curve.secs; as measured or given where it has one context). */
+void sd_cost_curve_get(sd_cost_curve *c, int len, sd_cost_curve *copy);
 
 /* Of n candidate nodes with p[i] the chance that node i is on the accepted path (the nodes
  * ordered so that a parent comes first and p[child] <= p[parent]), how many of the most likely

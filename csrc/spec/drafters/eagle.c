@@ -259,7 +259,7 @@ static sd_status eagle_propose(const sd_drafter *d, void *state, sd_spec_loop *L
     x->step_lookup = 0;
     sd_cost_curve lc;
     if (d->u.m.lookup > 0) {
-        sd_cost_curve_get(d->cost, &lc);
+        sd_cost_curve_get(d->cost, L->len, &lc);
         if (lookup_instead(d, x, L, room, &lc, out)) {
             /* the tree's outcome statistics must not count this step's tokens */
             sd_model_tree_settle(s->tree, L);

@@ -470,7 +470,7 @@ sd_status sd_model_tree_costs(const sd_drafter *d, const sd_draft_params *dp, sd
     const int max_T = (dp->branching > 1 ? dp->nodes : dp->k) + 1;
     SD_TRY(sd_cost_curve_measure(d->cost, L->m,
                                  max_T < SD_MAX_TREE_NODES + 1 ? max_T : SD_MAX_TREE_NODES + 1));
-    sd_cost_curve_get(d->cost, buf);
+    sd_cost_curve_get(d->cost, L->len, buf);
     *out = buf->max_T > 0 ? buf : NULL;
     return SD_OK;
 }

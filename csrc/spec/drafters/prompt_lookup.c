@@ -154,7 +154,7 @@ static void sized_propose(const sd_drafter *d, lookup_state *s, sd_spec_loop *L,
         }
     }
     sd_cost_curve cost;
-    sd_cost_curve_get(d->cost, &cost);
+    sd_cost_curve_get(d->cost, L->len, &cost);
     int keep = n > 0 ? sd_tree_size(p, n, &cost, order) : 0;
     if (keep == 0 && n > 0 && L->ss->steps % 4 == 0) { /* keep measuring */
         keep = 1;

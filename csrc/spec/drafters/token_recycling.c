@@ -124,7 +124,7 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
     int keep = n;
     if (d->u.recycling.adaptive) {
         sd_cost_curve cost;
-        sd_cost_curve_get(d->cost, &cost);
+        sd_cost_curve_get(d->cost, L->len, &cost);
         keep = sd_tree_size(p, n, &cost, order);
         keep = keep == 0 && n > 0 && L->ss->steps % 4 == 0 ? 1 : keep;
     }
