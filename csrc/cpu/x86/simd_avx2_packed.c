@@ -30,10 +30,27 @@
 /* The same for the formats whose sums go in two halves (3 x 4 registers). */
 #define CHUNK_SPLIT 4
 
-/* v as it is here, in a register: keeps GCC from reassociating a chain of integer adds (it
- * would do every multiply of a block first and spill the products for the adds). Saturating
- * adds would stop it too, but on Zen 2 vpaddsw competes with maddubs for its pipe. */
-#define KEEP(v) __asm__("" : "+x"(v))
+/* s = p (first) or s += p in 16-bit (ADD16) or 32-bit (ADD32) lanes, the add in place and
+ * opaque to GCC: it would reassociate a chain of integer adds (every multiply of a block first,
+ * the products spilled for the adds), and an empty asm that pins the sum instead costs a register
+ * move per add. Saturating adds would stop it too, but on Zen 2 vpaddsw competes with maddubs
+ * for its pipe. */
+#define ADD16(first, s, p)                                                                         \
+    do {                                                                                           \
+        if (first) {                                                                               \
+            (s) = (p);                                                                             \
+        } else {                                                                                   \
+            __asm__("vpaddw %1, %0, %0" : "+x"(s) : "x"(p));                                       \
+        }                                                                                          \
+    } while (0)
+#define ADD32(first, s, p)                                                                         \
+    do {                                                                                           \
+        if (first) {                                                                               \
+            (s) = (p);                                                                             \
+        } else {                                                                                   \
+            __asm__("vpaddd %1, %0, %0" : "+x"(s) : "x"(p));                                       \
+        }                                                                                          \
+    } while (0)
 
 /* The exact integer sums of one block of 8 rows (P) and tokens t0 .. t0 + C - 1 (X): s32[t]
  * lane k = row k's dot product with token t, times the rows' integer scales where the format has
@@ -52,8 +69,7 @@ SD_Q_AVX2 SD_INLINE void sums_nibbles(const int f, const int t0, const int C, __
         for (int t = 0; t < C; t++) {
             const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, XIB(X, t0 + t, h)),
                                                _mm256_maddubs_epi16(hi, XIB(X, t0 + t, h + 4)));
-            s[t] = h == 0 ? p : _mm256_add_epi16(s[t], p);
-            KEEP(s[t]);
+            ADD16(h == 0, s[t], p);
         }
     }
     const __m256i k16 = f == V_Q4_K
@@ -85,10 +101,8 @@ SD_Q_AVX2 SD_INLINE void sums_five(const int f, const int t0, const int C, __m25
         for (int t = 0; t < C; t++) {
             const __m256i pa = _mm256_maddubs_epi16(lo, XIB(X, t0 + t, h));
             const __m256i pb = _mm256_maddubs_epi16(hi, XIB(X, t0 + t, h + 4));
-            sa[t] = h == 0 ? pa : _mm256_add_epi16(sa[t], pa);
-            sb[t] = h == 0 ? pb : _mm256_add_epi16(sb[t], pb);
-            KEEP(sa[t]);
-            KEEP(sb[t]);
+            ADD16(h == 0, sa[t], pa);
+            ADD16(h == 0, sb[t], pb);
         }
     }
     const __m256i k16 = f == V_Q5_K
@@ -110,8 +124,7 @@ SD_Q_AVX2 SD_INLINE void sums_q8(const int t0, const int C, __m256i *s32, const 
         for (int t = 0; t < C; t++) {
             const __m256i x = _mm256_sign_epi8(XIB(X, t0 + t, k), w);
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
-            s32[t] = k == 0 ? p : _mm256_add_epi32(s32[t], p);
-            KEEP(s32[t]);
+            ADD32(k == 0, s32[t], p);
         }
     }
 }
@@ -129,8 +142,7 @@ SD_Q_AVX2 SD_INLINE void sums_q6k(const int t0, const int C, __m256i *s32, const
             for (int t = 0; t < C; t++) {
                 const __m256i x = _mm256_sign_epi8(XIB(X, t0 + t, 4 * half + j), w);
                 const __m256i p = _mm256_maddubs_epi16(u, x);
-                sh[half][t] = j == 0 ? p : _mm256_add_epi16(sh[half][t], p);
-                KEEP(sh[half][t]);
+                ADD16(j == 0, sh[half][t], p);
             }
         }
     }
