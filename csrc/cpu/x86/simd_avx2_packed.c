@@ -35,22 +35,16 @@
  * the products spilled for the adds), and an empty asm that pins the sum instead costs a register
  * move per add. Saturating adds would stop it too, but on Zen 2 vpaddsw competes with maddubs
  * for its pipe. */
-#define ADD16(first, s, p)                                                                         \
+#define ADD_IN_PLACE(insn, first, s, p)                                                            \
     do {                                                                                           \
         if (first) {                                                                               \
             (s) = (p);                                                                             \
         } else {                                                                                   \
-            __asm__("vpaddw %1, %0, %0" : "+x"(s) : "x"(p));                                       \
+            __asm__(insn " %1, %0, %0" : "+x"(s) : "x"(p));                                        \
         }                                                                                          \
     } while (0)
-#define ADD32(first, s, p)                                                                         \
-    do {                                                                                           \
-        if (first) {                                                                               \
-            (s) = (p);                                                                             \
-        } else {                                                                                   \
-            __asm__("vpaddd %1, %0, %0" : "+x"(s) : "x"(p));                                       \
-        }                                                                                          \
-    } while (0)
+#define ADD16(first, s, p) ADD_IN_PLACE("vpaddw", first, s, p)
+#define ADD32(first, s, p) ADD_IN_PLACE("vpaddd", first, s, p)
 
 /* The exact integer sums of one block of 8 rows (P) and tokens t0 .. t0 + C - 1 (X): s32[t]
  * lane k = row k's dot product with token t, times the rows' integer scales where the format has
