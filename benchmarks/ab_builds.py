@@ -11,6 +11,7 @@ are left out of that table); medians over rounds.
     python benchmarks/ab_builds.py before/ after/ --context 2000 --tokens 1,2,4,8 --reps 1 \
         --iters 20 --prefill 512,1500
     python benchmarks/ab_builds.py before/ after/ --context 1500 --attention --rounds 8
+    python benchmarks/ab_builds.py before/ after/ --simd avx2 --model "$SPECDEC_GEMMA3_GGUF"
 
 "-" names the installed specdec. Use it to decide whether a kernel or scheduling change pays
 before committing it; the ratios, not the milliseconds, carry from run to run.
@@ -67,6 +68,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10, help="forwards per timing")
     ap.add_argument("--prefill", default="",
                     help="prompt lengths whose prefill at 2 threads is timed too, e.g. 512,1500")
+    ap.add_argument("--simd", default=None,
+                    help="SPECDEC_SIMD for the children (e.g. avx2: the kernels of CPUs without "
+                         "AVX-512 on one that has it); default: this CPU's best")
     ap.add_argument("--attention", action="store_true",
                     help="time the forwards' CPU attention alone too")
     a = ap.parse_args()
@@ -82,6 +86,8 @@ def main() -> None:
         for b in a.builds:
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECDEC_SIMD")}
             env.setdefault("OPENBLAS_NUM_THREADS", "1")
+            if a.simd is not None:
+                env["SPECDEC_SIMD"] = a.simd
             if b != "-":
                 env["PYTHONPATH"] = os.path.abspath(b)
             r = subprocess.run([sys.executable, "-c", CHILD, model, str(a.context), str(a.reps),
@@ -89,7 +95,8 @@ def main() -> None:
                                env=env,
                                capture_output=True, text=True, check=True, cwd=os.sep)
             res[b].append(json.loads(r.stdout))
-    print(f"context {a.context}, median of {a.rounds} rounds")
+    print(f"context {a.context}, median of {a.rounds} rounds"
+          + (f", SPECDEC_SIMD={a.simd}" if a.simd is not None else ""))
     print("| build | threads | " + " | ".join(f"T={T} ms" for T in tokens) + " | " +
           " | ".join(f"T={T} / T={tokens[0]}" for T in tokens[1:]) + " |")
     print("|---|---|" + "---|" * (2 * len(tokens) - 1))

@@ -148,10 +148,20 @@ void sd_f32_to_f16_row(uint16_t *dst, const float *x, int64_t n) {
 /* ---- repacked matrices ------------------------------------------------------------------------
  */
 
+/* Q4_0, Q4_1 and Q8_0 are repacked for every tile over the copy; Q5_0, Q5_1 and the K-quants
+ * for the AVX2 one alone (the AVX512-VNNI and AMX paths keep their tiles over rows as stored,
+ * and their bits). */
+static int repacked_on_every_path(int type) {
+    return type == SD_TYPE_Q4_0 || type == SD_TYPE_Q4_1 || type == SD_TYPE_Q8_0;
+}
+
 size_t sd_repack_bytes(int type, int64_t rows, int64_t cols) {
     sd_kernels_init();
 #ifdef SD_HAVE_X86_SIMD
-    return g_repack ? sd_packed_bytes(type, rows, cols) : 0;
+    if (g_repack == 0 || (g_repack != 1 && !repacked_on_every_path(type))) {
+        return 0;
+    }
+    return sd_packed_bytes(type, rows, cols);
 #else
     (void)type;
     (void)rows;
@@ -179,7 +189,9 @@ void sd_tile_repacked(int type, float *y, int64_t ldy, const void *packed, int64
 #ifdef SD_HAVE_X86_SIMD
     const size_t group = sd_packed_bytes(type, 8, n);
     const void *p = (const unsigned char *)packed + (size_t)(r0 / 8) * group;
-    if (g_repack == 3) {
+    if (!repacked_on_every_path(type)) {
+        sd_tile_packed_avx2(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
+    } else if (g_repack == 3) {
         sd_tile_packed_amx(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
     } else if (g_repack == 2) {
         sd_tile_packed_vnni(type, y, ldy, p, nrows, a, T, n, bias, accumulate);

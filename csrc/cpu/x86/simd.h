@@ -61,11 +61,15 @@ SD_DECLARE_VNNI_QTILE(q5_0)
 SD_DECLARE_VNNI_QTILE(q5_1)
 SD_DECLARE_VNNI_QTILE(q8_0)
 
-/* Repacked Q4_0/Q4_1/Q8_0 matrices (simd_vnni_q.c): bytes of the 8-row interleaved copy (0 when
- * the matrix cannot be repacked: other type, rows % 8, row too long), filling it, and the tile
- * over it (nrows a multiple of 8, `packed` at the first of them). */
+/* Repacked matrices (simd_vnni_q.c): bytes of the 8-row interleaved copy (0 when the matrix
+ * cannot be repacked: other type, rows % 8, row too long), filling it, and the tile over it
+ * (nrows a multiple of 8, `packed` at the first of them). Q4_0, Q4_1 and Q8_0 copies serve every
+ * tile below; Q5_0, Q5_1, Q4_K, Q5_K and Q6_K copies the AVX2 one alone. */
 size_t sd_packed_bytes(int type, int64_t rows, int64_t cols);
 int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes, int64_t rows, int64_t cols);
+/* The copies of Q5_0, Q5_1 and the K-quants (simd_kpack.c): format f of simd_packed.h, rows a
+ * multiple of 8, sd_packed_bytes(type, rows, cols) bytes at dst. */
+void sd_kpack_rows8(void *dst, int f, const void *w, size_t row_bytes, int64_t rows, int64_t cols);
 void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                          const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
 /* The same over AVX2 alone. */

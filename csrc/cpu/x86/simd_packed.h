@@ -12,8 +12,57 @@
 #include "cpu/quant.h"
 #include "cpu/x86/simd_q_common.h"
 
-/* The 32-element formats of the 8-row kernels (V_Q4_0, V_Q4_1 and V_Q8_0 are also repacked). */
-enum { V_Q4_0, V_Q4_1, V_Q5_0, V_Q5_1, V_Q8_0 };
+/* The 32-element formats of the 8-row kernels, and the formats of the repacked copies: V_Q4_0,
+ * V_Q4_1 and V_Q8_0 for every tile over the copy; V_Q5_0, V_Q5_1 and the K-quants (32-element
+ * sub-blocks) for the AVX2 tile alone (simd_kpack.c makes those copies). */
+enum { V_Q4_0, V_Q4_1, V_Q5_0, V_Q5_1, V_Q8_0, V_Q4_K, V_Q5_K, V_Q6_K };
+
+/* The repacked format of a ggml type, or -1. */
+static inline int packed_format(int type) {
+    switch (type) {
+    case SD_TYPE_Q4_0: return V_Q4_0;
+    case SD_TYPE_Q4_1: return V_Q4_1;
+    case SD_TYPE_Q5_0: return V_Q5_0;
+    case SD_TYPE_Q5_1: return V_Q5_1;
+    case SD_TYPE_Q8_0: return V_Q8_0;
+    case SD_TYPE_Q4_K: return V_Q4_K;
+    case SD_TYPE_Q5_K: return V_Q5_K;
+    case SD_TYPE_Q6_K: return V_Q6_K;
+    default: return -1;
+    }
+}
+
+/* One block of 8 repacked rows x 32 elements of format f: its bytes, and where its fields lie.
+ *   nibbles (V_Q4_0, V_Q4_1, V_Q5_0, V_Q5_1, V_Q4_K, V_Q5_K): 4 x 32 bytes at 0, vector h
+ *     holding groups h (low nibbles) and h + 4 (high nibbles): byte 4k + e = the low 4 bits of
+ *     element 4h + e of row k | those of element 16 + 4h + e << 4;
+ *   fifth bits (V_Q5_0, V_Q5_1, V_Q5_K): 32 bytes at 128, byte 4k + e bit h = bit 4 of element
+ *     4h + e of row k, bit h + 4 = bit 4 of element 16 + 4h + e (h < 4): the nibble vectors'
+ *     bytes, one bit each;
+ *   bytes (V_Q8_0: + 128 as unsigned; V_Q6_K: the signed q - 32): 8 x 32 bytes at 0, vector g
+ *     byte 4k + e = element 4g + e of row k;
+ *   integer scales (K-quants), one u8 (V_Q4_K, V_Q5_K) or i8 (V_Q6_K) per row, twice (lanes
+ *     2k and 2k + 1 of 16 x i16): the sub-block's 6-bit scale, for V_Q6_K that of elements
+ *     0-15 at pk_sc, of 16-31 at pk_sc + 16;
+ *   d: f16 d[8] (the block's d; a K-quant's super-block d);
+ *   m: the offset that multiplies the activation sum: f16 m[8] (V_Q4_1, V_Q5_1: the block's
+ *     min), f32 m[8] (V_Q4_K, V_Q5_K: -dmin * min, exact in f32), none (V_Q4_0: f16 -8 d
+ *     stored; V_Q5_0: -16 d and V_Q8_0: -128 d computed from d; V_Q6_K: signed, no offset). */
+static inline int packed_bb(int f) {
+    static const short bb[] = {160, 160, 176, 192, 272, 192, 224, 304};
+    return bb[f];
+}
+static inline int pk_sc(int f) {
+    return f == V_Q4_K ? 128 : f == V_Q5_K ? 160 : 256;
+}
+static inline int pk_d(int f) {
+    static const short off[] = {128, 128, 160, 160, 256, 144, 176, 288};
+    return off[f];
+}
+static inline int pk_m(int f) {
+    static const short off[] = {144, 144, -1, 176, -1, 160, 192, -1};
+    return off[f];
+}
 
 /* y[0 .. nr) (= or, accumulating, +=) lanes 0 .. nr of v + bias (bias NULL: none). */
 SD_Q_AVX2 SD_INLINE void store8(float *y, __m256 v, int nr, const float *bias, int accumulate) {
@@ -28,7 +77,8 @@ SD_Q_AVX2 SD_INLINE void store8(float *y, __m256 v, int nr, const float *bias, i
 /* The activations of up to XI_TOKENS tokens, interleaved block by block for the packed
  * kernels: per block of 32 elements, XI_BYTES bytes = the 32 quants of tokens 0..15 (token t at
  * 32 t), then their f32 scales d (at XI_D + 4 t), then the f32 values the weight offsets
- * multiply (at XI_O + 4 t: s for Q4_1, e for the formats shifted to unsigned). One pointer and
+ * multiply (at XI_O + 4 t: s for the formats with a min, as their kernels over rows as stored
+ * and llama.cpp take it; e for the formats shifted to unsigned). One pointer and
  * immediate offsets address every token, so sixteen tokens do not need 48 address registers.
  * Slots past the batch are left as they are: the kernels read only the first tt. */
 #define XI_TOKENS 16
@@ -41,7 +91,7 @@ SD_Q_AVX2 SD_INLINE void interleave_acts(uint8_t *xi, const int f, const sd_acts
     const int64_t nb = n / 32;
     for (int i = 0; i < tt; i++) {
         const sd_q8_row x = sd_q8_row_at(a->xq, n, t0 + i);
-        const float *xo = f == V_Q4_1 ? x.s : x.e;
+        const float *xo = f == V_Q4_1 || f == V_Q5_1 || f == V_Q4_K || f == V_Q5_K ? x.s : x.e;
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *blk = xi + (size_t)b * XI_BYTES;
             memcpy(blk + 32 * i, x.q + 32 * b, 32);
@@ -84,17 +134,17 @@ SD_Q_AVX2 SD_INLINE void unpack_packed_nibbles(__m256i *g, __m256 *dw, __m256 *m
 /* the most bytes of interleaved groups at once (one group of the longest row, SD_VNNI_MAX_ROW /
  * 32 blocks, takes 160 KB: then one group at a time) */
 #define PACKED_XI_BYTES (128 * 1024)
-#define PACKED_TILE(name, attr, dot, TS, WIDE)                                                     \
+#define PACKED_TILE(name, attr, dot, TS, WIDE, DISPATCH)                                           \
     attr void name(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,             \
                    const sd_acts *a, int T, int64_t n, const float *bias, int accumulate) {        \
-        const int f = type == 2 ? V_Q4_0 : type == 3 ? V_Q4_1 : V_Q8_0;                            \
-        const int bb = f == V_Q8_0 ? 272 : 160;                                                    \
+        const int f = packed_format(type);                                                         \
+        const int bb = packed_bb(f);                                                               \
         const int64_t nb = n / 32;                                                                 \
-        const size_t xg = (size_t)nb * XI_BYTES; /* one group's interleaved activations */        \
+        const size_t xg = (size_t)nb * XI_BYTES; /* one group's interleaved activations */         \
         const int ng = (T + (TS)-1) / (TS);                                                        \
         const int cap = xg <= PACKED_XI_BYTES ? (int)(PACKED_XI_BYTES / xg) : 1;                   \
         const int run = ng < cap ? ng : cap; /* groups interleaved at a time */                    \
-        uint8_t xi[(size_t)(run > 0 ? run : 1) * xg] __attribute__((aligned(32)));                  \
+        uint8_t xi[(size_t)(run > 0 ? run : 1) * xg] __attribute__((aligned(32)));                 \
         /* group g: tokens g T / ng to (g + 1) T / ng */                                           \
         for (int g0 = 0; g0 < ng; g0 += run) {                                                     \
             const int g1 = ng - g0 < run ? ng : g0 + run;                                          \
@@ -109,12 +159,12 @@ SD_Q_AVX2 SD_INLINE void unpack_packed_nibbles(__m256i *g, __m256 *dw, __m256 *m
                     const int tt = (int)((int64_t)(g + 1) * T / ng) - t;                           \
                     const uint8_t *xs = xi + (size_t)(g - g0) * xg;                                \
                     for (int64_t r0 = rb; r0 < re; r0 += 8) {                                      \
-                        const uint8_t *P = (const uint8_t *)packed +                               \
-                                           (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;             \
+                        const uint8_t *P =                                                         \
+                            (const uint8_t *)packed + (size_t)(r0 / 8) * (size_t)nb * (size_t)bb;  \
                         const float *bv = bias != NULL ? bias + r0 : NULL;                         \
                         WIDE(f, tt, P, nb, bb, xs, y, ldy, t, r0, re, bv, accumulate)              \
                         __m256 out[XI_TOKENS];                                                     \
-                        PACKED_DISPATCH(dot, f, tt, out, P, nb, xs);                               \
+                        DISPATCH(dot, f, tt, out, P, nb, xs);                                      \
                         for (int i = 0; i < tt; i++) {                                             \
                             store8(y + (size_t)(t + i) * (size_t)ldy + (size_t)r0, out[i], 8, bv,  \
                                    accumulate);                                                    \

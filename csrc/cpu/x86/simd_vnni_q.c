@@ -195,18 +195,16 @@ SD_VNNI_TILE(q8_0, V_Q8_0)
  *     then f16 d[8], f16 m[8] (m = the Q4_1 min, or -8 d for Q4_0).
  *   Q8_0 (272 bytes): 8 x 32 bytes, vector g byte 4k + e = element 4g + e of row k, + 128;
  *     then f16 d[8].
- * Same size as the file's blocks: a token still reads each weight byte once. */
-
-static int packed_block_bytes(int type) {
-    return type == 2 || type == 3 ? 160 : type == 8 ? 272 : 0;
-}
+ * Same size as the file's blocks: a token still reads each weight byte once. Q5_0, Q5_1 and the
+ * K-quants are repacked by simd_kpack.c, for the AVX2 tile (layouts in simd_packed.h). */
 
 size_t sd_packed_bytes(int type, int64_t rows, int64_t cols) {
-    const int bb = packed_block_bytes(type);
-    if (bb == 0 || rows % 8 != 0 || cols % 32 != 0 || cols > SD_VNNI_MAX_ROW) {
+    const int f = packed_format(type);
+    const int64_t block = f >= V_Q4_K ? 256 : 32; /* a K-quant row is whole super-blocks */
+    if (f < 0 || rows % 8 != 0 || cols % block != 0 || cols > SD_VNNI_MAX_ROW) {
         return 0;
     }
-    return (size_t)(rows / 8) * (size_t)(cols / 32) * (size_t)bb;
+    return (size_t)(rows / 8) * (size_t)(cols / 32) * (size_t)packed_bb(f);
 }
 
 SD_Q_AVX2 SD_INLINE void pack_impl(const int f, uint8_t *dst, const uint8_t *w, size_t row_bytes,
@@ -251,7 +249,8 @@ SD_Q_AVX2 int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes
     switch (type) {
     case 2: pack_impl(V_Q4_0, (uint8_t *)dst, (const uint8_t *)w, row_bytes, rows, cols); break;
     case 3: pack_impl(V_Q4_1, (uint8_t *)dst, (const uint8_t *)w, row_bytes, rows, cols); break;
-    default: pack_impl(V_Q8_0, (uint8_t *)dst, (const uint8_t *)w, row_bytes, rows, cols); break;
+    case 8: pack_impl(V_Q8_0, (uint8_t *)dst, (const uint8_t *)w, row_bytes, rows, cols); break;
+    default: sd_kpack_rows8(dst, packed_format(type), w, row_bytes, rows, cols); break;
     }
     return 1;
 }
@@ -386,6 +385,6 @@ SD_VNNI SD_INLINE void packed16_dot(const int f, const int TT, __m512 *out, cons
         continue;                                                                                  \
     }
 
-PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot, 16, PACKED_WIDE16)
+PACKED_TILE(sd_tile_packed_vnni, SD_VNNI, packed8_dot, 16, PACKED_WIDE16, PACKED_DISPATCH)
 
 #endif /* SD_HAVE_X86_SIMD */
