@@ -165,6 +165,18 @@ sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T) {
     return st;
 }
 
+/* rel[T] = secs[T] / secs[1] for T = 1 .. max_T, never falling as T grows (rel[0] = 0). */
+static void ratios(const double *secs, int max_T, float *rel) {
+    /* a clock too coarse for one forward must not divide by zero */
+    const double one = secs[1] > 1e-9 ? secs[1] : 1e-9;
+    rel[0] = 0.0f;
+    rel[1] = 1.0f;
+    for (int T = 2; T <= max_T; T++) {
+        const float r = (float)(secs[T] / one);
+        rel[T] = r < rel[T - 1] ? rel[T - 1] : r;
+    }
+}
+
 void sd_cost_curve_get(sd_cost_curve *c, int len, sd_cost_curve *copy) {
     pthread_mutex_lock(&c->lock);
     copy->threads = c->threads;
@@ -181,14 +193,11 @@ void sd_cost_curve_get(sd_cost_curve *c, int len, sd_cost_curve *copy) {
     /* a forward's seconds are linear in the text's length: interpolated between the two
      * measured lengths, extrapolated past them */
     const double w = (double)((len > lo ? len : lo) - lo) / (double)(hi - lo);
-    double one = 0.0;
+    double secs[SD_MAX_TREE_NODES + 2];
     for (int T = 1; T <= copy->max_T; T++) {
-        const double t = copy->secs[0][T] + w * (copy->secs[1][T] - copy->secs[0][T]);
-        one = T == 1 ? (t > 1e-9 ? t : 1e-9) : one;
-        const float r = (float)(t / one);
-        copy->rel[T] = T > 1 && r < copy->rel[T - 1] ? copy->rel[T - 1] : r;
+        secs[T] = copy->secs[0][T] + w * (copy->secs[1][T] - copy->secs[0][T]);
     }
-    copy->rel[1] = 1.0f;
+    ratios(secs, copy->max_T, copy->rel);
 }
 
 /* The seconds of forwards of T = 1 .. max_T tokens after ctx cached ones (kv holds tok's first
@@ -242,44 +251,35 @@ static sd_status measure(sd_cost_curve *c, sd_model *m, int max_T) {
     for (int i = 0; st == SD_OK && i < most; i++) { /* ids spread over the vocabulary */
         tok[i] = (int32_t)((1000003u * (unsigned)(i + 1)) % (unsigned)V);
     }
-    for (int x = 0; x < 2 && st == SD_OK && ctx[x] > 0; x++) {
-        sd_batch b = {0};
-        b.n_tokens = ctx[x];
-        b.tokens = tok;
+    sd_batch b = {0};
+    b.tokens = tok;
+    b.n_tokens = ctx[0];
+    if (st == SD_OK) {
+        st = sd_forward(m, kv, &b, NULL);
+    }
+    if (st == SD_OK) {
+        st = measure_at(c->secs[0], m, kv, tok, ctx[0], max_T, mask, logits);
+    }
+    /* after the longer text only 1 and max_T tokens: what the text adds is attention, linear in
+     * the tokens, so it is interpolated between them */
+    double one = 0.0, all = 0.0;
+    b.n_tokens = ctx[1];
+    if (st == SD_OK && ctx[1] > 0) {
         st = sd_kv_cache_set_length(kv, 0);
-        if (st == SD_OK) {
-            st = sd_forward(m, kv, &b, NULL);
-        }
-        if (st == SD_OK && x == 0) {
-            st = measure_at(c->secs[0], m, kv, tok, ctx[0], max_T, mask, logits);
-        }
-        /* after the longer text only 1 and max_T tokens: what the text adds is attention,
-         * linear in the tokens, so it is interpolated between them */
-        double one = 0.0, all = 0.0;
-        if (st == SD_OK && x == 1) {
-            st = time_forward(&one, m, kv, tok, ctx[1], 1, mask, logits);
-        }
-        if (st == SD_OK && x == 1) {
-            st = time_forward(&all, m, kv, tok, ctx[1], max_T, mask, logits);
-        }
-        for (int T = 1; st == SD_OK && x == 1 && T <= max_T; T++) {
-            const double w = max_T > 1 ? (double)(T - 1) / (double)(max_T - 1) : 0.0;
-            const double add =
-                (one - c->secs[0][1]) + w * ((all - c->secs[0][max_T]) - (one - c->secs[0][1]));
-            c->secs[1][T] = c->secs[0][T] + add;
-        }
+        st = st == SD_OK ? sd_forward(m, kv, &b, NULL) : st;
+        st = st == SD_OK ? time_forward(&one, m, kv, tok, ctx[1], 1, mask, logits) : st;
+        st = st == SD_OK ? time_forward(&all, m, kv, tok, ctx[1], max_T, mask, logits) : st;
+    }
+    const double add1 = one - c->secs[0][1], addT = all - c->secs[0][max_T];
+    for (int T = 1; st == SD_OK && ctx[1] > 0 && T <= max_T; T++) {
+        const double w = max_T > 1 ? (double)(T - 1) / (double)(max_T - 1) : 0.0;
+        c->secs[1][T] = c->secs[0][T] + add1 + w * (addT - add1);
     }
     if (st == SD_OK) {
         c->ctx[0] = ctx[0];
         c->ctx[1] = ctx[1];
         c->max_T = max_T;
-        c->rel[0] = 0.0f;
-        const double one = c->secs[0][1] > 1e-9 ? c->secs[0][1] : 1e-9;
-        for (int T = 1; T <= max_T; T++) { /* a larger batch never costs less */
-            const float r = (float)(c->secs[0][T] / one);
-            c->rel[T] = T > 1 && r < c->rel[T - 1] ? c->rel[T - 1] : r;
-        }
-        c->rel[1] = 1.0f; /* a clock too coarse for one forward must not divide by zero */
+        ratios(c->secs[0], max_T, c->rel);
     }
     sd_kv_cache_free(kv);
     free(tok);
