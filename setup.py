@@ -5,7 +5,7 @@ SPECDEC_CPU_ONLY=1 to skip CUDA even then)."""
 import os
 import shutil
 import subprocess
-import sys
+from concurrent.futures import ThreadPoolExecutor
 from glob import glob
 
 import numpy
@@ -52,22 +52,51 @@ def cuda_arch_flags():
     return flags
 
 
+def parallel_compile(compiler, workers):
+    """Make `compiler` (a distutils CCompiler) compile one extension's sources on `workers`
+    threads: setuptools builds the sources of one extension one after another, and specdec is
+    one extension of some sixty files."""
+    def compile_all(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                    extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            if obj in build:
+                src, ext = build[obj]
+                compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(one, objects))
+        return objects
+
+    compiler.compile = compile_all
+
+
 class BuildExt(build_ext):
-    """Compile the .cu sources with nvcc and link them (with cudart and cuBLAS) into _core."""
+    """Compile the .c sources side by side (-j N, else one per CPU) and the .cu sources with
+    nvcc, and link them (with cudart and cuBLAS) into _core."""
 
     def build_extension(self, ext):
+        workers = self.parallel if isinstance(self.parallel, int) and self.parallel > 0 else (
+            os.cpu_count() or 1)
+        parallel_compile(self.compiler, workers)
         cuda = find_cuda()
         if cuda is not None:
             nvcc = os.path.join(cuda, "bin", "nvcc")
             objdir = os.path.join(self.build_temp, "cuda")
             os.makedirs(objdir, exist_ok=True)
+            jobs = []
             for src in sorted(glob(os.path.join("cuda", "*.cu"))):
                 obj = os.path.join(objdir, os.path.basename(src) + ".o")
-                cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-DSD_WITH_CUDA",
-                       "-Icsrc", *cuda_arch_flags(), "-c", src, "-o", obj]
-                print(" ".join(cmd))
-                subprocess.check_call(cmd)
+                jobs.append([nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-DSD_WITH_CUDA",
+                             "-Icsrc", *cuda_arch_flags(), "-c", src, "-o", obj])
                 ext.extra_objects.append(obj)
+            for cmd in jobs:
+                print(" ".join(cmd))
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(subprocess.check_call, jobs))
             libdir = next((d for d in (os.path.join(cuda, "lib64"), os.path.join(cuda, "lib"))
                            if os.path.isdir(d)), os.path.join(cuda, "lib64"))
             ext.define_macros.append(("SD_WITH_CUDA", "1"))

@@ -18,8 +18,9 @@ repository or touches the network.
 
     python3 benchmarks/gpu_bench.py --out gpu_bench.json
 
-GPU_BENCH_DEVICE=cpu GPU_BENCH_SHAPE=tiny runs the same script on the CPU with a tiny shape (a
-check of the script, not a measurement).
+GPU_BENCH_PART_TIMEOUT (seconds, default 240) bounds each part. GPU_BENCH_DEVICE=cpu
+GPU_BENCH_SHAPE=tiny runs the same script on the CPU with a tiny shape (a check of the script,
+not a measurement).
 """
 
 from __future__ import annotations
@@ -176,18 +177,30 @@ def main() -> None:
     except (OSError, subprocess.TimeoutExpired):
         gpu = "unknown"
     res["gpu"] = gpu
-    res["copy"] = run_part("copy", "", 120)
-    res["decode"] = run_part("decode", "", 240)
-    res["verify"] = run_part("verify", "", 240)
+    budget = float(os.environ.get("GPU_BENCH_PART_TIMEOUT", "240"))
+
+    def part(key: str, name: str, arg: str = "", env: dict | None = None) -> None:
+        # each part's result is written as soon as it is known: a run cut short by its
+        # caller's limit still leaves the parts before it
+        res[key] = run_part(name, arg, budget, env)
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"[{time.strftime('%H:%M:%S')}] {key}: "
+              + ("error" if "error" in res[key] else f"done in {res[key]['wall_s']:.0f} s"),
+              flush=True)
+
+    part("equality", "equality")  # correctness first
+    part("copy", "copy")
+    part("decode", "decode")
+    part("verify", "verify")
     # the same two with BF16 matmuls on the tensor cores
-    res["decode_mma"] = run_part("decode", "", 240, {"SPECDEC_CUDA_MMA": "1"})
-    res["verify_mma"] = run_part("verify", "", 240, {"SPECDEC_CUDA_MMA": "1"})
+    part("decode_mma", "decode", env={"SPECDEC_CUDA_MMA": "1"})
+    part("verify_mma", "verify", env={"SPECDEC_CUDA_MMA": "1"})
     rel = res["verify"].get("relative", {})
-    res["synthetic"] = run_part("synthetic", json.dumps(rel), 300) if rel else {
-        "error": "no verify curve"}
-    res["equality"] = run_part("equality", "", 200)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    if rel:
+        part("synthetic", "synthetic", json.dumps(rel))
+    else:
+        res["synthetic"] = {"error": "no verify curve"}
 
     print(f"\nGPU: {gpu}   (details: {a.out})")
     cp, dec = res["copy"], res["decode"]

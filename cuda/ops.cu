@@ -318,11 +318,12 @@ extern "C" sd_status sd_cuda_kv_write(sd_cuda_ctx *ctx, float *kc, float *vc, co
 #define ATTN_WARPS 4
 #define ATTN_MAX_DH 256
 
-/* One block per (token, head), a warp per key at a time (keys s = warp, warp + 4, ...): the
- * score q . k_s * scale from the head dimension spread over the lanes, then an online softmax
- * (running max m, sum l and weighted values, each lane holding head_dim / 32 of them); the
- * four warps' partial results are merged at the end. Only slots the token's mask opens count.
- * A query's arithmetic depends on its own mask and the cache alone, never on the batch. */
+/* One block per (token, head), a warp per key at a time (the open keys of ranks warp, warp + 4,
+ * ...): the score q . k_s * scale from the head dimension spread over the lanes, then an online
+ * softmax (running max m, sum l and weighted values, each lane holding head_dim / 32 of them);
+ * the four warps' partial results are merged at the end. Only slots the token's mask opens
+ * count. A query's arithmetic depends on the keys its mask opens, in slot order, alone: never
+ * on the batch, nor on where closed slots lie between them. */
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
     attention_kernel(float *out, const float *q, const sd_cuda_kv_desc *kd, int layer,
                      const uint8_t *mask, const int *n_attn_dev, int n_heads, int n_kv_heads,
@@ -349,29 +350,45 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
         acc[e] = 0.0f;
     }
     float mx = -INFINITY, l = 0.0f;
-    for (int s = warp; s < n_attn; s += ATTN_WARPS) {
-        if (!m[s]) {
-            continue;
+    /* The open keys are dealt to the warps by their rank among the open keys (warp w takes
+     * ranks w, w + 4, ...), not by slot: a tree node's ancestors sit at scattered slots in the
+     * verify forward and at consecutive ones after compaction, and both must give the same
+     * bits. A chunk of 32 slots at a time: the lanes' mask bytes as one ballot, then this
+     * warp's set bits in slot order. */
+    int rank = 0; /* open keys before this chunk */
+    for (int s0 = 0; s0 < n_attn; s0 += SD_WARP) {
+        const unsigned all = __ballot_sync(0xffffffffu, s0 + lane < n_attn && m[s0 + lane] != 0);
+        unsigned open = all;
+        for (int skip = ((warp - rank) % ATTN_WARPS + ATTN_WARPS) % ATTN_WARPS; skip > 0 && open;
+             skip--) {
+            open &= open - 1; /* drop the lowest open key: another warp's */
         }
-        const float *ks = k + (size_t)s * (size_t)head_dim;
-        float d = 0.0f;
-        for (int e = 0; e < per; e++) {
-            const int i = lane + SD_WARP * e;
-            if (i < head_dim) {
-                d = fmaf(qr[e], ks[i], d);
+        rank += __popc(all);
+        while (open != 0) {
+            const int s = s0 + __ffs((int)open) - 1;
+            for (int j = 0; j < ATTN_WARPS && open != 0; j++) {
+                open &= open - 1; /* this key, then the next three open ones (other warps') */
             }
+            const float *ks = k + (size_t)s * (size_t)head_dim;
+            float d = 0.0f;
+            for (int e = 0; e < per; e++) {
+                const int i = lane + SD_WARP * e;
+                if (i < head_dim) {
+                    d = fmaf(qr[e], ks[i], d);
+                }
+            }
+            const float sc = sd_warp_sum(d) * scale;
+            const float mn = fmaxf(mx, sc);
+            const float corr = expf(mx - mn); /* 0 for the first open key (mx = -inf) */
+            const float p = expf(sc - mn);
+            l = l * corr + p;
+            const float *vs = v + (size_t)s * (size_t)head_dim;
+            for (int e = 0; e < per; e++) {
+                const int i = lane + SD_WARP * e;
+                acc[e] = fmaf(p, i < head_dim ? vs[i] : 0.0f, acc[e] * corr);
+            }
+            mx = mn;
         }
-        const float sc = sd_warp_sum(d) * scale;
-        const float mn = fmaxf(mx, sc);
-        const float corr = expf(mx - mn); /* 0 for the first open key (mx = -inf) */
-        const float p = expf(sc - mn);
-        l = l * corr + p;
-        const float *vs = v + (size_t)s * (size_t)head_dim;
-        for (int e = 0; e < per; e++) {
-            const int i = lane + SD_WARP * e;
-            acc[e] = fmaf(p, i < head_dim ? vs[i] : 0.0f, acc[e] * corr);
-        }
-        mx = mn;
     }
     if (lane == 0) {
         sm[warp] = mx;
