@@ -6,6 +6,8 @@
       against (a);
   (c) the verify cost: one forward over T = 1..16 tokens (all T rows of logits, left on the
       device as the loop leaves them) after a 64-token context, relative to T = 1;
+      (b) and (c) again with BF16 on the tensor cores (SPECDEC_CUDA_MMA=1) and with Q4_K weights;
+      (c) for BF16 and Q4_K with the activations staged in shared memory (SPECDEC_CUDA_STAGE=1);
   (d) speculative decoding with the synthetic-acceptance drafter (specdec.dummy) at
       alpha in {0.6, 0.8, 0.9} and K in {2, 4, 8}: speedup over plain decoding measured in the
       same run, next to the formula (1 - alpha^(K+1)) / ((1 - alpha) * cost(K + 1)) with the
@@ -53,7 +55,7 @@ def load_8b():
 
     global PROMPT
     t0 = time.perf_counter()
-    m = specdec.dummy_model(SHAPE, "bf16", device=DEVICE, seed=1)
+    m = specdec.dummy_model(SHAPE, os.environ.get("GPU_BENCH_DTYPE", "bf16"), device=DEVICE, seed=1)
     PROMPT = [t % m.config.vocab_size for t in PROMPT]
     return m, time.perf_counter() - t0
 
@@ -196,6 +198,12 @@ def main() -> None:
     # the same two with BF16 matmuls on the tensor cores
     part("decode_mma", "decode", env={"SPECDEC_CUDA_MMA": "1"})
     part("verify_mma", "verify", env={"SPECDEC_CUDA_MMA": "1"})
+    # the same two for a quantized model (Q4_K, the common GGUF type; decoded in registers)
+    part("decode_q4k", "decode", env={"GPU_BENCH_DTYPE": "q4_k"})
+    part("verify_q4k", "verify", env={"GPU_BENCH_DTYPE": "q4_k"})
+    # matmuls reading their activations from shared memory (SPECDEC_CUDA_STAGE=1)
+    part("verify_stage", "verify", env={"SPECDEC_CUDA_STAGE": "1"})
+    part("verify_q4k_stage", "verify", env={"GPU_BENCH_DTYPE": "q4_k", "SPECDEC_CUDA_STAGE": "1"})
     rel = res["verify"].get("relative", {})
     if rel:
         part("synthetic", "synthetic", json.dumps(rel))
@@ -230,6 +238,23 @@ def main() -> None:
     if vm:
         print("| (c, mma) verify T=2,4,8,16 / T=1 | " + ", ".join(
             f"{float(vm[str(T)]):.2f}" for T in (2, 4, 8, 16)) + " |")
+    dq, vq = res["decode_q4k"], res["verify_q4k"].get("relative", {})
+    if "forward_GBps" in dq:
+        frac = dq["forward_GBps"] / cp["GBps"] if cp.get("GBps") else None
+        print(f"| (b, q4_k) 8B Q4_K forward, 1 token | {dq['forward_s'] * 1e3:.2f} ms = "
+              f"{dq['forward_GBps']:.0f} GB/s ({fmt(frac, '.0%')} of copy); "
+              f"{dq['tokens_per_s']:.1f} tok/s |")
+    else:
+        print(f"| (b, q4_k) | error: {dq.get('error', '')[-300:]!r} |")
+    if vq:
+        print("| (c, q4_k) verify T=2,4,8,16 / T=1 | " + ", ".join(
+            f"{float(vq[str(T)]):.2f}" for T in (2, 4, 8, 16)) + " |")
+    for key, what in (("verify_stage", "BF16"), ("verify_q4k_stage", "Q4_K")):
+        vs = res[key].get("seconds", {})
+        if vs:
+            print(f"| (c, {what}, SPECDEC_CUDA_STAGE=1) T=1 ms; T=2,4,8,16 / T=1 | "
+                  f"{float(vs['1']) * 1e3:.2f}; " + ", ".join(
+                      f"{float(vs[str(T)]) / float(vs['1']):.2f}" for T in (2, 4, 8, 16)) + " |")
     syn = res["synthetic"]
     if "rows" in syn:
         print("\n| alpha | K | speedup | predicted | tau (expected) |\n|---|---|---|---|---|")

@@ -57,6 +57,7 @@ struct sd_cuda_ctx {
     size_t workspace_bytes;
     int n_sms;
     int use_mma; /* BF16 matmuls on the tensor cores (SPECDEC_CUDA_MMA=1) */
+    int stage_x; /* matmuls read the activations staged in shared memory (SPECDEC_CUDA_STAGE=1) */
 };
 
 /* Create a context on `device` (stream, cuBLAS handle, workspace) / release it. */

@@ -8,9 +8,38 @@
  * cores; SPECDEC_CUDA_CUBLAS=1, off by default), which is fast but not batch-invariant. */
 #include "common.cuh"
 
-#define MM_WARPS 8 /* warps per block */
-#define MM_ROWS 2  /* rows per warp */
-#define MM_TOK 8   /* tokens per pass (blockIdx.y walks the passes) */
+#define MM_WARPS 8              /* warps per block */
+#define MM_ROWS 2               /* rows per warp */
+#define MM_TOK 8                /* tokens per pass (blockIdx.y walks the passes) */
+#define MM_CHUNK 1024           /* columns of the pass's activations staged in shared memory */
+#define MM_UNITS (MM_CHUNK / 4) /* float4 units of one token's chunk */
+
+/* Where unit u (four floats) of a token's staged chunk lives: its low three bits XOR the next
+ * three, so that the eight lanes of a quarter warp reading 16 bytes each, 32 or 128 bytes
+ * apart, hit eight different groups of four banks. */
+__device__ __forceinline__ int mm_swz(int u) {
+    return (u & ~7) | ((u & 7) ^ ((u >> 3) & 7));
+}
+
+/* Every warp of a block multiplies the same activations with its own rows, and read from global
+ * memory they are fetched again for each pair of rows (from L2, for rows longer than L1 holds;
+ * a Q4_K row is 4.5 bits a weight, its activations 32). With SPECDEC_CUDA_STAGE=1 (off by
+ * default until the GPU tests have run with it on rows of more than one chunk), columns
+ * [k0, k0 + MM_CHUNK) of the pass's nt tokens are staged in shared memory by the whole block
+ * (zeros past cols or nt), the same arithmetic in the same order. Callers sync around it. */
+template <int TT>
+__device__ __forceinline__ void mm_stage(float4 *xs, const float *xb, int64_t cols, int64_t k0,
+                                         int nt) {
+    for (int i = threadIdx.x; i < TT * MM_UNITS; i += blockDim.x) {
+        const int t = i / MM_UNITS, u = i % MM_UNITS;
+        const int64_t k = k0 + 4 * (int64_t)u; /* cols % 4 == 0: a unit is all in or all out */
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < nt && k < cols) {
+            v = *(const float4 *)(xb + (size_t)t * (size_t)cols + (size_t)k);
+        }
+        xs[t * MM_UNITS + mm_swz(u)] = v;
+    }
+}
 
 /* Store (row, token) sums: v + bias, added to y when accumulating (the CPU tile's order). */
 __device__ __forceinline__ void mm_store(float *y, int64_t ldy, float v, const float *bias,
@@ -71,16 +100,60 @@ template <int TYPE, int TT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     mm_float_kernel(float *y, int64_t ldy, const uint8_t *w, int64_t rows, int64_t cols,
                     size_t row_bytes, const float *x, int T, const float *bias, int accumulate,
-                    int vec) {
+                    int vec, int stage) {
     const int warp = threadIdx.x / SD_WARP, lane = threadIdx.x % SD_WARP;
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + warp) * MM_ROWS;
     const int t0 = blockIdx.y * MM_TOK;
     const int nt = T - t0 < TT ? T - t0 : TT;
+    float acc[MM_ROWS][TT] = {};
+    const float *xb = x + (size_t)t0 * (size_t)cols;
+    if (vec && stage) {
+        /* staging: the activations from shared memory, chunk by chunk; the same columns in the same
+         * order as below, so the same bits as one token alone. Every warp takes part in the
+         * staging, also one past the last row. */
+        __shared__ float4 xs[TT * MM_UNITS];
+        for (int64_t k0 = 0; k0 < cols; k0 += MM_CHUNK) {
+            __syncthreads();
+            mm_stage<TT>(xs, xb, cols, k0, nt);
+            __syncthreads();
+            if (r0 >= rows) {
+                continue;
+            }
+            for (int kk = lane * 8; kk < MM_CHUNK && k0 + kk < cols; kk += 8 * SD_WARP) {
+                float wv[MM_ROWS][8];
+#pragma unroll
+                for (int r = 0; r < MM_ROWS; r++) {
+                    if (r0 + r < rows) {
+                        mm_load8<TYPE>(wv[r], w + (size_t)(r0 + r) * row_bytes, k0 + kk);
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < TT; t++) {
+                    if (t < nt) {
+                        const float4 a = xs[t * MM_UNITS + mm_swz(kk / 4)];
+                        const float4 b = xs[t * MM_UNITS + mm_swz(kk / 4 + 1)];
+                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                        for (int r = 0; r < MM_ROWS; r++) {
+                            if (r0 + r < rows) {
+#pragma unroll
+                                for (int e = 0; e < 8; e++) {
+                                    acc[r][t] = fmaf(wv[r][e], xv[e], acc[r][t]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if (r0 < rows) {
+            mm_finish<TT>(acc, y, ldy, bias, rows, r0, t0, nt, accumulate, lane);
+        }
+        return;
+    }
     if (r0 >= rows) {
         return;
     }
-    float acc[MM_ROWS][TT] = {};
-    const float *xb = x + (size_t)t0 * (size_t)cols;
     if (vec) {
         for (int64_t k = (int64_t)lane * 8; k < cols; k += 8 * SD_WARP) {
             float wv[MM_ROWS][8];
@@ -262,12 +335,14 @@ static sd_status mm_bf16_mma(sd_cuda_ctx *ctx, float *y, int64_t ldy, const uint
 template <int TYPE, int TT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     mm_quant_kernel(float *y, int64_t ldy, const uint8_t *w, int64_t rows, int64_t cols,
-                    size_t row_bytes, const float *x, int T, const float *bias, int accumulate) {
+                    size_t row_bytes, const float *x, int T, const float *bias, int accumulate,
+                    int stage) {
     const int warp = threadIdx.x / SD_WARP, lane = threadIdx.x % SD_WARP;
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + warp) * MM_ROWS;
     const int t0 = blockIdx.y * MM_TOK;
     const int nt = T - t0 < TT ? T - t0 : TT;
-    if (r0 >= rows) {
+    const bool st = stage != 0;
+    if (!st && r0 >= rows) { /* when staging, the warp still takes part */
         return;
     }
     constexpr int BS = TYPE == 12 || TYPE == 13 || TYPE == 14 ? 256 : 32;
@@ -275,7 +350,20 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     float acc[MM_ROWS][TT] = {};
     const float *xb = x + (size_t)t0 * (size_t)cols;
     const int64_t nsub = cols / 32;
-    for (int64_t j = lane; j < nsub; j += SD_WARP) {
+    /* staging (SPECDEC_CUDA_STAGE=1): the activations from shared memory (mm_stage), a chunk of
+     * MM_CHUNK columns being one 32-column sub-block per lane: the same sub-blocks in the same
+     * order as without. */
+    __shared__ float4 xs[TT * MM_UNITS];
+    for (int64_t j0 = 0; j0 < nsub; j0 += SD_WARP) {
+        if (st) {
+            __syncthreads();
+            mm_stage<TT>(xs, xb, cols, j0 * 32, nt);
+            __syncthreads();
+        }
+        const int64_t j = j0 + lane;
+        if (r0 >= rows || j >= nsub) {
+            continue;
+        }
         const int64_t blk = j * 32 / BS;
         const int sub = (int)(j * 32 % BS) / 32;
 #pragma unroll
@@ -298,7 +386,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
                         (const float4 *)(xb + (size_t)t * (size_t)cols + (size_t)j * 32);
 #pragma unroll
                     for (int e4 = 0; e4 < 8; e4++) {
-                        const float4 v = xt[e4];
+                        const float4 v = st ? xs[t * MM_UNITS + mm_swz(lane * 8 + e4)] : xt[e4];
                         acc[r][t] = fmaf(wv[4 * e4 + 0], v.x, acc[r][t]);
                         acc[r][t] = fmaf(wv[4 * e4 + 1], v.y, acc[r][t]);
                         acc[r][t] = fmaf(wv[4 * e4 + 2], v.z, acc[r][t]);
@@ -307,6 +395,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
                 }
             }
         }
+    }
+    if (r0 >= rows) {
+        return;
     }
     mm_finish<TT>(acc, y, ldy, bias, rows, r0, t0, nt, accumulate, lane);
 }
@@ -323,10 +414,10 @@ static sd_status mm_launch(sd_cuda_ctx *ctx, float *y, int64_t ldy, const uint8_
     const int vec = cols % 8 == 0;
 #define MM_FLOAT(TTv)                                                                              \
     mm_float_kernel<TYPE, TTv><<<grid, threads, 0, ctx->stream>>>(                                 \
-        y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, vec)
+        y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, vec, ctx->stage_x)
 #define MM_QUANT(TTv)                                                                              \
     mm_quant_kernel<TYPE, TTv><<<grid, threads, 0, ctx->stream>>>(                                 \
-        y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate)
+        y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, ctx->stage_x)
     if (TYPE == 0 || TYPE == 1 || TYPE == 30) {
         switch (tt) {
         case 1: MM_FLOAT(1); break;

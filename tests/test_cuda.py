@@ -88,8 +88,9 @@ def test_attention(T, n_attn, H, Hkv, Dh):
 
 @pytest.mark.parametrize("type_name", list(K.TYPE_IDS))
 def test_matmul(type_name):
+    # rows of 2304 columns: more than one chunk of staged activations (SPECDEC_CUDA_STAGE=1)
     for T, rows, cols, acc in ((1, 37, 256, 0), (2, 19, 512, 1), (5, 64, 768, 0),
-                               (37, 48, 256, 1), (70, 33, 512, 0)):
+                               (37, 48, 256, 1), (70, 33, 512, 0), (9, 24, 2304, 1)):
         args, (_, scale) = K.matmul_case(type_name, T, rows, cols, seed=T, accumulate=acc)
         cpu, gpu = both("matmul", args)
         assert np.all(np.abs(gpu[0][:, :rows] - cpu[0][:, :rows]) <= 2e-6 * scale + 1e-6)
@@ -150,8 +151,9 @@ def test_mma_models_decode_like_the_cpu_and_speculate_exactly():
 
 def test_matmul_rows_of_a_batch_equal_single_tokens_bitwise():
     """A token's bits do not depend on the batch: rows of T = 2..37 equal that token alone."""
-    for type_name in ("F32", "BF16", "Q4_0", "Q4_K", "Q6_K"):
-        args, _ = K.matmul_case(type_name, 37, 40, 512, seed=3, bias=False)
+    for type_name, cols in [(t, c) for t in ("F32", "BF16", "Q4_0", "Q4_K", "Q6_K")
+                            for c in (512, 2304)]:
+        args, _ = K.matmul_case(type_name, 37, 40, cols, seed=3, bias=False)
         y, ldy, w, tid, rows, cols, x = args[:7]
         for T in (2, 5, 9, 37):
             batch = K.run("matmul", K.CUDA, [np.zeros((T, rows), np.float32), rows, w, tid, rows,
@@ -159,7 +161,8 @@ def test_matmul_rows_of_a_batch_equal_single_tokens_bitwise():
             for t in range(T):
                 one = K.run("matmul", K.CUDA, [np.zeros((1, rows), np.float32), rows, w, tid,
                                                rows, cols, x[t:t + 1].copy(), 1, None, 0])[0]
-                np.testing.assert_array_equal(batch[t], one[0], err_msg=f"{type_name} T {T} t {t}")
+                np.testing.assert_array_equal(batch[t], one[0],
+                                              err_msg=f"{type_name} cols {cols} T {T} t {t}")
 
 
 @pytest.mark.parametrize("setting", [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0),
@@ -310,7 +313,8 @@ def test_long_prefill_and_cublas_prefill(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "q4_0", "q8_0", "q6_k"])
 def test_verify_batch_rows_equal_one_token_steps_bitwise(dtype):
-    shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=512, head_dim=64,
+    # ffn 1280: the down projection's rows span two chunks of staged activations
+    shape = dict(specdec.dummy.SHAPES["tiny"], hidden_size=256, ffn_size=1280, head_dim=64,
                  n_heads=4, n_kv_heads=2, vocab_size=301)
     m = specdec.dummy_model(shape, dtype, device="cuda", seed=1)
     prompt = tm.random_tokens(301, 12, 2)
