@@ -227,28 +227,18 @@ def main() -> None:
             + " |")
     else:
         print(f"| (c) verify | error: {res['verify'].get('error', '')[-300:]!r} |")
-    dm, vm = res["decode_mma"], res["verify_mma"].get("relative", {})
-    if "forward_GBps" in dm:
-        frac = dm["forward_GBps"] / cp["GBps"] if cp.get("GBps") else None
-        print(f"| (b, mma) 8B BF16 forward, 1 token, tensor cores | {dm['forward_s'] * 1e3:.2f} ms = "
-              f"{dm['forward_GBps']:.0f} GB/s ({fmt(frac, '.0%')} of copy); "
-              f"{dm['tokens_per_s']:.1f} tok/s |")
-    else:
-        print(f"| (b, mma) | error: {dm.get('error', '')[-300:]!r} |")
-    if vm:
-        print("| (c, mma) verify T=2,4,8,16 / T=1 | " + ", ".join(
-            f"{float(vm[str(T)]):.2f}" for T in (2, 4, 8, 16)) + " |")
-    dq, vq = res["decode_q4k"], res["verify_q4k"].get("relative", {})
-    if "forward_GBps" in dq:
-        frac = dq["forward_GBps"] / cp["GBps"] if cp.get("GBps") else None
-        print(f"| (b, q4_k) 8B Q4_K forward, 1 token | {dq['forward_s'] * 1e3:.2f} ms = "
-              f"{dq['forward_GBps']:.0f} GB/s ({fmt(frac, '.0%')} of copy); "
-              f"{dq['tokens_per_s']:.1f} tok/s |")
-    else:
-        print(f"| (b, q4_k) | error: {dq.get('error', '')[-300:]!r} |")
-    if vq:
-        print("| (c, q4_k) verify T=2,4,8,16 / T=1 | " + ", ".join(
-            f"{float(vq[str(T)]):.2f}" for T in (2, 4, 8, 16)) + " |")
+    for tag, what, key in (("mma", "BF16, tensor cores", "mma"), ("q4_k", "Q4_K", "q4k")):
+        d, v = res["decode_" + key], res["verify_" + key].get("relative", {})
+        if "forward_GBps" in d:
+            frac = d["forward_GBps"] / cp["GBps"] if cp.get("GBps") else None
+            print(f"| (b, {tag}) 8B {what} forward, 1 token | {d['forward_s'] * 1e3:.2f} ms = "
+                  f"{d['forward_GBps']:.0f} GB/s ({fmt(frac, '.0%')} of copy); "
+                  f"{d['tokens_per_s']:.1f} tok/s |")
+        else:
+            print(f"| (b, {tag}) | error: {d.get('error', '')[-300:]!r} |")
+        if v:
+            print(f"| (c, {tag}) verify T=2,4,8,16 / T=1 | " + ", ".join(
+                f"{float(v[str(T)]):.2f}" for T in (2, 4, 8, 16)) + " |")
     for key, what in (("verify_stage", "BF16"), ("verify_q4k_stage", "Q4_K")):
         vs = res[key].get("seconds", {})
         if vs:

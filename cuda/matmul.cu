@@ -93,6 +93,39 @@ __device__ __forceinline__ void mm_load8(float *o, const uint8_t *row, int64_t k
     }
 }
 
+/* One step of a lane over float weights: 8 columns from k of the warp's rows, times each of the
+ * nt tokens' 8 activations there (x_at(t, a, b) gives them as two float4: from shared memory or
+ * global memory, the same arithmetic either way). */
+template <int TYPE, int TT, typename XAt>
+__device__ __forceinline__ void mm_float_step(float (&acc)[MM_ROWS][TT], const uint8_t *w,
+                                              size_t row_bytes, int64_t r0, int64_t rows, int64_t k,
+                                              int nt, XAt x_at) {
+    float wv[MM_ROWS][8];
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++) {
+        if (r0 + r < rows) {
+            mm_load8<TYPE>(wv[r], w + (size_t)(r0 + r) * row_bytes, k);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (t < nt) {
+            float4 a, b;
+            x_at(t, a, b);
+            const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int r = 0; r < MM_ROWS; r++) {
+                if (r0 + r < rows) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        acc[r][t] = fmaf(wv[r][e], xv[e], acc[r][t]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* Float weights (TYPE 0 F32, 1 F16, 30 BF16). vec: cols % 8 == 0, so rows of W and x are 16-
  * byte aligned and a lane takes 8 columns at a time (16-byte loads); else one at a time. Which
  * of the two depends on cols only, never on the batch. */
@@ -108,9 +141,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     float acc[MM_ROWS][TT] = {};
     const float *xb = x + (size_t)t0 * (size_t)cols;
     if (vec && stage) {
-        /* staging: the activations from shared memory, chunk by chunk; the same columns in the same
-         * order as below, so the same bits as one token alone. Every warp takes part in the
-         * staging, also one past the last row. */
+        /* staging: the activations from shared memory, chunk by chunk; the same columns in the
+         * same order as below, so the same bits. Every warp takes part in the staging, also one
+         * past the last row. */
         __shared__ float4 xs[TT * MM_UNITS];
         for (int64_t k0 = 0; k0 < cols; k0 += MM_CHUNK) {
             __syncthreads();
@@ -120,30 +153,11 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
                 continue;
             }
             for (int kk = lane * 8; kk < MM_CHUNK && k0 + kk < cols; kk += 8 * SD_WARP) {
-                float wv[MM_ROWS][8];
-#pragma unroll
-                for (int r = 0; r < MM_ROWS; r++) {
-                    if (r0 + r < rows) {
-                        mm_load8<TYPE>(wv[r], w + (size_t)(r0 + r) * row_bytes, k0 + kk);
-                    }
-                }
-#pragma unroll
-                for (int t = 0; t < TT; t++) {
-                    if (t < nt) {
-                        const float4 a = xs[t * MM_UNITS + mm_swz(kk / 4)];
-                        const float4 b = xs[t * MM_UNITS + mm_swz(kk / 4 + 1)];
-                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                        for (int r = 0; r < MM_ROWS; r++) {
-                            if (r0 + r < rows) {
-#pragma unroll
-                                for (int e = 0; e < 8; e++) {
-                                    acc[r][t] = fmaf(wv[r][e], xv[e], acc[r][t]);
-                                }
-                            }
-                        }
-                    }
-                }
+                mm_float_step<TYPE, TT>(acc, w, row_bytes, r0, rows, k0 + kk, nt,
+                                        [&](int t, float4 &xa, float4 &xb4) {
+                                            xa = xs[t * MM_UNITS + mm_swz(kk / 4)];
+                                            xb4 = xs[t * MM_UNITS + mm_swz(kk / 4 + 1)];
+                                        });
             }
         }
         if (r0 < rows) {
@@ -156,30 +170,12 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     }
     if (vec) {
         for (int64_t k = (int64_t)lane * 8; k < cols; k += 8 * SD_WARP) {
-            float wv[MM_ROWS][8];
-#pragma unroll
-            for (int r = 0; r < MM_ROWS; r++) {
-                if (r0 + r < rows) {
-                    mm_load8<TYPE>(wv[r], w + (size_t)(r0 + r) * row_bytes, k);
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < TT; t++) {
-                if (t < nt) {
-                    const float *xt = xb + (size_t)t * (size_t)cols + k;
-                    const float4 a = *(const float4 *)xt, b = *(const float4 *)(xt + 4);
-                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                    for (int r = 0; r < MM_ROWS; r++) {
-                        if (r0 + r < rows) {
-#pragma unroll
-                            for (int e = 0; e < 8; e++) {
-                                acc[r][t] = fmaf(wv[r][e], xv[e], acc[r][t]);
-                            }
-                        }
-                    }
-                }
-            }
+            mm_float_step<TYPE, TT>(acc, w, row_bytes, r0, rows, k, nt,
+                                    [&](int t, float4 &xa, float4 &xb4) {
+                                        const float *xt = xb + (size_t)t * (size_t)cols + k;
+                                        xa = *(const float4 *)xt;
+                                        xb4 = *(const float4 *)(xt + 4);
+                                    });
         }
     } else {
         for (int64_t k = lane; k < cols; k += SD_WARP) {
