@@ -532,8 +532,9 @@ int sd_drafter_max_draft(const sd_drafter *drafter);
 const char *sd_drafter_name(const sd_drafter *drafter);
 /* A tree drafter's verify costs: rel[T - 1] is what a verify forward of T tokens costs over one
  * of 1 token after a text of len tokens, for T = 1 .. the count returned (0 before they are
- * measured, at the first request of an adaptive drafter; measured after two lengths of text and
- * interpolated linearly in seconds, since attention grows with the text). Setting them (n
+ * measured, at the first request of an adaptive drafter, or copied from the model's earlier
+ * measurement for its present thread count and cache type; measured after two lengths of text
+ * and interpolated linearly in seconds, since attention grows with the text). Setting them (n
  * entries, positive and non-decreasing, scaled so the first is 1) replaces the measurement,
  * after any text: for reproducible tree sizes, or a curve measured elsewhere. Not while a
  * request uses the drafter. */

@@ -37,7 +37,9 @@ class Speculator:
         """What a verify forward of T tokens costs over one of 1 token, for T = 1, 2, ...: as
         measured on the model at the first request of a speculator that sizes its trees by it
         (adaptive Token Recycling, ``size_by_cost``; [] before) after a short text (64 tokens),
-        or as given to :meth:`set_verify_costs`. See :meth:`verify_costs_after`."""
+        or as given to :meth:`set_verify_costs`. The model keeps what was measured, so a later
+        speculator on it (the same thread count and KV cache type) takes the same curve
+        without measuring again. See :meth:`verify_costs_after`."""
         return _core.drafter_costs(self._drafter)
 
     def verify_costs_after(self, length: int) -> List[float]:

@@ -186,6 +186,34 @@ def test_the_measured_costs_are_kept(model):
     assert plain.verify_costs == []  # a chain with its verify_slope measures nothing
 
 
+def test_the_model_keeps_the_measured_costs_for_later_speculators(tmp_path):
+    """A speculator made for each call (the inline speculator=PromptLookup(...)) reads the
+    curve the model kept from the first measurement instead of measuring for about a second
+    again: the same floats, where a second measurement's timings would differ. Another thread
+    count or cache type measures anew; a smaller ask is served by a larger measurement."""
+    path = str(tmp_path / "m.gguf")
+    testing.write_gguf(path, CFG, tm.make_weights(CFG, 6))
+    m = specdec.load(path, threads=2)
+
+    def measured(**kw):
+        spec = specdec.PromptLookup(**kw)
+        specdec.generate(m, BRANCHY, max_new_tokens=2, stop_tokens=[], speculator=spec)
+        return spec.verify_costs, spec.verify_costs_after(2000)
+
+    first = measured(k=4, branching=3)
+    assert len(first[0]) == 13
+    assert measured(k=4, branching=3) == first
+    assert measured(k=2, branching=3)[0] == first[0][:7]  # 7 of the 13 measured
+    bigger = measured(k=8, branching=3)  # 25 tokens: more than measured, so measured again
+    assert len(bigger[0]) == 25 and bigger[0][:13] != first[0]
+    assert measured(k=4, branching=3)[0] == bigger[0][:13]
+    m.threads = 1
+    one = measured(k=4, branching=3)
+    assert one[0] != bigger[0][:13]
+    m.kv_dtype = "f32"
+    assert measured(k=4, branching=3)[0] != one[0]
+
+
 @pytest.mark.parametrize("name", ["T1", "T0.7-topk3"])
 def test_sampled_sized_trees_are_distributed_as_the_target(tmp_path, name):
     """The tree's size is fixed from the acceptance seen in earlier steps, before the step's

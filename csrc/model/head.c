@@ -773,7 +773,7 @@ static const float *vec_of(const sd_head *h, float *dst, const char *prefix, con
 sd_status sd_head_bind(sd_model **out, const sd_head *h, sd_model *target) {
     *out = NULL;
     SD_TRY(sd_head_check(h, target));
-    sd_model *m = calloc(1, sizeof(*m));
+    sd_model *m = sd_model_alloc();
     const size_t D = (size_t)h->cfg.hidden_size, Dh = (size_t)h->cfg.head_dim;
     if (m != NULL) {
         m->w.layers = calloc(1, sizeof(sd_layer));

@@ -518,13 +518,22 @@ static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     return sd_threadpool_create(&m->pool, p->n_threads > 0 ? p->n_threads : sd_available_cpus());
 }
 
+sd_model *sd_model_alloc(void) {
+    sd_model *m = calloc(1, sizeof(*m));
+    if (m != NULL && pthread_mutex_init(&m->costs.lock, NULL) != 0) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
 sd_status sd_model_create_dummy(sd_model **out, const sd_config *cfg, int weight_type,
                                 uint64_t seed, const sd_model_params *params) {
     *out = NULL;
     sd_kernels_init();
     sd_model_params p = params != NULL ? *params : sd_model_default_params();
     SD_TRY(check_params(&p));
-    sd_model *m = calloc(1, sizeof(*m));
+    sd_model *m = sd_model_alloc();
     if (m == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
     }
@@ -573,7 +582,7 @@ sd_status sd_model_load(sd_model **out, const char *path, const sd_model_params 
     sd_kernels_init();
     sd_model_params p = params != NULL ? *params : sd_model_default_params();
     SD_TRY(check_params(&p));
-    sd_model *m = calloc(1, sizeof(*m));
+    sd_model *m = sd_model_alloc();
     if (m == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory allocating the model");
     }
@@ -638,6 +647,7 @@ void sd_model_free(sd_model *m) {
 #ifdef SD_WITH_CUDA
     sd_cuda_model_free(m->cuda);
 #endif
+    pthread_mutex_destroy(&m->costs.lock);
     free(m);
 }
 

@@ -3,6 +3,7 @@
 #ifndef SD_MODEL_H
 #define SD_MODEL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -68,6 +69,21 @@ typedef struct {
 struct sd_cuda_model;
 struct sd_cuda_cache;
 
+/* Verify costs measured on a model, kept for the tree drafters made after the first one
+ * (spec/drafter.c, sd_cost_curve_measure, reads and fills it; a speculator made for each call
+ * would otherwise measure again, about a second each time on SmolLM2): the seconds of a
+ * forward of T = 1 .. max_T tokens after ctx[0] and ctx[1] cached tokens, valid for the thread
+ * count and cache type they were measured with. */
+typedef struct {
+    pthread_mutex_t lock; /* guards what follows */
+    int asked;            /* the size the measurement was asked for; 0: nothing measured */
+    int max_T;            /* the size measured (less where the context is short) */
+    int threads;
+    int kv_f16;
+    int ctx[2];
+    double secs[2][SD_MAX_TREE_NODES + 2];
+} sd_model_costs;
+
 struct sd_model {
     sd_config cfg;
     sd_weights w;
@@ -90,6 +106,7 @@ struct sd_model {
     struct sd_kv_pool *prefix; /* caches of finished requests, for prefix reuse (kv_cache.c);
                                 * NULL for a CUDA model */
     int borrowed_pool;         /* a drafter head runs on its target's pool (not freed here) */
+    sd_model_costs costs;      /* measured verify costs (its lock made by sd_model_alloc) */
 };
 
 struct sd_kv_cache {
@@ -144,6 +161,9 @@ sd_status sd_kv_pool_put(sd_model *m, sd_kv_cache *kv, const int32_t *toks);
 sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse, int capacity,
                           sd_kv_cache **out, int *reused);
 void sd_kv_pool_free(struct sd_kv_pool *pool);
+
+/* A zeroed model with its costs' lock made (sd_model_free undoes both), or NULL. */
+sd_model *sd_model_alloc(void);
 
 /* Grow scratch buffers for a batch of n_tokens attending n_attn columns. */
 sd_status sd_scratch_reserve(sd_model *m, int n_tokens, int n_attn);

@@ -148,6 +148,38 @@ static sd_status time_forward(double *best, sd_model *m, sd_kv_cache *kv, const 
 }
 
 static sd_status measure(sd_cost_curve *c, sd_model *m, int max_T);
+static void ratios(const double *secs, int max_T, float *rel);
+
+/* The curve the model keeps (sd_model_costs), when it was measured for this thread count and
+ * cache type and for at least max_T tokens: copied into c (up to max_T tokens), 1; else 0. */
+static int memo_read(sd_cost_curve *c, sd_model *m, int threads, int max_T) {
+    sd_model_costs *mc = &m->costs;
+    pthread_mutex_lock(&mc->lock);
+    const int hit = mc->asked >= max_T && mc->threads == threads && mc->kv_f16 == m->kv_f16;
+    if (hit) {
+        c->max_T = mc->max_T < max_T ? mc->max_T : max_T; /* less where the context is short */
+        memcpy(c->ctx, mc->ctx, sizeof(c->ctx));
+        memcpy(c->secs, mc->secs, sizeof(c->secs));
+    }
+    pthread_mutex_unlock(&mc->lock);
+    if (hit) {
+        ratios(c->secs[0], c->max_T, c->rel);
+    }
+    return hit;
+}
+
+/* c, just measured for `asked` tokens, kept by the model for the drafters after this one. */
+static void memo_write(const sd_cost_curve *c, sd_model *m, int threads, int asked) {
+    sd_model_costs *mc = &m->costs;
+    pthread_mutex_lock(&mc->lock);
+    mc->asked = asked;
+    mc->max_T = c->max_T;
+    mc->threads = threads;
+    mc->kv_f16 = m->kv_f16;
+    memcpy(mc->ctx, c->ctx, sizeof(mc->ctx));
+    memcpy(mc->secs, c->secs, sizeof(mc->secs));
+    pthread_mutex_unlock(&mc->lock);
+}
 
 sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T) {
     max_T = max_T < 1 ? 1 : max_T > SD_MAX_TREE_NODES + 1 ? SD_MAX_TREE_NODES + 1 : max_T;
@@ -155,7 +187,12 @@ sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T) {
     pthread_mutex_lock(&c->lock);
     sd_status st = SD_OK;
     if (c->threads >= 0 && (c->threads != threads || c->asked < max_T)) {
-        st = measure(c, m, max_T);
+        if (!memo_read(c, m, threads, max_T)) {
+            st = measure(c, m, max_T);
+            if (st == SD_OK) {
+                memo_write(c, m, threads, max_T);
+            }
+        }
         if (st == SD_OK) {
             c->asked = max_T;
             c->threads = threads;

@@ -142,7 +142,9 @@ int sd_model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double 
  * interpolated between them; and after a longer one (320 tokens, where the model's context
  * allows) of 1 and max_T tokens, the rest interpolated (about a second on a small CPU model).
  * Nothing is measured when c already holds a curve for this thread count and size, or one that was
- * given (sd_drafter_set_costs). */
+ * given (sd_drafter_set_costs), or when the model keeps one measured by an earlier drafter for
+ * its present thread count and cache type (sd_model_costs), which is copied; a measured curve
+ * is left there for the drafters after. */
 sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T);
 
 /* A copy of the curve, taken under its lock (for sd_tree_size), its rel the costs after `len`
