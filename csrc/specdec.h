@@ -495,9 +495,11 @@ sd_status sd_head_check(const sd_head *head, const sd_model *target);
 /* The head's teacher-forced logits over tokens[0 .. n) (n >= 2): for EAGLE, row t of out
  * (n - 1, V) holds its logits for token t + 2 from the target's features at positions <= t and
  * token t + 1, -inf where a reduced draft vocabulary has no entry; for Medusa, out (heads, n, V)
- * holds head i's logits for token t + 2 + i at row t. Runs the target over the tokens once. */
+ * holds head i's logits for token t + 2 + i at row t. window > 0: an EAGLE head attends to
+ * its last `window` positions only, as sd_drafter_eagle's window has it draft. Runs the
+ * target over the tokens once. */
 sd_status sd_head_draft_logits(const sd_head *head, sd_model *target, const int32_t *tokens, int n,
-                               float *out);
+                               int window, float *out);
 /* EAGLE drafting: at each step the head extends the text with what the target's last verify
  * gave (its features of the accepted tokens), then grows a tree from the text's last token as
  * dp says (EAGLE-2's dynamic tree for branching > 1, a chain for 1; dp->k is the depth; the
@@ -508,8 +510,12 @@ sd_status sd_head_draft_logits(const sd_head *head, sd_model *target, const int3
  * rate, sd_lookup_rate) is drafted instead of the head's tree when it promises more tokens per
  * unit of time than the head's steps have given so far (their accepted drafts, verify sizes
  * and drafting time); the choice rests on earlier steps alone, so sampling stays exact. 0:
- * off. The drafter owns `head` from now on (also on failure). CPU targets only so far. */
-sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp, int lookup);
+ * off. window > 0: the head attends to its last `window` positions only (a sliding window),
+ * so of a longer prompt only the last `window` rows go through the head at the first step; 0:
+ * the whole text. The drafter owns `head` from now on (also on failure). CPU targets only so
+ * far. */
+sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp, int lookup,
+                           int window);
 /* Medusa (Cai et al. 2024): each step, the heads read the target's last hidden state (from the
  * verify forward) and a static tree is filled from their best tokens: node i of `paths` (n_paths
  * of them, path i = paths[start[i] .. start[i] + len[i]), 1 <= len[i] <= the head count) takes

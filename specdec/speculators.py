@@ -138,6 +138,8 @@ class LayerSkip(Speculator):
 
 # Heads shipped inside the package, by the alias of the target they were trained for.
 _SHIPPED_HEADS = {"smollm2-135m-instruct": "smollm2-135m-instruct-eagle3"}
+# the shipped heads' sliding window: the longest sequence they were trained on
+_SHIPPED_WINDOW = 512
 
 
 def _head_weights(weights: Any) -> bool:
@@ -208,6 +210,12 @@ class Eagle(Speculator):
     then go to lookup and the rest to the head; the choice rests on earlier steps only, so the
     output stays exactly the target's. 0 (default): the head alone.
 
+    ``window``: the head attends to its last ``window`` positions only (a sliding window), so
+    of a long prompt only the last ``window`` rows go through the head before the first draft
+    (the rest of the prompt costs the head nothing). ``None`` (default): 512 for the shipped
+    heads, which were trained on sequences of at most 512 tokens, else the whole text; ``0``:
+    the whole text. Drafts only: the output stays exactly the target's.
+
     ``weights``: ``"q8_0"`` (default) computes with 8-bit copies of the head's matrices (ggml's
     Q8_0 blocks, on the integer kernels: a head runs once per depth, so its speed counts);
     ``"float"`` with the file's own F32/F16/BF16 values. Matrices the file stores as blocks
@@ -220,13 +228,16 @@ class Eagle(Speculator):
 
     def __init__(self, path: Any, depth: int = 5, branching: int = 1, nodes: int = 16,
                  p_min: float = 0.0, weights: str = "q8_0", size_by_cost: bool = True,
-                 lookup: int = 0) -> None:
+                 lookup: int = 0, window: Optional[int] = None) -> None:
         self.path = _head_path(path)
+        if window is None:
+            window = _SHIPPED_WINDOW if isinstance(path, str) and path in _SHIPPED_HEADS else 0
         self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
                                     _int("branching", branching), _int("nodes", nodes),
                                     _head_weights(weights), _bool("size_by_cost", size_by_cost),
-                                    _int("lookup", lookup))
+                                    _int("lookup", lookup), _int("window", window))
         self.lookup = lookup
+        self.window = window
         self.weights = weights
         self.size_by_cost = size_by_cost
         self.kind = "eagle3" if _core.head_info(self._drafter)[0] == 3 else "eagle"
@@ -237,18 +248,20 @@ class Eagle(Speculator):
 
     def __repr__(self) -> str:
         return (f"Eagle({self.path!r}, depth={self.depth}, branching={self.branching}, "
-                f"nodes={self.nodes}, p_min={self.p_min}, lookup={self.lookup})  # {self.kind}")
+                f"nodes={self.nodes}, p_min={self.p_min}, lookup={self.lookup}, "
+                f"window={self.window})  # {self.kind}")
 
     def draft_logits(self, target: "Model", tokens: Sequence[int]) -> Any:
         """The head's teacher-forced logits over ``tokens``: a float32 array
         (len(tokens) - 1, vocab) whose row t holds the logits for token t + 2, from the
         target's features at positions <= t and token t + 1; -inf outside a reduced draft
-        vocabulary. Runs the target over ``tokens`` once."""
+        vocabulary. The head attends as it does when drafting: over its last ``window``
+        positions where a window is set. Runs the target over ``tokens`` once."""
         from .model import Model
 
         if not isinstance(target, Model):
             raise TypeError(f"target must be a specdec.Model, got {type(target).__name__}")
-        return _core.head_draft_logits(self._drafter, target._core, list(tokens))
+        return _core.head_draft_logits(self._drafter, target._core, list(tokens), self.window)
 
 
 class Medusa(Speculator):

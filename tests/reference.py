@@ -64,7 +64,7 @@ def to_f16(x: np.ndarray) -> np.ndarray:
 
 
 def attention(h: np.ndarray, w: dict, prefix: str, cfg, positions: np.ndarray,
-              kv_f16: bool = False) -> np.ndarray:
+              kv_f16: bool = False, window: int = 0) -> np.ndarray:
     T = h.shape[0]
     H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
 
@@ -85,6 +85,8 @@ def attention(h: np.ndarray, w: dict, prefix: str, cfg, positions: np.ndarray,
 
     group = H // Hkv
     causal = np.tril(np.ones((T, T), dtype=bool))  # query t sees tokens 0..t
+    if window > 0:  # ... and of them only the last `window`
+        causal &= np.subtract.outer(np.arange(T), np.arange(T)) < window
     out = np.zeros((T, H, Dh))
     for head in range(H):
         kv = head // group

@@ -134,9 +134,10 @@ def write_head(d, kind: str, fmt: str, bias: bool = True, seed: int = 3, config_
 
 # ---- the float64 statement of the heads -----------------------------------------------------
 
-def ref_head_logits(kind: str, hw: dict, target_w: dict, tokens, nbr: bool = False):
+def ref_head_logits(kind: str, hw: dict, target_w: dict, tokens, nbr: bool = False,
+                    window: int = 0):
     """(len(tokens) - 1, V) float64: row t from the target's features at t and token t + 1,
-    -inf outside a draft vocabulary."""
+    -inf outside a draft vocabulary; window > 0: the head attends to its last `window` rows."""
     feats: dict = {}
     reference.forward(target_w, TARGET, tokens, features=feats)
     w = {k: np.asarray(v, np.float64) for k, v in hw.items() if k not in ("d2t", "t2d")}
@@ -159,7 +160,7 @@ def ref_head_logits(kind: str, hw: dict, target_w: dict, tokens, nbr: bool = Fal
         x = np.concatenate([E[toks], feats["hidden"][:-1]], axis=1) @ w["fc.weight"].T
         x = x + w.get("fc.bias", 0.0)
         h = x  # no input norm
-    x = x + reference.attention(h, w, p, hcfg, np.arange(T))
+    x = x + reference.attention(h, w, p, hcfg, np.arange(T), window=window)
     h = reference.rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
     x = x + (reference.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) \
         @ w[p + "mlp.down_proj.weight"].T
@@ -326,6 +327,71 @@ def test_a_wrong_rule_fails_the_reference(tmp_path, target):
     bad = ref_head_logits("eagle3", swapped, tiny.ref_weights, toks)
     fin = np.isfinite(bad)
     assert np.abs(got3[fin] - bad[fin]).max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_draft_logits_with_a_window_match_the_reference(tmp_path, target, kind):
+    """Eagle(window=w): the head attends to its last w rows, in draft_logits as when drafting."""
+    m, tiny = target
+    d, hw, _ = write_head(tmp_path / "h", kind, "safetensors")
+    toks = tm.random_tokens(TARGET.vocab, 14, seed=2)
+    got = specdec.Eagle(d, weights="float", window=5).draft_logits(m, toks)
+    want = ref_head_logits(kind, hw, tiny.ref_weights, toks, window=5)
+    finite = np.isfinite(want)
+    err = np.abs(got[finite] - want[finite]).max()
+    assert err <= 1e-3 * max(1.0, np.abs(want[finite]).max()), err
+    whole = specdec.Eagle(d, weights="float").draft_logits(m, toks)
+    np.testing.assert_array_equal(got[:5], whole[:5])  # within the window: the same rows
+    assert np.abs(got[5:][finite[5:]] - whole[5:][finite[5:]]).max() > 100 * err
+
+
+def accepted_by_the_rule(logits: np.ndarray, text: list, n_prompt: int) -> int:
+    """The drafts a greedy chain of depth 1 gets accepted over `text`: at a step with n tokens
+    the head's root row (n - 2) drafts its argmax; accepted, the step adds two tokens."""
+    n, accepted = n_prompt, 0
+    while n < len(text):
+        if n + 1 < len(text) and int(np.argmax(logits[n - 2])) == text[n]:
+            accepted += 1
+            n += 2
+        else:
+            n += 1
+    return accepted
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_window_spares_the_head_the_prompt_rows_it_never_sees(tmp_path, target, kind):
+    """With a window of w the first step feeds the head only the prompt's last w rows (the
+    others are never attended, and with one layer no row's keys depend on them), and its first
+    draft is the windowed head's own: of prompts where the windowed head's teacher-forced
+    argmax is the target's next token, the first draft is accepted; where only the unwindowed
+    head's is, it is not. Whole generations are plain greedy decoding, with the accepted drafts
+    those the windowed logits predict over the text."""
+    m, _ = target
+    d, _, _ = write_head(tmp_path / "h", kind, "safetensors")
+    spec = specdec.Eagle(d, depth=1, size_by_cost=False, window=4)
+    whole = specdec.Eagle(d, depth=1, size_by_cost=False, window=0)
+    hits = misses = 0
+    for seed in range(600):
+        prompt = tm.random_tokens(TARGET.vocab, 21, seed=seed)  # 21 rows > the window
+        # the first token comes from the prefill; the first draft is for the second
+        text = prompt + specdec.generate(m, prompt, max_new_tokens=2, stop_tokens=[]).tokens
+        w = int(np.argmax(spec.draft_logits(m, text)[-2])) == text[-1]
+        h = int(np.argmax(whole.draft_logits(m, text)[-2])) == text[-1]
+        if w or h:
+            got = specdec.generate(m, prompt, max_new_tokens=3, stop_tokens=[], speculator=spec)
+            assert got.stats.accepted == int(w), seed
+            hits, misses = hits + w, misses + (not w)
+    assert hits >= 3 and misses >= 3, (hits, misses)
+    for window in (4, 0):
+        spec = specdec.Eagle(d, depth=1, size_by_cost=False, window=window)
+        for seed in (1, 2, 3):
+            prompt = tm.random_tokens(TARGET.vocab, 7, seed=seed) * 3
+            plain = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[])
+            got = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
+            assert got.tokens == plain.tokens
+            text = prompt + got.tokens
+            want = accepted_by_the_rule(spec.draft_logits(m, text), text, len(prompt))
+            assert got.stats.accepted == want, (window, seed)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
@@ -576,6 +642,8 @@ def test_mismatches_name_the_problem(tmp_path, target, tiny):
     (dict(lookup=33), ValueError, r"lookup must be in \[0, 32\], got 33"),
     (dict(lookup=-1), ValueError, r"lookup must be in \[0, 32\], got -1"),
     (dict(lookup=2.0), TypeError, "lookup must be an integer"),
+    (dict(window=-1), ValueError, r"window must be >= 0 \(0: the whole text\), got -1"),
+    (dict(window=8.0), TypeError, "window must be an integer"),
 ])
 def test_bad_arguments(tmp_path, kw, error, match):
     d, _, _ = write_head(tmp_path / "h", "eagle", "safetensors")

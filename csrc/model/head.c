@@ -904,7 +904,11 @@ static sd_status medusa_draft_logits(const sd_head *h, sd_model *target, const i
 }
 
 sd_status sd_head_draft_logits(const sd_head *h, sd_model *target, const int32_t *tokens, int n,
-                               float *out) {
+                               int window, float *out) {
+    if (window < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "window must be >= 0 (0: the whole text), got %d",
+                            window);
+    }
     if (n < 2) {
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "draft logits need at least 2 tokens (row t predicts token t + 2)");
@@ -949,6 +953,7 @@ sd_status sd_head_draft_logits(const sd_head *h, sd_model *target, const int32_t
         st = sd_head_bind(&hm, h, target);
     }
     if (st == SD_OK) {
+        hm->cfg.sliding_window = window;
         st = sd_kv_cache_create(&hkv, hm, n - 1);
     }
     if (st == SD_OK) {

@@ -91,6 +91,19 @@ sd_status sd_kv_cache_set_length(sd_kv_cache *kv, int n) {
     return SD_OK;
 }
 
+sd_status sd_kv_cache_skip(sd_kv_cache *kv, int n) {
+    if (n < kv->length || n > kv->capacity) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "cannot skip the cache to length %d: must be in [%d, %d]", n,
+                            kv->length, kv->capacity);
+    }
+    for (int s = kv->length; s < n; s++) {
+        kv->pos[s] = s;
+    }
+    kv->length = n;
+    return SD_OK;
+}
+
 sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
     if (dst < 0 || src < 0 || dst >= kv->capacity || src >= kv->capacity) {
         return sd_set_error(SD_ERR_INVALID_ARG, "slot copy %d -> %d outside the cache of %d slots",

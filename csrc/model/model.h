@@ -162,6 +162,11 @@ sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse
                           sd_kv_cache **out, int *reused);
 void sd_kv_pool_free(struct sd_kv_pool *pool);
 
+/* Slots [length, n) join the cache without keys or values computed (they keep what they hold:
+ * zeros in a fresh cache), each at the position of its index; for a model whose attention never
+ * reaches them (a sliding window over later positions). length <= n <= capacity. */
+sd_status sd_kv_cache_skip(sd_kv_cache *kv, int n);
+
 /* A zeroed model with its costs' lock made (sd_model_free undoes both), or NULL. */
 sd_model *sd_model_alloc(void);
 

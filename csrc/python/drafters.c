@@ -204,25 +204,25 @@ static sd_status load_head(sd_head **head, PyObject *path, int q8) {
     return st;
 }
 
-/* eagle(path, k, p_min, branching=1, nodes=16, q8=1, size_by_cost=0, lookup=0) -> Drafter: an
- * EAGLE-1/2 or EAGLE-3 head */
+/* eagle(path, k, p_min, branching=1, nodes=16, q8=1, size_by_cost=0, lookup=0, window=0) ->
+ * Drafter: an EAGLE-1/2 or EAGLE-3 head */
 static PyObject *py_eagle(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"path",         "k",      "p_min", "branching", "nodes", "q8",
-                             "size_by_cost", "lookup", NULL};
+    static char *kwlist[] = {"path",         "k",      "p_min",  "branching", "nodes", "q8",
+                             "size_by_cost", "lookup", "window", NULL};
     PyObject *path = NULL;
     sd_draft_params dp = {0, 0.0f, 0.0f, 1, 16, 0};
-    int q8 = 1, lookup = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|iippi:eagle", kwlist, PyUnicode_FSConverter,
+    int q8 = 1, lookup = 0, window = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&if|iippii:eagle", kwlist, PyUnicode_FSConverter,
                                      &path, &dp.k, &dp.p_min, &dp.branching, &dp.nodes, &q8,
-                                     &dp.size_by_cost, &lookup)) {
+                                     &dp.size_by_cost, &lookup, &window)) {
         return NULL;
     }
     sd_head *head = NULL;
     sd_drafter *d = NULL;
     sd_status st = load_head(&head, path, q8);
     if (st == SD_OK) {
-        st = sd_drafter_eagle(&d, head, &dp, lookup); /* owns the head from here on */
+        st = sd_drafter_eagle(&d, head, &dp, lookup, window); /* owns the head from here on */
     }
     Py_DECREF(path);
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
@@ -308,15 +308,16 @@ static PyObject *py_head_info(PyObject *mod, PyObject *arg) {
     return Py_BuildValue("(ii)", sd_head_kind_of(h), sd_head_medusa_heads(h));
 }
 
-/* head_draft_logits(drafter, model, tokens) -> float32 (len(tokens) - 1, V), or Medusa's
- * (heads, len(tokens), V) */
+/* head_draft_logits(drafter, model, tokens, window=0) -> float32 (len(tokens) - 1, V), or
+ * Medusa's (heads, len(tokens), V) */
 static PyObject *py_head_draft_logits(PyObject *mod, PyObject *args) {
     (void)mod;
     sd_py_Drafter *dr = NULL;
     sd_py_Model *model = NULL;
     PyObject *tok_obj = NULL;
-    if (!PyArg_ParseTuple(args, "O!O!O:head_draft_logits", &sd_py_DrafterType, &dr,
-                          &sd_py_ModelType, &model, &tok_obj)) {
+    int window = 0;
+    if (!PyArg_ParseTuple(args, "O!O!O|i:head_draft_logits", &sd_py_DrafterType, &dr,
+                          &sd_py_ModelType, &model, &tok_obj, &window)) {
         return NULL;
     }
     const sd_head *h = sd_drafter_head(dr->drafter);
@@ -347,7 +348,7 @@ static PyObject *py_head_draft_logits(PyObject *mod, PyObject *args) {
     }
     sd_status st;
     float *dst = (float *)PyArray_DATA(out);
-    Py_BEGIN_ALLOW_THREADS st = sd_head_draft_logits(h, model->model, tokens, (int)n, dst);
+    Py_BEGIN_ALLOW_THREADS st = sd_head_draft_logits(h, model->model, tokens, (int)n, window, dst);
     Py_END_ALLOW_THREADS sd_py_model_leave(model);
     PyMem_Free(tokens);
     if (st != SD_OK) {
@@ -366,7 +367,8 @@ PyMethodDef sd_py_drafter_methods[] = {
     {"head_info", (PyCFunction)py_head_info, METH_O,
      "head_info(drafter) -> (kind: 1 EAGLE-1/2, 3 EAGLE-3, 4 Medusa; Medusa's head count)"},
     {"head_draft_logits", (PyCFunction)py_head_draft_logits, METH_VARARGS,
-     "head_draft_logits(drafter, model, tokens) -> (len(tokens) - 1, V) teacher-forced logits"},
+     "head_draft_logits(drafter, model, tokens, window=0) -> (len(tokens) - 1, V) teacher-forced "
+     "logits"},
     {"prompt_lookup", (PyCFunction)(void (*)(void))py_prompt_lookup, METH_VARARGS | METH_KEYWORDS,
      "prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1, size_by_cost=False) "
      "-> Drafter "

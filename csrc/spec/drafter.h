@@ -107,6 +107,7 @@ struct sd_drafter {
             sd_draft_params dp;
             int n_layers; /* early exit: the target's first n_layers layers; 0 = all */
             int lookup;   /* EAGLE: prompt lookup's drafts beside the head, up to this many */
+            int window;   /* EAGLE: the head attends to this many last positions; 0: all */
         } m;
         struct { /* Medusa's static tree: node i is rank[i] of head depth[i] - 1's best tokens */
             int n;

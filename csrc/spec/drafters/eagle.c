@@ -92,7 +92,16 @@ static sd_status head_forward(eagle_state *s, sd_batch *b, float *logits) {
  * features (known for every position but the last token's), the root's row last. */
 static sd_status feed_root(void *ctx, sd_spec_loop *L, float *logits, int *prefix) {
     eagle_state *s = ctx;
-    const int have = sd_kv_cache_length(s->hkv), T = L->len - 1 - have;
+    int have = sd_kv_cache_length(s->hkv), T = L->len - 1 - have;
+    const int window = s->hm->cfg.sliding_window;
+    if (window > 0 && T > window && s->hm->cfg.n_layers == 1) {
+        /* a long prompt under a sliding window: the root and every later row attend to the
+         * last `window` rows alone, and with one layer a row's keys and values do not depend
+         * on what its own attention saw, so the rows before them are never computed */
+        SD_TRY(sd_kv_cache_skip(s->hkv, L->len - 1 - window));
+        have = L->len - 1 - window;
+        T = window;
+    }
     *prefix = s->prefix = have;
     if (T < 1) {
         return SD_OK; /* a one-token prompt: no features yet */
@@ -189,6 +198,7 @@ static sd_status eagle_begin(const sd_drafter *d, void **state, sd_spec_loop *L)
     }
     s->mix.verify_mark = -1.0;
     SD_TRY(sd_head_bind(&s->hm, s->head, L->m));
+    s->hm->cfg.sliding_window = d->u.m.window; /* 0: none */
     SD_TRY(sd_kv_cache_create(&s->hkv, s->hm, L->capacity));
     const sd_draft_params dp = tree_params(d);
     return sd_model_tree_create(&s->tree, &dp, L);
@@ -312,7 +322,8 @@ static const sd_drafter_ops eagle_ops = {
     .features = eagle_features,
 };
 
-sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp, int lookup) {
+sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp, int lookup,
+                           int window) {
     *out = NULL;
     if (head == NULL || sd_head_kind_of(head) == SD_HEAD_MEDUSA) {
         const int missing = head == NULL;
@@ -330,6 +341,10 @@ sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_param
         st = sd_set_error(SD_ERR_INVALID_ARG, "lookup must be in [0, %d], got %d", SD_MAX_DRAFT,
                           lookup);
     }
+    if (st == SD_OK && window < 0) {
+        st = sd_set_error(SD_ERR_INVALID_ARG, "window must be >= 0 (0: the whole text), got %d",
+                          window);
+    }
     if (st == SD_OK) {
         const int nodes = dp->branching > 1 ? dp->nodes : dp->k;
         st = sd_drafter_alloc(out, &eagle_ops, nodes > lookup ? nodes : lookup, 1);
@@ -342,5 +357,6 @@ sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_param
     (*out)->context = 1 << 30;
     (*out)->u.m.dp = *dp;
     (*out)->u.m.lookup = lookup;
+    (*out)->u.m.window = window;
     return SD_OK;
 }
