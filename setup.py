@@ -79,8 +79,9 @@ class BuildExt(build_ext):
     nvcc, and link them (with cudart and cuBLAS) into _core."""
 
     def build_extension(self, ext):
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         workers = self.parallel if isinstance(self.parallel, int) and self.parallel > 0 else (
-            os.cpu_count() or 1)
+            cpus or 1)
         parallel_compile(self.compiler, workers)
         cuda = find_cuda()
         if cuda is not None:

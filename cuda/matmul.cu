@@ -14,6 +14,10 @@
 #define MM_CHUNK 1024           /* columns of the pass's activations staged in shared memory */
 #define MM_UNITS (MM_CHUNK / 4) /* float4 units of one token's chunk */
 
+/* The staged activations: dynamic shared memory, TT * MM_UNITS float4 when staging and none
+ * otherwise (a static array would be reserved by every launch, staging or not). */
+extern __shared__ float4 mm_staged[];
+
 /* Where unit u (four floats) of a token's staged chunk lives: its low three bits XOR the next
  * three, so that the eight lanes of a quarter warp reading 16 bytes each, 32 or 128 bytes
  * apart, hit eight different groups of four banks. */
@@ -144,7 +148,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
         /* staging: the activations from shared memory, chunk by chunk; the same columns in the
          * same order as below, so the same bits. Every warp takes part in the staging, also one
          * past the last row. */
-        __shared__ float4 xs[TT * MM_UNITS];
+        float4 *xs = mm_staged;
         for (int64_t k0 = 0; k0 < cols; k0 += MM_CHUNK) {
             __syncthreads();
             mm_stage<TT>(xs, xb, cols, k0, nt);
@@ -349,7 +353,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
     /* staging (SPECDEC_CUDA_STAGE=1): the activations from shared memory (mm_stage), a chunk of
      * MM_CHUNK columns being one 32-column sub-block per lane: the same sub-blocks in the same
      * order as without. */
-    __shared__ float4 xs[TT * MM_UNITS];
+    float4 *xs = mm_staged;
     for (int64_t j0 = 0; j0 < nsub; j0 += SD_WARP) {
         if (st) {
             __syncthreads();
@@ -408,11 +412,15 @@ static sd_status mm_launch(sd_cuda_ctx *ctx, float *y, int64_t ldy, const uint8_
     const int tt = T >= MM_TOK ? 8 : T > 2 ? (T > 4 ? 8 : 4) : T;
     const unsigned threads = MM_WARPS * 32;
     const int vec = cols % 8 == 0;
+    /* the staged activations' shared memory (mm_staged), asked for only when staging */
+    const auto smem = [&](int width) -> size_t {
+        return ctx->stage_x ? (size_t)width * MM_UNITS * sizeof(float4) : 0;
+    };
 #define MM_FLOAT(TTv)                                                                              \
-    mm_float_kernel<TYPE, TTv><<<grid, threads, 0, ctx->stream>>>(                                 \
+    mm_float_kernel<TYPE, TTv><<<grid, threads, smem(TTv), ctx->stream>>>(                         \
         y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, vec, ctx->stage_x)
 #define MM_QUANT(TTv)                                                                              \
-    mm_quant_kernel<TYPE, TTv><<<grid, threads, 0, ctx->stream>>>(                                 \
+    mm_quant_kernel<TYPE, TTv><<<grid, threads, smem(TTv), ctx->stream>>>(                         \
         y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, ctx->stage_x)
     if (TYPE == 0 || TYPE == 1 || TYPE == 30) {
         switch (tt) {

@@ -212,9 +212,9 @@ class Eagle(Speculator):
 
     ``window``: the head attends to its last ``window`` positions only (a sliding window), so
     of a long prompt only the last ``window`` rows go through the head before the first draft
-    (the rest of the prompt costs the head nothing). ``None`` (default): 512 for the shipped
-    heads, which were trained on sequences of at most 512 tokens, else the whole text; ``0``:
-    the whole text. Drafts only: the output stays exactly the target's.
+    (the rest of the prompt costs the head nothing). ``None`` (default): 512 when ``path`` is
+    the alias of a shipped head (trained on sequences of at most 512 tokens), else the whole
+    text; ``0``: the whole text. Drafts only: the output stays exactly the target's.
 
     ``weights``: ``"q8_0"`` (default) computes with 8-bit copies of the head's matrices (ggml's
     Q8_0 blocks, on the integer kernels: a head runs once per depth, so its speed counts);

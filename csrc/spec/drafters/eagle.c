@@ -8,7 +8,9 @@
  *
  * Rows and positions: the head's row at position t reads token text[t + 1] and predicts text[t +
  * 2], so its cache lags the text by one: after the root is fed it holds positions 0 .. len - 2
- * (len - 1 slots), the root's row last, and a node at depth d sits at position len - 2 + d. */
+ * (len - 1 slots), the root's row last, and a node at depth d sits at position len - 2 + d.
+ * With a sliding window of w (sd_drafter_eagle's window) a feed of more than w rows computes
+ * only its last w; the slots before them are never attended again and stay uncomputed. */
 #include <stdlib.h>
 #include <string.h>
 
