@@ -27,6 +27,7 @@
 
 #include "spec/sampler.h"
 #include "spec/verify.h"
+#include "util/clock.h"
 #include "util/hd.h"
 #include "util/status.h"
 
@@ -66,6 +67,13 @@ struct sd_model_tree {
      * steps, how many drafted depth d (tried[d]) and how many accepted a path reaching it */
     int last_depth;
     int tried[SD_MAX_DRAFT + 1], reached[SD_MAX_DRAFT + 1];
+    /* at temperature 0, how the draft's path probabilities bear out: over this request's
+     * settled steps, the sum of the verified nodes' path probabilities and the drafts accepted
+     * (their ratio scales the probabilities the sizing reads), the last proposal's sum; and the
+     * seconds and count of the draft forwards past the root's */
+    double cal_p, cal_acc, last_sum_p;
+    double fwd_s;
+    int fwd_n;
 };
 
 sd_status sd_model_tree_create(sd_model_tree **out, const sd_draft_params *dp,
@@ -273,15 +281,20 @@ static int frontier(const sd_model_tree *t, int from, int budget, float p_min, i
     return np;
 }
 
+static double calibration(const sd_model_tree *t);
+
 /* At temperature 0, how many of the `budget` most probable candidates pay on the verify costs
- * c (sd_tree_size over their path probabilities), at least one every fourth step. */
+ * c (sd_tree_size over their path probabilities, scaled by calibration()), at least one every
+ * fourth step. */
 static int paying(const sd_model_tree *t, const sd_spec_loop *L, int budget,
                   const sd_cost_curve *c) {
     float p[SD_MAX_TREE_NODES] = {0};
     int order[SD_MAX_TREE_NODES], n = 0;
+    const double s = calibration(t);
     for (int x = 0; x < t->n_cand && n < SD_MAX_TREE_NODES; x++) {
         if (t->n_cand <= budget || rank_of(t, x) < budget) { /* closed under parents */
-            p[n++] = (float)t->P[x];
+            const double px = s * t->P[x];
+            p[n++] = (float)(px < 1.0 ? px : 1.0);
         }
     }
     const int keep = sd_tree_size(p, n, c, order);
@@ -322,6 +335,29 @@ static int pays_at(const sd_model_tree *t, const sd_spec_loop *L, int budget,
     return 0;
 }
 
+/* At temperature 0, before another draft forward: whether the next depth could pay for it. Its
+ * nodes are together no likelier than this depth's (from `from` on; scaled by calibration()),
+ * which bounds the tokens they can bring; the forward costs its measured seconds over a
+ * one-token target forward's at the text's length. Unknown before the first. */
+static int deeper_pays(const sd_model_tree *t, const sd_spec_loop *L, const sd_cost_curve *c,
+                       int from) {
+    if (t->fwd_n == 0 || c->max_T < 1) {
+        return 1;
+    }
+    double sum = 0.0; /* the next depth's nodes: no likelier in all than their parents */
+    for (int x = from; x < t->n_cand; x++) {
+        sum += t->P[x];
+    }
+    const int lo = c->ctx[0], hi = c->ctx[1];
+    double one = c->secs[0][1];
+    if (hi > lo) { /* as sd_cost_curve_get reads it after the text */
+        const int len = L->len > lo ? L->len : lo;
+        one += (double)(len - lo) / (double)(hi - lo) * (c->secs[1][1] - c->secs[0][1]);
+    }
+    const double forward = t->fwd_s / (double)t->fwd_n;
+    return one <= 0.0 || calibration(t) * sum * one >= forward;
+}
+
 void sd_model_tree_settle(sd_model_tree *t, const sd_spec_loop *L) {
     if (t->last_depth > 0) { /* the last proposal's outcome: the text grew by n_acc + 1 */
         const int n_acc = L->len - t->base - 1;
@@ -329,8 +365,17 @@ void sd_model_tree_settle(sd_model_tree *t, const sd_spec_loop *L) {
             t->tried[d]++;
             t->reached[d] += n_acc >= d;
         }
+        t->cal_p += t->last_sum_p;
+        t->cal_acc += n_acc;
         t->last_depth = 0;
     }
+}
+
+/* At temperature 0: how much likelier the draft's path probabilities have proven than they
+ * say, over this request (accepted drafts over the verified nodes' summed probabilities, with
+ * two pseudo-counts at 1: a head sure of itself and mostly wrong gets its trees cut). */
+static double calibration(const sd_model_tree *t) {
+    return (t->cal_acc + 2.0) / (t->cal_p + 2.0);
 }
 
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
@@ -415,13 +460,19 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
         if (!t->sampling && cost != NULL && !pays_at(t, L, budget, cost, level0)) {
             break; /* this depth's nodes do not pay: deeper ones, less probable, would not */
         }
+        if (!t->sampling && cost != NULL && !deeper_pays(t, L, cost, level0)) {
+            break; /* another draft forward would cost more than its nodes could bring */
+        }
         int pick[B_MAX];
         const int np = frontier(t, level0, budget, dp->p_min, pick);
         if (np == 0) {
             break;
         }
         f0 = t->n_fed;
+        const double t0 = sd_now_s();
         SD_TRY(feed(t, L, dm, dkv, n_layers, fd, pick, np));
+        t->fwd_s += sd_now_s() - t0;
+        t->fwd_n++;
         f1 = t->n_fed;
     }
     /* the kept candidates in their order (parents first, siblings as drawn): at temperature 0
@@ -453,10 +504,12 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
     }
     out->n = t->n;
     out->q = t->sampling ? L->q : NULL;
-    for (int x = 0; x < t->n_cand; x++) { /* the depth drafted */
+    t->last_sum_p = 0.0;
+    for (int x = 0; x < t->n_cand; x++) { /* the depth drafted, the kept nodes' probability */
         if (idx[x] >= 0 && t->dep[x] > t->last_depth) {
             t->last_depth = t->dep[x];
         }
+        t->last_sum_p += idx[x] >= 0 ? t->P[x] : 0.0;
     }
     return SD_OK;
 }
