@@ -195,7 +195,10 @@ class Eagle(Speculator):
     a verify forward of each size (timed on the target at the first request; or given by
     :meth:`set_verify_costs`): few where verifying many tokens is dear (AVX2 alone), the whole
     tree where it is cheap (AVX-512, AMX, a GPU); at least one node every fourth step. At
-    temperature 0 the most probable nodes, by the head's path probabilities; when sampling, a
+    temperature 0 the most probable nodes, by the head's path probabilities scaled by how they
+    have borne out in the request (accepted drafts over the verified nodes' summed
+    probabilities), with no deeper head forward when its nodes could not pay for its measured
+    time; when sampling, a
     count chosen before the step's draws from how deep this request's accepted paths have
     reached (a drawn token's chance to be accepted is not its draft probability), so the output
     stays exactly the target's; sizes that follow timings make sampled output reproducible in
@@ -393,8 +396,9 @@ class DraftModel(Speculator):
 
     ``size_by_cost`` (trees): verify only as many nodes as pay on the verify cost of each size on
     this machine (timed on the target at the first request): at temperature 0 the most
-    probable by the draft's path probabilities, drafting stopping at a depth none of whose
-    nodes would pay; when sampling, as many as this request's accepted path lengths say pay,
+    probable by the draft's path probabilities (scaled by how they have borne out in the
+    request), drafting stopping at a depth none of whose nodes would pay or whose next forward
+    would cost more than its nodes could bring; when sampling, as many as this request's accepted path lengths say pay,
     chosen before the step's draws (see :class:`Eagle`). Off by default for draft models (their probabilities may be poorly calibrated);
     :class:`Eagle` turns it on.
     """

@@ -40,9 +40,11 @@ void sd_model_tree_free(sd_model_tree *t);
  * is grown and cut). out receives it; when sampling, L->q row i is the processed distribution
  * node i was drawn from (its parent's, as the tree rule wants), else out->q is NULL (the
  * children are deterministic). dkv then holds the fed nodes past the text. cost (or NULL): at
- * temperature 0 keep only the most probable nodes that pay on it (sd_tree_size; at least one
- * every fourth step); when sampling, draw only as many nodes as pay by how deep this request's
- * accepted paths have reached, decided before the step's draws. */
+ * temperature 0 keep only the most probable nodes that pay on it (sd_tree_size over the path
+ * probabilities scaled by how they bore out over the request; at least one every fourth step),
+ * and no deeper draft forward when its nodes could not pay for its measured time; when
+ * sampling, draw only as many nodes as pay by how deep this request's accepted paths have
+ * reached, decided before the step's draws. */
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
                                 const sd_cost_curve *cost, sd_draft *out);
