@@ -223,18 +223,25 @@ void sd_cost_curve_get(sd_cost_curve *c, int len, sd_cost_curve *copy) {
     memcpy(copy->ctx, c->ctx, sizeof(c->ctx));
     memcpy(copy->secs, c->secs, sizeof(c->secs));
     pthread_mutex_unlock(&c->lock);
-    const int lo = copy->ctx[0], hi = copy->ctx[1];
-    if (hi <= lo || copy->max_T < 1) {
+    if (copy->ctx[1] <= copy->ctx[0] || copy->max_T < 1) {
         return;
+    }
+    double secs[SD_MAX_TREE_NODES + 2];
+    for (int T = 1; T <= copy->max_T; T++) {
+        secs[T] = sd_cost_curve_secs(copy, len, T);
+    }
+    ratios(secs, copy->max_T, copy->rel);
+}
+
+double sd_cost_curve_secs(const sd_cost_curve *c, int len, int T) {
+    const int lo = c->ctx[0], hi = c->ctx[1];
+    if (hi <= lo) {
+        return c->secs[0][T];
     }
     /* a forward's seconds are linear in the text's length: interpolated between the two
      * measured lengths, extrapolated past them */
     const double w = (double)((len > lo ? len : lo) - lo) / (double)(hi - lo);
-    double secs[SD_MAX_TREE_NODES + 2];
-    for (int T = 1; T <= copy->max_T; T++) {
-        secs[T] = copy->secs[0][T] + w * (copy->secs[1][T] - copy->secs[0][T]);
-    }
-    ratios(secs, copy->max_T, copy->rel);
+    return c->secs[0][T] + w * (c->secs[1][T] - c->secs[0][T]);
 }
 
 /* The seconds of forwards of T = 1 .. max_T tokens after ctx cached ones (kv holds tok's first
@@ -375,7 +382,8 @@ sd_status sd_drafter_set_costs(sd_drafter *d, const float *rel, int n) {
         d->cost->rel[T] = rel[T - 1] / rel[0];
     }
     d->cost->max_T = n;
-    d->cost->ctx[1] = 0; /* the same costs after any text */
+    d->cost->ctx[1] = 0;                             /* the same costs after any text */
+    memset(d->cost->secs, 0, sizeof(d->cost->secs)); /* no seconds: nothing sized by timings */
     d->cost->threads = -1;
     pthread_mutex_unlock(&d->cost->lock);
     return SD_OK;

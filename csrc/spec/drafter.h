@@ -151,6 +151,9 @@ sd_status sd_cost_curve_measure(sd_cost_curve *c, sd_model *m, int max_T);
 /* A copy of the curve, taken under its lock (for sd_tree_size), its rel the costs after `len`
  * cached tokens (see sd_cost_curve.secs; as measured or given where it has one context). */
 void sd_cost_curve_get(sd_cost_curve *c, int len, sd_cost_curve *copy);
+/* The seconds of a forward of T (1 <= T <= c->max_T) tokens after `len` cached ones, from a
+ * copy's measured seconds (0 where the costs were given, not measured). */
+double sd_cost_curve_secs(const sd_cost_curve *c, int len, int T);
 
 /* Of n candidate nodes with p[i] the chance that node i is on the accepted path (the nodes
  * ordered so that a parent comes first and p[child] <= p[parent]), how many of the most likely

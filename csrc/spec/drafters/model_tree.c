@@ -348,12 +348,7 @@ static int deeper_pays(const sd_model_tree *t, const sd_spec_loop *L, const sd_c
     for (int x = from; x < t->n_cand; x++) {
         sum += t->P[x];
     }
-    const int lo = c->ctx[0], hi = c->ctx[1];
-    double one = c->secs[0][1];
-    if (hi > lo) { /* as sd_cost_curve_get reads it after the text */
-        const int len = L->len > lo ? L->len : lo;
-        one += (double)(len - lo) / (double)(hi - lo) * (c->secs[1][1] - c->secs[0][1]);
-    }
+    const double one = sd_cost_curve_secs(c, L->len, 1);
     const double forward = t->fwd_s / (double)t->fwd_n;
     return one <= 0.0 || calibration(t) * sum * one >= forward;
 }
