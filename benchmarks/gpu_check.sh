@@ -39,12 +39,16 @@ timeout "${GPU_CHECK_TEST_S:-240}" python3 -m pytest -q -p no:cacheprovider --ma
 echo "pytest exit status $?"
 grep -E "^(FAILED|ERROR)|passed|failed|error|^[0-9.]+s (call|setup)" "$out/tests.log" | tail -40
 
-echo "== the same matmul, model and loop tests with SPECDEC_CUDA_STAGE=1 ($((SECONDS - t0)) s)"
-SPECDEC_CUDA_STAGE=1 timeout "${GPU_CHECK_TEST_S:-240}" python3 -m pytest -q -p no:cacheprovider \
-    --maxfail=25 -rs ${per_test:-} tests/test_cuda.py -k "matmul or bitwise or forward or greedy \
-    or quantized or trees or cache_check or sampled" >"$out/tests_stage.log" 2>&1
-echo "pytest exit status $?"
-grep -E "^(FAILED|ERROR)|passed|failed|error" "$out/tests_stage.log" | tail -30
+# the default stages the matmuls' activations in shared memory for quantized rows and for float
+# rows from 2 tokens; the tests again with it never (=0), then always (=1)
+for stage in 0 1; do
+    echo "== the same matmul, model and loop tests with SPECDEC_CUDA_STAGE=$stage ($((SECONDS - t0)) s)"
+    SPECDEC_CUDA_STAGE=$stage timeout "${GPU_CHECK_TEST_S:-240}" python3 -m pytest -q -p no:cacheprovider \
+        --maxfail=25 -rs ${per_test:-} tests/test_cuda.py -k "matmul or bitwise or forward or greedy \
+        or quantized or trees or cache_check or sampled" >"$out/tests_stage$stage.log" 2>&1
+    echo "pytest exit status $?"
+    grep -E "^(FAILED|ERROR)|passed|failed|error" "$out/tests_stage$stage.log" | tail -30
+done
 
 echo "== measurements ($((SECONDS - t0)) s)"
 timeout "${GPU_CHECK_BENCH_S:-330}" python3 benchmarks/gpu_bench.py --out "$out/gpu_bench.json" \

@@ -27,10 +27,9 @@ __device__ __forceinline__ int mm_swz(int u) {
 
 /* Every warp of a block multiplies the same activations with its own rows, and read from global
  * memory they are fetched again for each pair of rows (from L2, for rows longer than L1 holds;
- * a Q4_K row is 4.5 bits a weight, its activations 32). With SPECDEC_CUDA_STAGE=1 (off by
- * default until the GPU tests have run with it on rows of more than one chunk), columns
- * [k0, k0 + MM_CHUNK) of the pass's nt tokens are staged in shared memory by the whole block
- * (zeros past cols or nt), the same arithmetic in the same order. Callers sync around it. */
+ * a Q4_K row is 4.5 bits a weight, its activations 32). When staging (mm_launch says when),
+ * columns [k0, k0 + MM_CHUNK) of the pass's nt tokens are staged in shared memory by the whole
+ * block (zeros past cols or nt), the same arithmetic in the same order. Callers sync around it. */
 template <int TT>
 __device__ __forceinline__ void mm_stage(float4 *xs, const float *xb, int64_t cols, int64_t k0,
                                          int nt) {
@@ -329,14 +328,46 @@ static sd_status mm_bf16_mma(sd_cuda_ctx *ctx, float *y, int64_t ldy, const uint
     return SD_OK;
 }
 
+/* Sub-block `sub` of a 16-byte-aligned Q4_K block as 32 floats, from three 16-byte loads (the
+ * header and the sub-block's 32 bytes of nibbles) instead of sd_blk_decode_q4_K's byte reads:
+ * the same fields and the same roundings, so the same floats (value = d sc q - dmin m). */
+__device__ __forceinline__ void mm_q4k_floats(float (&wv)[32], const uint8_t *blk, int sub) {
+    const uint4 h = *(const uint4 *)blk; /* f16 d | f16 dmin | 12 bytes of scales and mins */
+    const uint4 qa = *(const uint4 *)(blk + 16 + 32 * (sub / 2));
+    const uint4 qb = *(const uint4 *)(blk + 32 + 32 * (sub / 2));
+    /* scale byte i (0..11) of blk + 4 */
+    const auto sb = [&](int i) -> uint32_t {
+        const uint32_t wd = i < 4 ? h.y : i < 8 ? h.z : h.w;
+        return (wd >> (8 * (i & 3))) & 0xFFu;
+    };
+    uint32_t sc, mn;
+    if (sub < 4) {
+        sc = sb(sub) & 63u;
+        mn = sb(sub + 4) & 63u;
+    } else {
+        sc = (sb(sub + 4) & 0x0Fu) | ((sb(sub - 4) >> 6) << 4);
+        mn = (sb(sub + 4) >> 4) | ((sb(sub) >> 6) << 4);
+    }
+    const float d = __fmul_rn(sd_hd_f16_to_f32((uint16_t)(h.x & 0xFFFFu)), (float)sc);
+    const float m = -__fmul_rn(sd_hd_f16_to_f32((uint16_t)(h.x >> 16)), (float)mn);
+    const int shift = 4 * (sub % 2);
+    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+    for (int e = 0; e < 32; e++) {
+        const uint32_t nib = (q[e / 4] >> (8 * (e % 4) + shift)) & 0x0Fu;
+        wv[e] = __fadd_rn(__fmul_rn(d, (float)nib), m);
+    }
+}
+
 /* Quantized weights: a lane takes one 32-element sub-block of a row at a time, decodes it
  * (value = d * q + m per element, rounded as the CPU's to_float) and multiplies it with each
- * token. */
+ * token. a16: the weights and their rows are 16-byte aligned (always, for the model's weights
+ * on the device), so Q4_K decodes with vector loads (mm_q4k_floats). */
 template <int TYPE, int TT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
     mm_quant_kernel(float *y, int64_t ldy, const uint8_t *w, int64_t rows, int64_t cols,
                     size_t row_bytes, const float *x, int T, const float *bias, int accumulate,
-                    int stage) {
+                    int stage, int a16) {
     const int warp = threadIdx.x / SD_WARP, lane = threadIdx.x % SD_WARP;
     const int64_t r0 = ((int64_t)blockIdx.x * MM_WARPS + warp) * MM_ROWS;
     const int t0 = blockIdx.y * MM_TOK;
@@ -371,13 +402,18 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
             if (r0 + r >= rows) {
                 continue;
             }
-            sd_sub32 s;
-            sd_dev_decode(TYPE, &s, w + (size_t)(r0 + r) * row_bytes + (size_t)blk * ts, sub);
+            const uint8_t *bp = w + (size_t)(r0 + r) * row_bytes + (size_t)blk * ts;
             float wv[32];
+            if (TYPE == 12 && a16) {
+                mm_q4k_floats(wv, bp, sub);
+            } else {
+                sd_sub32 s;
+                sd_dev_decode(TYPE, &s, bp, sub);
 #pragma unroll
-            for (int e = 0; e < 32; e++) {
-                /* d * q, then + m: the C decoder's two roundings (no fused multiply-add) */
-                wv[e] = __fadd_rn(__fmul_rn(e < 16 ? s.d_lo : s.d_hi, (float)s.q[e]), s.m);
+                for (int e = 0; e < 32; e++) {
+                    /* d * q, then + m: the C decoder's two roundings (no fused multiply-add) */
+                    wv[e] = __fadd_rn(__fmul_rn(e < 16 ? s.d_lo : s.d_hi, (float)s.q[e]), s.m);
+                }
             }
 #pragma unroll
             for (int t = 0; t < TT; t++) {
@@ -412,17 +448,23 @@ static sd_status mm_launch(sd_cuda_ctx *ctx, float *y, int64_t ldy, const uint8_
     const int tt = T >= MM_TOK ? 8 : T > 2 ? (T > 4 ? 8 : 4) : T;
     const unsigned threads = MM_WARPS * 32;
     const int vec = cols % 8 == 0;
+    const bool is_float = TYPE == 0 || TYPE == 1 || TYPE == 30;
+    /* Staged activations (the same bits either way, so the choice may follow the batch): by
+     * default where they measured faster on an H200 (benchmarks/RESULTS.md): quantized rows at
+     * every T, float rows from 2 tokens (one token alone was 13 % slower staged). */
+    const int stage = ctx->stage_x >= 0 ? ctx->stage_x : !is_float || T >= 2;
+    const int a16 = ((uintptr_t)w % 16 == 0 && row_bytes % 16 == 0) ? 1 : 0;
     /* the staged activations' shared memory (mm_staged), asked for only when staging */
     const auto smem = [&](int width) -> size_t {
-        return ctx->stage_x ? (size_t)width * MM_UNITS * sizeof(float4) : 0;
+        return stage ? (size_t)width * MM_UNITS * sizeof(float4) : 0;
     };
 #define MM_FLOAT(TTv)                                                                              \
     mm_float_kernel<TYPE, TTv><<<grid, threads, smem(TTv), ctx->stream>>>(                         \
-        y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, vec, ctx->stage_x)
+        y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, vec, stage)
 #define MM_QUANT(TTv)                                                                              \
     mm_quant_kernel<TYPE, TTv><<<grid, threads, smem(TTv), ctx->stream>>>(                         \
-        y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, ctx->stage_x)
-    if (TYPE == 0 || TYPE == 1 || TYPE == 30) {
+        y, ldy, w, rows, cols, row_bytes, x, T, bias, accumulate, stage, a16)
+    if (is_float) {
         switch (tt) {
         case 1: MM_FLOAT(1); break;
         case 2: MM_FLOAT(2); break;

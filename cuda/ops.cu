@@ -46,7 +46,7 @@ sd_status sd_cuda_ctx_init(sd_cuda_ctx *ctx, int device) {
     const char *mma = getenv("SPECDEC_CUDA_MMA");
     ctx->use_mma = mma != NULL && strcmp(mma, "0") != 0 && *mma != '\0';
     const char *stage = getenv("SPECDEC_CUDA_STAGE");
-    ctx->stage_x = stage != NULL && strcmp(stage, "0") != 0 && *stage != '\0';
+    ctx->stage_x = stage == NULL || *stage == '\0' ? -1 : strcmp(stage, "0") != 0;
     SD_CUDA_TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     SD_CUBLAS_TRY(cublasCreate(&ctx->cublas));
     SD_CUBLAS_TRY(cublasSetStream(ctx->cublas, ctx->stream));

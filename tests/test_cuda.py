@@ -88,7 +88,8 @@ def test_attention(T, n_attn, H, Hkv, Dh):
 
 @pytest.mark.parametrize("type_name", list(K.TYPE_IDS))
 def test_matmul(type_name):
-    # rows of 2304 columns: more than one chunk of staged activations (SPECDEC_CUDA_STAGE=1)
+    # rows of 2304 columns: more than one chunk of staged activations (quantized rows are staged
+    # by default; float rows from 2 tokens, or with SPECDEC_CUDA_STAGE=1)
     for T, rows, cols, acc in ((1, 37, 256, 0), (2, 19, 512, 1), (5, 64, 768, 0),
                                (37, 48, 256, 1), (70, 33, 512, 0), (9, 24, 2304, 1)):
         args, (_, scale) = K.matmul_case(type_name, T, rows, cols, seed=T, accumulate=acc)
