@@ -57,9 +57,9 @@ struct sd_cuda_ctx {
     size_t workspace_bytes;
     int n_sms;
     int use_mma; /* BF16 matmuls on the tensor cores (SPECDEC_CUDA_MMA=1) */
-    int stage_x; /* matmul activations staged in shared memory: -1 where it measured faster
-                  * (quantized rows; float rows for 2+ tokens), SPECDEC_CUDA_STAGE=0/1 never/always
-                  */
+    /* matmul activations staged in shared memory: -1 where that measured faster (quantized
+     * rows; float rows for 2+ tokens); SPECDEC_CUDA_STAGE=0 / 1: never / always */
+    int stage_x;
 };
 
 /* Create a context on `device` (stream, cuBLAS handle, workspace) / release it. */
