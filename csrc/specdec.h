@@ -254,7 +254,8 @@ typedef struct {
     /* run only the first n_layers layers, then the final norm and the head (the early-exit
      * draft of self-speculation); 0 = all. Keys/values are written for those layers only. */
     int n_layers;
-    /* Features for drafters that read the target's hidden states (EAGLE), CPU models only:
+    /* Features for drafters that read the target's hidden states (EAGLE, Medusa), from CPU and
+     * CUDA models (copied to the host there):
      * hidden, when not NULL, (T, D) receives every token's final-normed hidden state (what the
      * head multiplies, for the rows that get logits); aux, when n_aux > 0, (n_aux, T, D)
      * receives the residual stream entering each of the layers aux_layers[0 .. n_aux) (before

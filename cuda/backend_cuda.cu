@@ -24,10 +24,18 @@ typedef struct {
     dmat wq, wk, wv, wo, gate, up, down;
 } dlayer;
 
+/* The features a forward copies out (sd_cuda_batch's): the final-normed hidden states, and
+ * the residual stream entering n_aux layers. */
+typedef struct {
+    int hidden, n_aux;
+    int32_t layers[SD_MAX_AUX_LAYERS];
+} feat_req;
+
 /* A captured forward, found by its shape: every buffer it reads is the model's own (the
  * cache through the device descriptor in_kv, tokens copied into in_tokens first). */
 typedef struct {
     int T, n_logits, n_layers;
+    feat_req fr; /* the features it copies out */
     cudaGraphExec_t exec;
 } graph_entry;
 
@@ -49,9 +57,11 @@ struct sd_cuda_model {
 
     /* activations, for cap_tokens tokens and cap_attn attended slots */
     int cap_tokens, cap_attn, cap_logits;
-    float *x, *xb, *q, *k, *v, *hb, *hb2;   /* (T, D), (T, max(D, QD)), ... as sd_scratch */
-    float *logits;                          /* (cap_logits, V) */
-    uint16_t *xh;                           /* (T, max cols) halves for cuBLAS */
+    float *x, *xb, *q, *k, *v, *hb, *hb2; /* (T, D), (T, max(D, QD)), ... as sd_scratch */
+    float *logits;                        /* (cap_logits, V) */
+    float *feat;     /* (1 + n_aux, T, D) features asked for: hidden, then aux layers */
+    size_t feat_cap; /* floats feat holds (0 until a forward asks for features) */
+    uint16_t *xh;    /* (T, max cols) halves for cuBLAS */
     int32_t *in_tokens, *in_pos, *in_slots; /* (cap_tokens) */
     int *in_n_attn;                         /* (1) */
     sd_cuda_kv_desc *in_kv;                 /* (1) the cache of this forward (never moves) */
@@ -327,6 +337,7 @@ extern "C" void sd_cuda_model_free(sd_cuda_model *cm) {
     }
     graphs_clear(cm);
     free_activations(cm);
+    cudaFree(cm->feat);
     for (int i = 0; i < STAGE_SLOTS; i++) {
         if (cm->stage[i] != NULL) {
             cudaFreeHost(cm->stage[i]);
@@ -545,8 +556,22 @@ static sd_status mm(sd_cuda_model *cm, float *y, const dmat *w, const float *x, 
                           accumulate);
 }
 
-/* The kernels of one forward (what a graph captures): every input read from the device. */
-static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layers, int cublas) {
+/* The residual stream x (T, D) into the feature block of every aux layer equal to l. */
+static sd_status copy_aux(sd_cuda_model *cm, const feat_req *fr, int l, int T) {
+    const size_t n = (size_t)T * (size_t)cm->cfg.hidden_size;
+    for (int i = 0; i < fr->n_aux; i++) {
+        if (fr->layers[i] == l) {
+            SD_CUDA_TRY(cudaMemcpyAsync(cm->feat + (size_t)(1 + i) * n, cm->x, n * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, cm->ctx.stream));
+        }
+    }
+    return SD_OK;
+}
+
+/* The kernels of one forward (what a graph captures): every input read from the device; the
+ * features fr asks for into cm->feat (block 0 the hidden states, block 1 + i aux layer i). */
+static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layers, int cublas,
+                             const feat_req *fr) {
     const sd_config *c = &cm->cfg;
     sd_cuda_ctx *ctx = &cm->ctx;
     const int D = c->hidden_size, Dh = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
@@ -554,6 +579,7 @@ static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layer
     SD_TRY(sd_cuda_embed(ctx, cm->x, cm->tok_embd.w, cm->tok_embd.type, D, cm->in_tokens, T));
     for (int l = 0; l < n_layers; l++) {
         const dlayer *L = &cm->layers[l];
+        SD_TRY(copy_aux(cm, fr, l, T));
         /* attention block: x += Wo . attn(rope(Wq n), rope(Wk n), Wv n), n = rmsnorm(x) */
         SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x, L->attn_norm, T, D, c->rms_eps));
         SD_TRY(mm(cm, cm->q, &L->wq, cm->xb, T, L->bq, 0, cublas));
@@ -572,6 +598,10 @@ static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layer
         SD_TRY(sd_cuda_swiglu(ctx, cm->hb, cm->hb, cm->hb2, (int64_t)T * F));
         SD_TRY(mm(cm, cm->x, &L->down, cm->hb, T, NULL, 1, cublas));
     }
+    SD_TRY(copy_aux(cm, fr, n_layers, T));
+    if (fr->hidden) { /* every row's, by the same kernel as the rows that get logits */
+        SD_TRY(sd_cuda_rmsnorm(ctx, cm->feat, cm->x, cm->out_norm, T, D, c->rms_eps));
+    }
     if (n_logits > 0) {
         const int first = T - n_logits;
         SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x + (size_t)first * (size_t)D, cm->out_norm,
@@ -583,10 +613,12 @@ static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layer
 }
 
 /* The forward as a graph: found by shape, or captured now. */
-static sd_status run_graph(sd_cuda_model *cm, int T, int n_logits, int n_layers) {
+static sd_status run_graph(sd_cuda_model *cm, int T, int n_logits, int n_layers,
+                           const feat_req *fr) {
     for (int i = 0; i < cm->n_graphs; i++) {
         const graph_entry *g = &cm->graphs[i];
-        if (g->T == T && g->n_logits == n_logits && g->n_layers == n_layers) {
+        if (g->T == T && g->n_logits == n_logits && g->n_layers == n_layers &&
+            memcmp(&g->fr, fr, sizeof(*fr)) == 0) {
             SD_CUDA_TRY(cudaGraphLaunch(g->exec, cm->ctx.stream));
             return SD_OK;
         }
@@ -596,7 +628,7 @@ static sd_status run_graph(sd_cuda_model *cm, int T, int n_logits, int n_layers)
     }
     cudaGraph_t graph = NULL;
     SD_CUDA_TRY(cudaStreamBeginCapture(cm->ctx.stream, cudaStreamCaptureModeThreadLocal));
-    const sd_status st = run_forward(cm, T, n_logits, n_layers, 0);
+    const sd_status st = run_forward(cm, T, n_logits, n_layers, 0, fr);
     const cudaError_t e = cudaStreamEndCapture(cm->ctx.stream, &graph);
     if (st != SD_OK) {
         if (graph != NULL) {
@@ -613,6 +645,7 @@ static sd_status run_graph(sd_cuda_model *cm, int T, int n_logits, int n_layers)
     g->T = T;
     g->n_logits = n_logits;
     g->n_layers = n_layers;
+    g->fr = *fr;
     g->exec = exec;
     SD_CUDA_TRY(cudaGraphLaunch(exec, cm->ctx.stream));
     return SD_OK;
@@ -679,6 +712,29 @@ static sd_status stage_inputs(sd_cuda_model *cm, sd_cuda_cache *kc, const sd_cud
     return SD_OK;
 }
 
+/* Room for `floats` floats of features (allocated when a forward first asks for them, grown
+ * as needed; the graphs that captured the old buffer go). */
+static sd_status feat_reserve(sd_cuda_model *cm, size_t floats) {
+    if (floats <= cm->feat_cap) {
+        return SD_OK;
+    }
+    SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
+    graphs_clear(cm);
+    cudaFree(cm->feat);
+    cm->feat = NULL;
+    cm->feat_cap = 0;
+    const cudaError_t e = cudaMalloc((void **)&cm->feat, floats * sizeof(float));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cm->feat = NULL;
+        return sd_set_error(SD_ERR_CUDA,
+                            "out of GPU memory for the features of a forward (%zu MiB)",
+                            (floats * sizeof(float)) >> 20);
+    }
+    cm->feat_cap = floats;
+    return SD_OK;
+}
+
 extern "C" sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *kc, const sd_cuda_batch *b,
                                      float *logits) {
     USE_DEVICE(cm);
@@ -689,14 +745,43 @@ extern "C" sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *kc, const
     SD_TRY(reserve(cm, T, kc->capacity > b->n_attn ? kc->capacity : b->n_attn, b->n_logits));
     SD_TRY(stage_inputs(cm, kc, b));
     const int cublas = cm->use_cublas && T >= CUBLAS_MIN_TOKENS;
+    feat_req fr; /* zeroed whole: graphs compare it bytewise */
+    memset(&fr, 0, sizeof(fr));
+    fr.hidden = b->hidden != NULL;
+    fr.n_aux = b->n_aux > 0 && b->aux != NULL ? b->n_aux : 0;
+    if (fr.n_aux > SD_MAX_AUX_LAYERS) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "%d aux layers asked for, at most %d", fr.n_aux,
+                            SD_MAX_AUX_LAYERS);
+    }
+    for (int i = 0; i < fr.n_aux; i++) {
+        fr.layers[i] = b->aux_layers[i];
+    }
+    if (fr.hidden || fr.n_aux > 0) {
+        SD_TRY(feat_reserve(cm, (size_t)(1 + fr.n_aux) * (size_t)T * (size_t)cm->cfg.hidden_size));
+    }
     if (cm->use_graphs && T <= GRAPH_MAX_TOKENS && !cublas) {
-        SD_TRY(run_graph(cm, T, b->n_logits, b->n_layers));
+        SD_TRY(run_graph(cm, T, b->n_logits, b->n_layers, &fr));
     } else {
-        SD_TRY(run_forward(cm, T, b->n_logits, b->n_layers, cublas));
+        SD_TRY(run_forward(cm, T, b->n_logits, b->n_layers, cublas, &fr));
+    }
+    int sync = 0;
+    const size_t td = (size_t)T * (size_t)cm->cfg.hidden_size;
+    if (fr.hidden) {
+        SD_CUDA_TRY(cudaMemcpyAsync(b->hidden, cm->feat, td * sizeof(float), cudaMemcpyDeviceToHost,
+                                    cm->ctx.stream));
+        sync = 1;
+    }
+    if (fr.n_aux > 0) { /* the aux blocks are consecutive there as here */
+        SD_CUDA_TRY(cudaMemcpyAsync(b->aux, cm->feat + td, (size_t)fr.n_aux * td * sizeof(float),
+                                    cudaMemcpyDeviceToHost, cm->ctx.stream));
+        sync = 1;
     }
     if (logits != NULL && b->n_logits > 0) {
         const size_t n = (size_t)b->n_logits * (size_t)cm->cfg.vocab_size * sizeof(float);
         SD_CUDA_TRY(cudaMemcpyAsync(logits, cm->logits, n, cudaMemcpyDeviceToHost, cm->ctx.stream));
+        sync = 1;
+    }
+    if (sync) {
         SD_CUDA_TRY(cudaStreamSynchronize(cm->ctx.stream));
     }
     return SD_OK;
@@ -857,8 +942,8 @@ extern "C" sd_status sd_cuda_spec_verify_tree(sd_cuda_spec *sp, sd_cuda_model *c
     SD_TRY(sd_cuda_verify_tree_dev(&cm->ctx, res, cm->probs, NULL, tok, par, n, V, seed, out_pos,
                                    cm->work));
     int32_t *hr = h + 2 * SD_MAX_TREE_NODES;
-    SD_CUDA_TRY(cudaMemcpyAsync(hr, res, (size_t)(2 + n) * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                st));
+    SD_CUDA_TRY(
+        cudaMemcpyAsync(hr, res, (size_t)(2 + n) * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     SD_CUDA_TRY(cudaStreamSynchronize(st));
     *n_acc = hr[0];
     *next = hr[1];
@@ -866,8 +951,8 @@ extern "C" sd_status sd_cuda_spec_verify_tree(sd_cuda_spec *sp, sd_cuda_model *c
     return SD_OK;
 }
 
-extern "C" sd_status sd_cuda_spec_row_top(sd_cuda_spec *sp, sd_cuda_model *cm, int rows,
-                                          int top, int32_t *ids) {
+extern "C" sd_status sd_cuda_spec_row_top(sd_cuda_spec *sp, sd_cuda_model *cm, int rows, int top,
+                                          int32_t *ids) {
     USE_DEVICE(cm);
     if (rows < 1 || rows > SPEC_ROWS) {
         return sd_set_error(SD_ERR_INTERNAL, "top ids of %d rows (at most %d)", rows, SPEC_ROWS);

@@ -68,6 +68,14 @@ typedef struct {
     int n_attn;
     int n_logits;
     int n_layers; /* >= 1 */
+    /* features for drafters that read the target's hidden states (EAGLE, Medusa), copied to
+     * the host: hidden, when not NULL, (T, D) every row's final-normed hidden state; aux, when
+     * n_aux > 0, (n_aux, T, D) the residual stream entering layers aux_layers[0 .. n_aux) (the
+     * layers run: the output of the last), as sd_batch's */
+    float *hidden;
+    const int32_t *aux_layers;
+    int n_aux;
+    float *aux;
 } sd_cuda_batch;
 
 /* Run the batch; the last n_logits rows of logits stay in the model's device buffer (where
@@ -196,8 +204,7 @@ sd_status sd_cuda_sample(sd_cuda_ctx *ctx, int32_t *out, const float *probs, int
 sd_status sd_cuda_verify(sd_cuda_ctx *ctx, int32_t *result, const float *p, const float *q,
                          const int32_t *draft, int K, int V, uint64_t seed, uint64_t pos0);
 /* out (rows, top): the ids of each row's top largest values (sd_top_ids). */
-sd_status sd_cuda_row_top(sd_cuda_ctx *ctx, int32_t *out, const float *x, int rows, int V,
-                          int top);
+sd_status sd_cuda_row_top(sd_cuda_ctx *ctx, int32_t *out, const float *x, int rows, int V, int top);
 /* result (2 + n): accepted nodes, the next token, the path (sd_verify_tree, uniforms keyed by
  * out_pos as the CPU loop keys them). */
 sd_status sd_cuda_verify_tree(sd_cuda_ctx *ctx, int32_t *result, const float *p, const float *q,

@@ -149,6 +149,12 @@ def run(args: argparse.Namespace) -> dict:
                                                     size_by_cost=not args.eagle_whole,
                                                     lookup=args.k)
             draft_cost["eagle-lookup"] = 0.0
+        elif name == "eagle-tree-lookup":  # the tree with prompt lookup beside the head
+            methods["eagle-tree-lookup"] = specdec.Eagle(
+                args.eagle or args.model, depth=args.eagle_depth,
+                branching=args.eagle_branching, nodes=args.eagle_nodes, p_min=args.p_min,
+                size_by_cost=not args.eagle_whole, lookup=args.k)
+            draft_cost["eagle-tree-lookup"] = 0.0
         elif name == "eagle-tree":  # beside the chain in the same run
             methods["eagle-tree"] = specdec.Eagle(args.eagle or args.model,
                                                   depth=args.eagle_depth,
@@ -163,7 +169,8 @@ def run(args: argparse.Namespace) -> dict:
             draft_cost["medusa"] = 0.0
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, layerskip, "
-                             "draft, recycling, eagle, eagle-lookup, eagle-tree, medusa)")
+                             "draft, recycling, eagle, eagle-lookup, eagle-tree, "
+                             "eagle-tree-lookup, medusa)")
     rows = load_questions(args.data, args.limit)
     results = []
     ctx = model.config.context_length
@@ -240,14 +247,14 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--methods", default="lookup",
                    help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling, "
-                   "eagle, eagle-lookup, eagle-tree, medusa")
+                   "eagle, eagle-lookup, eagle-tree, eagle-tree-lookup, medusa")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
     p.add_argument("--eagle", help="eagle: an EAGLE head directory (default: the head shipped "
                    "for --model's alias)")
     p.add_argument("--eagle-depth", type=int, default=5, help="eagle, eagle-tree: draft depth")
     p.add_argument("--eagle-branching", type=int, default=3,
-                   help="eagle-tree: children per expanded node")
-    p.add_argument("--eagle-nodes", type=int, default=12, help="eagle-tree: the most nodes")
+                   help="eagle-tree(-lookup): children per expanded node")
+    p.add_argument("--eagle-nodes", type=int, default=12, help="eagle-tree(-lookup): the most nodes")
     p.add_argument("--medusa", help="medusa: a Medusa heads directory")
     p.add_argument("--draft-layers", type=int, default=20,
                    help="draft without --draft: the target's first this many layers as a "

@@ -401,16 +401,19 @@ def test_greedy_equals_plain(tmp_path, target, kind, depth, branching, nodes):
     d, _, _ = write_head(tmp_path / "h", kind, "safetensors")
     spec = specdec.Eagle(d, depth=depth, branching=branching, nodes=nodes)
     for seed in (1, 2):
-        prompt = tm.random_tokens(TARGET.vocab, 9, seed=seed)
-        plain = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[])
-        got = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
-        assert got.tokens == plain.tokens
-        assert got.stats.drafted > 0
-        # the target's cache, checked against a fresh forward after every step
-        toks, _, _ = m._core.generate(prompt, max_new_tokens=40, temperature=0.0, seed=1,
-                                      stop_ids=[], top_k=0, top_p=1.0, drafter=spec.drafter(),
-                                      check_cache=True)
-        assert list(toks) == plain.tokens
+        assert_greedy_is_plain(m, spec, tm.random_tokens(TARGET.vocab, 9, seed=seed))
+
+
+def assert_greedy_is_plain(m, spec, prompt, n: int = 40) -> None:
+    """spec's greedy output on m is plain decoding's, it drafted, and the target's cache
+    matches a fresh forward after every step."""
+    plain = specdec.generate(m, prompt, max_new_tokens=n, stop_tokens=[])
+    got = specdec.generate(m, prompt, max_new_tokens=n, stop_tokens=[], speculator=spec)
+    assert got.tokens == plain.tokens
+    assert got.stats.drafted > 0
+    toks, _, _ = m._core.generate(prompt, max_new_tokens=n, temperature=0.0, seed=1, stop_ids=[],
+                                  top_k=0, top_p=1.0, drafter=spec.drafter(), check_cache=True)
+    assert list(toks) == plain.tokens
 
 
 def test_trees_are_sized_by_the_verify_cost(tmp_path, target):

@@ -238,6 +238,10 @@ static sd_status forward_cuda(sd_model *m, sd_kv_cache *kv, const sd_batch *b, f
     cb.n_attn = n_attn;
     cb.n_logits = b->n_logits;
     cb.n_layers = b->n_layers > 0 ? b->n_layers : m->cfg.n_layers;
+    cb.hidden = b->hidden;
+    cb.aux_layers = b->aux_layers;
+    cb.n_aux = b->n_aux;
+    cb.aux = b->aux;
     st = sd_cuda_forward(m->cuda, kv->cuda, &cb, logits);
     free(pos);
     return st;
@@ -619,11 +623,6 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
     }
 #ifdef SD_WITH_CUDA
     int new_len = 0;
-    if (b->hidden != NULL || b->n_aux > 0) {
-        return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "hidden states and layer inputs (features for EAGLE) come from CPU "
-                            "models only so far");
-    }
     SD_TRY(check_cache(m, kv));
     SD_TRY(validate(m, kv, b, tokens_dev != NULL, &new_len));
     const int n_attn = b->mask != NULL ? b->n_mask_cols : new_len;

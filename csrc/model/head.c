@@ -737,10 +737,14 @@ sd_status sd_head_check(const sd_head *h, const sd_model *target) {
                             "the head's vocabulary of %d does not match the target's %d (%s)",
                             h->vocab, t->vocab_size, h->file);
     }
-    if (target->cuda != NULL) {
+    if (target->cuda != NULL && (target->w.tok_embd.data == NULL ||
+                                 (h->kind == SD_HEAD_EAGLE && target->w.output.data == NULL))) {
+        /* the head runs on the CPU beside a CUDA target: it reads the target's token embeddings
+         * (and an EAGLE-1 head its output matrix) from the host mapping of the model file */
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "EAGLE heads read the target's features, which come from CPU models "
-                            "only so far");
+                            "a head beside a CUDA target reads the target's token embeddings from "
+                            "its file on the host, and this model has none there (a dummy model "
+                            "made on the device)");
     }
     if (t->head) {
         return sd_set_error(SD_ERR_INVALID_ARG, "a head's target cannot be a head");

@@ -382,11 +382,14 @@ static sd_status row_top_cuda(sd_spec_loop *L, int rows) {
  * the device, and one copy of the result back: the step's one synchronisation. */
 static sd_status spec_verify_cuda(sd_spec_loop *L, int k, int with_q, int *n_acc_out,
                                   int *k_used_out, int32_t *next_out) {
-    sd_batch b = {0};
-    b.n_tokens = k + 1;
-    b.tokens = L->batch;
-    b.n_logits = k + 1;
-    SD_TRY(sd_forward_ex(L->m, L->kv, &b, NULL, with_q ? sd_cuda_spec_batch(L->sp) : NULL));
+    sd_fwd f;
+    memset(&f, 0, sizeof(f));
+    f.kv = L->kv;
+    f.b.n_tokens = k + 1;
+    f.b.tokens = L->batch;
+    f.b.n_logits = k + 1;
+    SD_TRY(feat_ask(L, &f)); /* the drafter's features, copied back with the forward */
+    SD_TRY(sd_forward_ex(L->m, L->kv, &f.b, NULL, with_q ? sd_cuda_spec_batch(L->sp) : NULL));
     const sd_cuda_sampling cs = sd_cuda_sampling_of(&L->s);
     const uint64_t pos = (uint64_t)(L->len - L->n_prompt); /* output index of d1 */
     int n_acc = 0, k_used = k;
@@ -394,6 +397,7 @@ static sd_status spec_verify_cuda(sd_spec_loop *L, int k, int with_q, int *n_acc
     SD_TRY(sd_cuda_spec_verify(L->sp, L->m->cuda, k, with_q, &cs, L->seed, pos, &n_acc,
                                with_q ? L->batch + 1 : NULL, &next, &k_used));
     SD_TRY(row_top_cuda(L, k + 1));
+    feat_keep(L, &f, NULL, n_acc + 1, L->len - 1);
     *n_acc_out = n_acc;
     *k_used_out = k_used;
     *next_out = next;
@@ -548,13 +552,20 @@ static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr,
 /* A tree's whole verify step on a CUDA target: the masked forward (its rows stay on the
  * device), the tree rule there (sd_cuda_spec_verify_tree, uniforms keyed as on the CPU), and
  * the accepted path compacted in the device cache. */
-static sd_status tree_verify_cuda(sd_spec_loop *L, const sd_fwd *f, int *n_acc, int32_t *next) {
-    SD_TRY(sd_forward_ex(L->m, L->kv, &f->b, NULL, NULL));
+static sd_status tree_verify_cuda(sd_spec_loop *L, const sd_fwd *tf, int *n_acc, int32_t *next) {
+    sd_fwd f = *tf;
+    SD_TRY(feat_ask(L, &f)); /* the drafter's features, copied back with the forward */
+    SD_TRY(sd_forward_ex(L->m, L->kv, &f.b, NULL, NULL));
     const sd_cuda_sampling cs = sd_cuda_sampling_of(&L->s);
     int32_t path[SD_MAX_TREE];
     SD_TRY(sd_cuda_spec_verify_tree(L->sp, L->m->cuda, L->dr.n, L->batch + 1, L->dr.parent, &cs,
                                     L->seed, (uint64_t)(L->len - L->n_prompt), n_acc, path, next));
     SD_TRY(row_top_cuda(L, L->dr.n + 1));
+    int32_t rows[SD_MAX_TREE + 1] = {0}; /* the root's row, then the path's */
+    for (int j = 0; j < *n_acc; j++) {
+        rows[1 + j] = 1 + path[j];
+    }
+    feat_keep(L, &f, rows, *n_acc + 1, L->len - 1);
     return compact_path(L, path, *n_acc);
 }
 #endif

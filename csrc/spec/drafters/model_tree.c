@@ -79,6 +79,13 @@ struct sd_model_tree {
 sd_status sd_model_tree_create(sd_model_tree **out, const sd_draft_params *dp,
                                const sd_spec_loop *L) {
     *out = NULL;
+    if (L->s.temperature != 0.0f && L->q == NULL) {
+        /* a CUDA target keeps the drafts' distributions on the device, where drafts drawn by a
+         * model on the host (a head, a draft tree) cannot put theirs yet */
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "on a CUDA target, draft trees and EAGLE heads verify at temperature "
+                            "0 only so far (sampled drafts need a CPU target)");
+    }
     sd_model_tree *t = calloc(1, sizeof(*t));
     if (t == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory for a draft tree");
