@@ -3,7 +3,8 @@
 Runs plain decoding and each speculative method over the questions of a Spec-Bench-format JSONL
 file (one object per line: ``question_id``, ``category``, ``turns``), the first turn of each
 rendered with the model's chat template, methods interleaved question by question so machine
-noise hits them alike. Reports per category and overall: mean accepted tokens per target
+noise hits them alike (``--repeats n``: n runs of each, in rotated order, the median time
+kept). Reports per category and overall: mean accepted tokens per target
 forward (tau), acceptance rate, tokens/s, and the speedup over plain decoding measured in the
 same run, end to end and for the decoding phase alone (the prompt's prefill, timed once per
 question, taken off both sides), with the speedup the textbook formula predicts from the
@@ -20,6 +21,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from statistics import median
 from typing import Dict, List
 
 try:
@@ -182,27 +184,42 @@ def run(args: argparse.Namespace) -> dict:
                  "prompt_tokens": len(ids), "methods": {}}
         # the prompt's prefill alone (every method does it once), to report the decoding
         # phase's speedup next to the end-to-end one
-        cache = model.new_cache(len(ids))
-        t0 = time.perf_counter()
-        model.forward(cache, ids, n_logits=1)
-        entry["prefill_s"] = time.perf_counter() - t0
-        del cache
-        for name, spec in methods.items():
+        prefills = []
+        for _ in range(args.repeats):
+            cache = model.new_cache(len(ids))
             t0 = time.perf_counter()
-            g = specdec.generate(model, ids, max_new_tokens=args.max_new_tokens,
-                                 temperature=args.temperature, seed=args.seed, speculator=spec)
-            dt = time.perf_counter() - t0
-            m = {"new_tokens": len(g.tokens), "time_s": dt, "finish": g.finish_reason}
-            if spec is None:
-                m["loop_tokens"] = trailing_loop(list(g.tokens))
-            if g.stats is not None:
-                m.update(steps=g.stats.steps, drafted=g.stats.drafted,
-                         accepted=g.stats.accepted)
-            entry["methods"][name] = m
+            model.forward(cache, ids, n_logits=1)
+            prefills.append(time.perf_counter() - t0)
+            del cache
+        entry["prefill_s"] = median(prefills)
+        names = list(methods)
+        times: Dict[str, List[float]] = defaultdict(list)
+        for r in range(args.repeats):
+            # each repeat starts the rotation one method later: none always runs first
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                spec = methods[name]
+                t0 = time.perf_counter()
+                g = specdec.generate(model, ids, max_new_tokens=args.max_new_tokens,
+                                     temperature=args.temperature, seed=args.seed,
+                                     speculator=spec)
+                times[name].append(time.perf_counter() - t0)
+                if r > 0:
+                    continue  # the same seed: the same tokens and counts every repeat
+                m = {"new_tokens": len(g.tokens), "finish": g.finish_reason}
+                if spec is None:
+                    m["loop_tokens"] = trailing_loop(list(g.tokens))
+                if g.stats is not None:
+                    m.update(steps=g.stats.steps, drafted=g.stats.drafted,
+                             accepted=g.stats.accepted)
+                entry["methods"][name] = m
+        for name in names:
+            entry["methods"][name]["time_s"] = median(times[name])
+            if args.repeats > 1:
+                entry["methods"][name]["times_s"] = times[name]
         results.append(entry)
     return {"model": model.path, "threads": model.threads, "temperature": args.temperature,
             "max_new_tokens": args.max_new_tokens, "k": args.k, "data": args.data,
-            "draft_cost": draft_cost, "questions": results}
+            "repeats": args.repeats, "draft_cost": draft_cost, "questions": results}
 
 
 def summarize(res: dict) -> str:
@@ -297,17 +314,23 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="questions per category (0 = all)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each method per question, in rotated order; its time is their "
+                        "median")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--kv-dtype", choices=["f16", "f32"], default=None,
                    help="KV cache element type (default: the device's, f16 on the CPU)")
     p.add_argument("--json", help="write the raw numbers here")
     p.add_argument("--markdown", help="write the table here")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
     res = run(args)
     table = summarize(res)
     header = (f"model {res['model']}, {res['threads']} threads, temperature {args.temperature}, "
               f"max_new_tokens {args.max_new_tokens}, k {args.k}, "
-              f"{len(res['questions'])} questions\n\n")
+              f"{len(res['questions'])} questions"
+              + (f", median of {args.repeats} runs each" if args.repeats > 1 else "") + "\n\n")
     print(header + table)
     if args.markdown:
         with open(args.markdown, "w") as f:

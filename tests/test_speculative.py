@@ -214,5 +214,15 @@ def test_bench_harness_runs(tmp_path, capsys):
     assert q["plain"]["new_tokens"] == q["lookup"]["new_tokens"]  # greedy: same output length
     assert q["plain"]["new_tokens"] == q["recycling"]["new_tokens"]
     assert set(q["plain"]) >= {"finish", "loop_tokens"} and "plain looped" in table
+    # --repeats: every method run that often per question, in rotated order, the median kept
+    assert bench.main(["--data", str(data), "--model", path, "--max-new-tokens", "4",
+                       "--methods", "lookup", "--repeats", "3", "--json", str(out)]) == 0
+    assert "median of 3 runs each" in capsys.readouterr().out
+    res = _json.loads(out.read_text())
+    for q in res["questions"]:
+        for m in q["methods"].values():
+            assert len(m["times_s"]) == 3 and m["time_s"] == sorted(m["times_s"])[1]
+    with pytest.raises(SystemExit):
+        bench.main(["--data", str(data), "--model", path, "--repeats", "0"])
     assert bench.predicted_speedup(0.0, 4) == 1.0
     assert abs(bench.predicted_speedup(0.5, 2) - 1.75) < 1e-9
