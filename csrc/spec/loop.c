@@ -515,6 +515,17 @@ static sd_status compact_path(sd_spec_loop *L, const int32_t *path, int n_acc) {
     return SD_OK;
 }
 
+/* After a tree's verify forward f decided the path (n_acc nodes): the features of its root and
+ * path rows kept as the next positions', then the path compacted (compact_path). */
+static sd_status keep_path(sd_spec_loop *L, const sd_fwd *f, const int32_t *path, int n_acc) {
+    int32_t rows[SD_MAX_TREE + 1] = {0}; /* the root's row, then the path's */
+    for (int j = 0; j < n_acc; j++) {
+        rows[1 + j] = 1 + path[j];
+    }
+    feat_keep(L, f, rows, n_acc + 1, L->len - 1);
+    return compact_path(L, path, n_acc);
+}
+
 /* After a tree's verify forward: the tree rule of verify.h, and the accepted path compacted
  * (compact_path). */
 static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr, const int *depth,
@@ -540,12 +551,7 @@ static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr,
     const int n_acc = sd_verify_tree(path, next_out, L->batch + 1, dr->parent, n, L->probs, dr->q,
                                      V, ua, un, L->fwork);
     *n_acc_out = n_acc;
-    int32_t rows[SD_MAX_TREE + 1] = {0}; /* the root's row, then the path's */
-    for (int j = 0; j < n_acc; j++) {
-        rows[1 + j] = 1 + path[j];
-    }
-    feat_keep(L, f, rows, n_acc + 1, len - 1);
-    return compact_path(L, path, n_acc);
+    return keep_path(L, f, path, n_acc);
 }
 
 #ifdef SD_WITH_CUDA
@@ -561,12 +567,7 @@ static sd_status tree_verify_cuda(sd_spec_loop *L, const sd_fwd *tf, int *n_acc,
     SD_TRY(sd_cuda_spec_verify_tree(L->sp, L->m->cuda, L->dr.n, L->batch + 1, L->dr.parent, &cs,
                                     L->seed, (uint64_t)(L->len - L->n_prompt), n_acc, path, next));
     SD_TRY(row_top_cuda(L, L->dr.n + 1));
-    int32_t rows[SD_MAX_TREE + 1] = {0}; /* the root's row, then the path's */
-    for (int j = 0; j < *n_acc; j++) {
-        rows[1 + j] = 1 + path[j];
-    }
-    feat_keep(L, &f, rows, *n_acc + 1, L->len - 1);
-    return compact_path(L, path, *n_acc);
+    return keep_path(L, &f, path, *n_acc);
 }
 #endif
 
