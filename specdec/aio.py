@@ -100,6 +100,8 @@ class _Request:
         return result
 
     def close(self) -> None:
+        if self.closed:  # a second close (the caller's, after _run's) must not free the
+            return       # sequence while the step the first one waits for still runs
         self.closed = True
         fut, self.inflight = self.inflight, None
         if fut is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 
 import pytest
 
@@ -132,12 +133,18 @@ class Counting:
         self.seq, self.log = seq, log
 
     def step(self):
-        new = self.seq.step()
+        self.log["in_step"] = True
+        try:
+            new = self.seq.step()
+            time.sleep(self.log["step_sleep"])  # a slower step: the cancel lands inside it
+        finally:
+            self.log["in_step"] = False
         self.log["steps"].append(new)
         return new
 
     def close(self):
         self.log["closed"] = True
+        self.log["closed_in_step"] |= self.log["in_step"]
         self.seq.close()
 
     def __getattr__(self, name):
@@ -148,7 +155,8 @@ class Counting:
 def counted(monkeypatch):
     """Wraps every core sequence made by _Call in Counting; the log of the latest."""
     mod = sys.modules["specdec.generate"]
-    log = {"steps": [], "closed": False}
+    log = {"steps": [], "closed": False, "in_step": False, "closed_in_step": False,
+           "step_sleep": 0.0}
     real_init = mod._Call.__init__
 
     def init(self, *args, **kwargs):
@@ -172,7 +180,10 @@ def test_cancelling_the_task_stops_decoding_and_frees_the_sequence(text_model, c
         task = asyncio.ensure_future(consume())
         while len(counted["steps"]) < 5 and not task.done():
             await asyncio.sleep(0.001)
-        task.cancel()
+        counted["step_sleep"] = 0.05
+        while not counted["in_step"] and not task.done():
+            await asyncio.sleep(0.001)
+        task.cancel()  # mid-step: the sequence is freed when the step returns, not before
         with pytest.raises(asyncio.CancelledError):
             await task
         at_cancel = len(counted["steps"])
@@ -181,7 +192,7 @@ def test_cancelling_the_task_stops_decoding_and_frees_the_sequence(text_model, c
 
     at_cancel = run(main())
     assert at_cancel <= len(counted["steps"]) <= at_cancel + 1  # the step in flight, at most
-    assert len(counted["steps"]) < 50 and counted["closed"]
+    assert len(counted["steps"]) < 50 and counted["closed"] and not counted["closed_in_step"]
 
 
 def test_breaking_out_of_astream_stops_decoding(text_model, counted):
