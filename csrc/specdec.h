@@ -490,8 +490,8 @@ void sd_head_free(sd_head *head);
 sd_status sd_head_quantize(sd_head *head);
 int sd_head_kind_of(const sd_head *head);
 /* SD_ERR_INVALID_ARG naming the mismatch when the head was not made for a target of this shape
- * (hidden size, vocabulary, the layers EAGLE-3 reads), or the target cannot give features (a
- * CUDA target, so far). */
+ * (hidden size, vocabulary, the layers EAGLE-3 reads); SD_ERR_UNSUPPORTED for a CUDA target
+ * without a host copy of its embeddings (a dummy model made on the device). */
 sd_status sd_head_check(const sd_head *head, const sd_model *target);
 /* The head's teacher-forced logits over tokens[0 .. n) (n >= 2): for EAGLE, row t of out
  * (n - 1, V) holds its logits for token t + 2 from the target's features at positions <= t and
@@ -513,8 +513,9 @@ sd_status sd_head_draft_logits(const sd_head *head, sd_model *target, const int3
  * and drafting time); the choice rests on earlier steps alone, so sampling stays exact. 0:
  * off. window > 0: the head attends to its last `window` positions only (a sliding window),
  * so of a longer prompt only the last `window` rows go through the head at the first step; 0:
- * the whole text. The drafter owns `head` from now on (also on failure). CPU targets only so
- * far. */
+ * the whole text. The drafter owns `head` from now on (also on failure). Beside a CUDA target
+ * the head's layer runs on the target's GPU (SPECDEC_CUDA_HEAD=0: on the CPU), at temperature 0
+ * only so far. */
 sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_params *dp, int lookup,
                            int window);
 /* Medusa (Cai et al. 2024): each step, the heads read the target's last hidden state (from the
@@ -524,7 +525,7 @@ sd_status sd_drafter_eagle(sd_drafter **out, sd_head *head, const sd_draft_param
  * last entry (listed before it). The children are deterministic, so the tree rule keeps the
  * output exactly the target's (Medusa's lossy "typical acceptance" is not offered). paths NULL:
  * a default tree of 3 + 3 + 2 per further head nodes (medusa.c). The drafter owns `head` (also on
- * failure). CPU targets only so far. */
+ * failure). Beside a CUDA target the heads run on its GPU (SPECDEC_CUDA_HEAD=0: on the CPU). */
 #define SD_MEDUSA_MAX_RANK 16
 sd_status sd_drafter_medusa(sd_drafter **out, sd_head *head, const int32_t *paths,
                             const int32_t *start, const int32_t *len, int n_paths);

@@ -21,7 +21,8 @@ typedef struct {
 
 typedef struct {
     const float *attn_norm, *ffn_norm, *bq, *bk, *bv; /* (D), (D), (QD), (KVD), (KVD) or NULL */
-    dmat wq, wk, wv, wo, gate, up, down;
+    const float *hidden_norm; /* (D) an EAGLE-3 head's norm of its fused feature, or NULL */
+    dmat wq, wk, wv, wo, gate, up, down; /* an EAGLE-3 head's wq, wk, wv: (., 2D) */
 } dlayer;
 
 /* The features a forward copies out (sd_cuda_batch's): the final-normed hidden states, and
@@ -50,10 +51,10 @@ struct sd_cuda_model {
     sd_config cfg;
     uint8_t *weights; /* the one allocation of every weight */
     size_t weight_bytes;
-    dmat tok_embd, output;
-    const float *out_norm;
-    dlayer *layers;    /* (L) host array of device views */
-    double *rope_freq; /* (Dh / 2) device */
+    dmat tok_embd, output; /* a head's: the target's embeddings (and EAGLE-1/2's output) */
+    const float *out_norm; /* NULL: none (an EAGLE-1/2 head) */
+    dlayer *layers;        /* (L) host array of device views */
+    double *rope_freq;     /* (Dh / 2) device */
 
     /* activations, for cap_tokens tokens and cap_attn attended slots */
     int cap_tokens, cap_attn, cap_logits;
@@ -189,13 +190,19 @@ static sd_status put_vec(sd_cuda_model *cm, const float **out, const float *v, i
     return SD_OK;
 }
 
-static sd_status model_upload(sd_cuda_model *cm, const sd_model *m) {
+/* The weights of m into one device allocation; a head (borrow: its target's device model) reads
+ * the target's token embeddings there, and its output matrix too unless own_output. */
+static sd_status model_upload(sd_cuda_model *cm, const sd_model *m, const sd_cuda_model *borrow,
+                              int own_output) {
     const sd_config *c = &m->cfg;
     const int64_t D = c->hidden_size, QD = (int64_t)c->n_heads * c->head_dim;
     const int64_t KVD = (int64_t)c->n_kv_heads * c->head_dim;
     /* sizes first: one allocation */
-    size_t total = align256(mat_bytes(&m->w.tok_embd)) + align256((size_t)D * 4);
-    if (!c->tied_embeddings) {
+    size_t total = align256((size_t)D * 4);
+    if (borrow == NULL) {
+        total += align256(mat_bytes(&m->w.tok_embd));
+    }
+    if (borrow == NULL ? !c->tied_embeddings : own_output) {
         total += align256(mat_bytes(&m->w.output));
     }
     for (int l = 0; l < c->n_layers; l++) {
@@ -205,7 +212,7 @@ static sd_status model_upload(sd_cuda_model *cm, const sd_model *m) {
             total += align256(mat_bytes(ms[i]));
         }
         total +=
-            2 * align256((size_t)D * 4) + align256((size_t)QD * 4) + 2 * align256((size_t)KVD * 4);
+            3 * align256((size_t)D * 4) + align256((size_t)QD * 4) + 2 * align256((size_t)KVD * 4);
     }
     total += align256((size_t)(c->head_dim / 2) * sizeof(double));
     cudaError_t e = cudaMalloc((void **)&cm->weights, total);
@@ -224,11 +231,20 @@ static sd_status model_upload(sd_cuda_model *cm, const sd_model *m) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
     }
     size_t off = 0;
-    SD_TRY(put_mat(cm, &cm->tok_embd, &m->w.tok_embd, &off, m));
-    if (c->tied_embeddings) {
-        cm->output = cm->tok_embd;
+    if (borrow != NULL) {
+        cm->tok_embd = borrow->tok_embd;
+        if (own_output) {
+            SD_TRY(put_mat(cm, &cm->output, &m->w.output, &off, m));
+        } else {
+            cm->output = borrow->output;
+        }
     } else {
-        SD_TRY(put_mat(cm, &cm->output, &m->w.output, &off, m));
+        SD_TRY(put_mat(cm, &cm->tok_embd, &m->w.tok_embd, &off, m));
+        if (c->tied_embeddings) {
+            cm->output = cm->tok_embd;
+        } else {
+            SD_TRY(put_mat(cm, &cm->output, &m->w.output, &off, m));
+        }
     }
     SD_TRY(put_vec(cm, &cm->out_norm, m->w.out_norm, D, &off));
     for (int l = 0; l < c->n_layers; l++) {
@@ -243,6 +259,7 @@ static sd_status model_upload(sd_cuda_model *cm, const sd_model *m) {
         SD_TRY(put_mat(cm, &G->down, &L->w_down, &off, m));
         SD_TRY(put_vec(cm, &G->attn_norm, L->attn_norm, D, &off));
         SD_TRY(put_vec(cm, &G->ffn_norm, L->ffn_norm, D, &off));
+        SD_TRY(put_vec(cm, &G->hidden_norm, L->hidden_norm, D, &off));
         SD_TRY(put_vec(cm, &G->bq, L->bq, QD, &off));
         SD_TRY(put_vec(cm, &G->bk, L->bk, KVD, &off));
         SD_TRY(put_vec(cm, &G->bv, L->bv, KVD, &off));
@@ -255,7 +272,8 @@ static sd_status model_upload(sd_cuda_model *cm, const sd_model *m) {
     return SD_OK;
 }
 
-extern "C" sd_status sd_cuda_model_create(sd_cuda_model **out, const sd_model *m, int gpu) {
+static sd_status model_create(sd_cuda_model **out, const sd_model *m, int gpu,
+                              const sd_cuda_model *borrow, int own_output) {
     *out = NULL;
     sd_cuda_model *cm = (sd_cuda_model *)calloc(1, sizeof(*cm));
     if (cm == NULL) {
@@ -266,9 +284,11 @@ extern "C" sd_status sd_cuda_model_create(sd_cuda_model **out, const sd_model *m
     cm->use_cublas = env_flag("SPECDEC_CUDA_CUBLAS", 0);
     sd_status st = sd_cuda_ctx_init(&cm->ctx, gpu);
     if (st == SD_OK) {
-        st = model_upload(cm, m);
+        st = model_upload(cm, m, borrow, own_output);
     }
-    const int V = m->cfg.vocab_size;
+    /* a head's logits go to the host for its tree (never picked or verified on the device):
+     * its decoding buffers are left at one column */
+    const int V = borrow != NULL ? 1 : m->cfg.vocab_size;
     if (st == SD_OK) {
         st = sd_cuda_sorter_reserve(&cm->ctx, &cm->sorter, SPEC_ROWS, V);
     }
@@ -305,6 +325,31 @@ extern "C" sd_status sd_cuda_model_create(sd_cuda_model **out, const sd_model *m
     }
     *out = cm;
     return SD_OK;
+}
+
+extern "C" sd_status sd_cuda_model_create(sd_cuda_model **out, const sd_model *m, int gpu) {
+    if (m->cfg.head) {
+        return sd_set_error(SD_ERR_INTERNAL, "a head goes to the GPU by sd_cuda_head_create");
+    }
+    return model_create(out, m, gpu, NULL, 0);
+}
+
+extern "C" sd_status sd_cuda_head_create(sd_cuda_model **out, const sd_model *hm,
+                                         sd_cuda_model *target, int own_output) {
+    *out = NULL;
+    if (!hm->cfg.head || hm->cfg.n_layers != 1) {
+        return sd_set_error(SD_ERR_INTERNAL, "sd_cuda_head_create takes a bound one-layer head");
+    }
+    if (hm->cfg.hidden_size != target->cfg.hidden_size) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "the head's hidden size %d is not its target's %d",
+                            hm->cfg.hidden_size, target->cfg.hidden_size);
+    }
+    if (!own_output && hm->w.output.rows != target->output.rows) {
+        return sd_set_error(SD_ERR_INTERNAL, "a head that reads its target's output head has "
+                                             "another vocabulary");
+    }
+    USE_DEVICE(target);
+    return model_create(out, hm, target->ctx.device, target, own_output);
 }
 
 static void free_activations(sd_cuda_model *cm) {
@@ -397,7 +442,9 @@ static sd_status reserve(sd_cuda_model *cm, int T, int n_attn, int n_logits) {
     free_activations(cm);
     const size_t D = (size_t)c->hidden_size, QD = (size_t)c->n_heads * (size_t)c->head_dim;
     const size_t KVD = (size_t)c->n_kv_heads * (size_t)c->head_dim, F = (size_t)c->ffn_size;
-    const size_t XB = D > QD ? D : QD, V = (size_t)c->vocab_size;
+    /* xb: a head's (T, 2D) attention input too; hb2: a head's token embeddings (T, D) */
+    const size_t XB0 = D > QD ? D : QD, XB = c->head && 2 * D > XB0 ? 2 * D : XB0;
+    const size_t V = (size_t)c->vocab_size, FH = F > D ? F : D;
     const size_t maxc = F > XB ? F : XB;
     struct {
         void **p;
@@ -409,7 +456,7 @@ static sd_status reserve(sd_cuda_model *cm, int T, int n_attn, int n_logits) {
         {(void **)&cm->k, (size_t)nt * KVD * 4},
         {(void **)&cm->v, (size_t)nt * KVD * 4},
         {(void **)&cm->hb, (size_t)nt * F * 4},
-        {(void **)&cm->hb2, (size_t)nt * F * 4},
+        {(void **)&cm->hb2, (size_t)nt * FH * 4},
         {(void **)&cm->logits, (size_t)(nl > 0 ? nl : 1) * V * 4},
         {(void **)&cm->xh, (size_t)nt * maxc * 2 * 2},
         {(void **)&cm->in_tokens, (size_t)nt * 3 * 4 + 64},
@@ -568,6 +615,17 @@ static sd_status copy_aux(sd_cuda_model *cm, const feat_req *fr, int l, int T) {
     return SD_OK;
 }
 
+/* out (T, D) = the final norm of x, or x itself (an EAGLE-1/2 head has none). */
+static sd_status final_norm(sd_cuda_model *cm, float *out, const float *x, int T) {
+    const int D = cm->cfg.hidden_size;
+    if (cm->out_norm != NULL) {
+        return sd_cuda_rmsnorm(&cm->ctx, out, x, cm->out_norm, T, D, cm->cfg.rms_eps);
+    }
+    SD_CUDA_TRY(cudaMemcpyAsync(out, x, (size_t)T * (size_t)D * sizeof(float),
+                                cudaMemcpyDeviceToDevice, cm->ctx.stream));
+    return SD_OK;
+}
+
 /* The kernels of one forward (what a graph captures): every input read from the device; the
  * features fr asks for into cm->feat (block 0 the hidden states, block 1 + i aux layer i). */
 static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layers, int cublas,
@@ -576,12 +634,24 @@ static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layer
     sd_cuda_ctx *ctx = &cm->ctx;
     const int D = c->hidden_size, Dh = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
     const int F = c->ffn_size;
-    SD_TRY(sd_cuda_embed(ctx, cm->x, cm->tok_embd.w, cm->tok_embd.type, D, cm->in_tokens, T));
+    if (!c->head) { /* a head's rows are in x already (sd_cuda_forward put them there) */
+        SD_TRY(sd_cuda_embed(ctx, cm->x, cm->tok_embd.w, cm->tok_embd.type, D, cm->in_tokens, T));
+    }
     for (int l = 0; l < n_layers; l++) {
         const dlayer *L = &cm->layers[l];
         SD_TRY(copy_aux(cm, fr, l, T));
         /* attention block: x += Wo . attn(rope(Wq n), rope(Wk n), Wv n), n = rmsnorm(x) */
-        SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x, L->attn_norm, T, D, c->rms_eps));
+        if (L->hidden_norm != NULL) { /* EAGLE-3: n = cat(rmsnorm(embedding), rmsnorm(x)) */
+            SD_TRY(sd_cuda_embed(ctx, cm->hb2, cm->tok_embd.w, cm->tok_embd.type, D, cm->in_tokens,
+                                 T));
+            SD_TRY(sd_cuda_head_input(ctx, cm->xb, cm->hb2, cm->x, L->attn_norm, L->hidden_norm, T,
+                                      D, c->rms_eps, c->head_norm_residual));
+        } else if (L->attn_norm == NULL) { /* EAGLE-1/2: no input norm */
+            SD_CUDA_TRY(cudaMemcpyAsync(cm->xb, cm->x, (size_t)T * (size_t)D * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, ctx->stream));
+        } else {
+            SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x, L->attn_norm, T, D, c->rms_eps));
+        }
         SD_TRY(mm(cm, cm->q, &L->wq, cm->xb, T, L->bq, 0, cublas));
         SD_TRY(mm(cm, cm->k, &L->wk, cm->xb, T, L->bk, 0, cublas));
         SD_TRY(mm(cm, cm->v, &L->wv, cm->xb, T, L->bv, 0, cublas));
@@ -600,12 +670,11 @@ static sd_status run_forward(sd_cuda_model *cm, int T, int n_logits, int n_layer
     }
     SD_TRY(copy_aux(cm, fr, n_layers, T));
     if (fr->hidden) { /* every row's, by the same kernel as the rows that get logits */
-        SD_TRY(sd_cuda_rmsnorm(ctx, cm->feat, cm->x, cm->out_norm, T, D, c->rms_eps));
+        SD_TRY(final_norm(cm, cm->feat, cm->x, T));
     }
     if (n_logits > 0) {
         const int first = T - n_logits;
-        SD_TRY(sd_cuda_rmsnorm(ctx, cm->xb, cm->x + (size_t)first * (size_t)D, cm->out_norm,
-                               n_logits, D, c->rms_eps));
+        SD_TRY(final_norm(cm, cm->xb, cm->x + (size_t)first * (size_t)D, n_logits));
         SD_TRY(mm(cm, cm->logits, &cm->output, cm->xb, n_logits, NULL, 0,
                   cublas && n_logits >= CUBLAS_MIN_TOKENS));
     }
@@ -743,7 +812,16 @@ extern "C" sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *kc, const
     }
     const int T = b->n_tokens;
     SD_TRY(reserve(cm, T, kc->capacity > b->n_attn ? kc->capacity : b->n_attn, b->n_logits));
+    if ((b->embd != NULL) != (cm->cfg.head != 0)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, cm->cfg.head ? "a head's forward needs its rows"
+                                                             : "rows are for heads only");
+    }
     SD_TRY(stage_inputs(cm, kc, b));
+    if (b->embd != NULL) { /* a head's rows, ahead of the forward on the same stream */
+        SD_CUDA_TRY(cudaMemcpyAsync(cm->x, b->embd,
+                                    (size_t)T * (size_t)cm->cfg.hidden_size * sizeof(float),
+                                    cudaMemcpyHostToDevice, cm->ctx.stream));
+    }
     const int cublas = cm->use_cublas && T >= CUBLAS_MIN_TOKENS;
     feat_req fr; /* zeroed whole: graphs compare it bytewise */
     memset(&fr, 0, sizeof(fr));
@@ -777,7 +855,9 @@ extern "C" sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *kc, const
         sync = 1;
     }
     if (logits != NULL && b->n_logits > 0) {
-        const size_t n = (size_t)b->n_logits * (size_t)cm->cfg.vocab_size * sizeof(float);
+        /* rows of the output head's width: an EAGLE-3 head's draft vocabulary */
+        const size_t V = cm->cfg.head ? (size_t)cm->output.rows : (size_t)cm->cfg.vocab_size;
+        const size_t n = (size_t)b->n_logits * V * sizeof(float);
         SD_CUDA_TRY(cudaMemcpyAsync(logits, cm->logits, n, cudaMemcpyDeviceToHost, cm->ctx.stream));
         sync = 1;
     }

@@ -205,6 +205,68 @@ extern "C" sd_status sd_cuda_rmsnorm(sd_cuda_ctx *ctx, float *out, const float *
     return SD_OK;
 }
 
+/* ---- a drafter head's input ----------------------------------------------------------------- */
+
+/* One block per row t: out (T, 2n) row t = cat(rmsnorm(e_t) * w_in, rmsnorm(x_t) * w_hid), the
+ * attention input of an EAGLE-3 head's layer; with norm_residual, x_t becomes the normed x as
+ * well (speculators' norm_before_residual). Each half as rmsnorm_kernel computes it. */
+__global__ void head_input_kernel(float *out, const float *e, float *x, const float *w_in,
+                                  const float *w_hid, int n, float eps, int norm_residual) {
+    __shared__ float sh[32];
+    const size_t t = blockIdx.x;
+    const float *er = e + t * (size_t)n;
+    float *xr = x + t * (size_t)n;
+    float *o = out + t * 2 * (size_t)n;
+    float se = 0.0f, sx = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        se = fmaf(er[i], er[i], se);
+        sx = fmaf(xr[i], xr[i], sx);
+    }
+    se = sd_block_sum(se, sh);
+    sx = sd_block_sum(sx, sh);
+    const float ce = 1.0f / sqrtf(se / (float)n + eps), cx = 1.0f / sqrtf(sx / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        o[i] = __fmul_rn(__fmul_rn(er[i], ce), w_in[i]);
+        o[n + i] = __fmul_rn(__fmul_rn(xr[i], cx), w_hid[i]);
+    }
+    if (norm_residual) {
+        __syncthreads(); /* every thread's reads of x are done */
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            xr[i] = o[n + i];
+        }
+    }
+}
+
+extern "C" sd_status sd_cuda_head_input(sd_cuda_ctx *ctx, float *out, const float *e, float *x,
+                                        const float *w_in, const float *w_hid, int T, int n,
+                                        float eps, int norm_residual) {
+    if (T < 1) {
+        return SD_OK;
+    }
+    head_input_kernel<<<(unsigned)T, 256, 0, ctx->stream>>>(out, e, x, w_in, w_hid, n, eps,
+                                                            norm_residual);
+    SD_CUDA_LAUNCHED("head_input_kernel");
+    return SD_OK;
+}
+
+/* x += silu(u) elementwise: a Medusa residual block after its linear layer. */
+__global__ void silu_add_kernel(float *x, const float *u, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float g = u[i];
+        x[i] = __fadd_rn(x[i], __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))));
+    }
+}
+
+extern "C" sd_status sd_cuda_silu_add(sd_cuda_ctx *ctx, float *x, const float *u, int64_t n) {
+    if (n < 1) {
+        return SD_OK;
+    }
+    silu_add_kernel<<<sd_div_up(n, 256), 256, 0, ctx->stream>>>(x, u, n);
+    SD_CUDA_LAUNCHED("silu_add_kernel");
+    return SD_OK;
+}
+
 /* ---- RoPE ------------------------------------------------------------------------------------ */
 
 /* One thread per (token, head, pair); the angle pos * freq in double, as the CPU forward. */

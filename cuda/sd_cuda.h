@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu/quant.h"
 #include "specdec.h"
 
 #ifdef __cplusplus
@@ -39,6 +40,15 @@ int sd_cuda_device_count(void);
  * cuBLAS handle and workspace. */
 sd_status sd_cuda_model_create(sd_cuda_model **out, const struct sd_model *m, int gpu);
 void sd_cuda_model_free(sd_cuda_model *cm);
+/* A drafter head on its target's GPU: hm, a one-layer head bound by sd_head_bind (its rows
+ * given as floats, sd_cuda_batch.embd); its own matrices and vectors copied to one allocation,
+ * the target's token embeddings (and, unless own_output, the target's output matrix: EAGLE-1/2)
+ * read from the target's device copy, so the target must outlive it. Its forward is the
+ * target's, layer for layer, but for the layer's input: none (EAGLE-1/2), or
+ * sd_cuda_head_input's (EAGLE-3); and the final norm, absent for EAGLE-1/2. */
+sd_status sd_cuda_head_create(sd_cuda_model **out, const struct sd_model *hm, sd_cuda_model *target,
+                              int own_output);
+
 /* The GPU the model is on. */
 int sd_cuda_model_gpu(const sd_cuda_model *cm);
 
@@ -52,6 +62,20 @@ sd_status sd_cuda_cache_copy_slot(sd_cuda_cache *c, int dst, int src);
 const sd_cuda_model *sd_cuda_cache_model(const sd_cuda_cache *c);
 /* Copy K and V ((L, Hkv, capacity, Dh) each) to the host (the cache self-check). */
 sd_status sd_cuda_cache_download(const sd_cuda_cache *c, float *k, float *v);
+
+/* ---- Medusa's heads -------------------------------------------------------------------------- */
+
+/* Medusa-1's heads on GPU `gpu`: mats (heads * (blocks + 1)) as model/head.c keeps them (head
+ * i's residual blocks [i * (blocks + 1) + j] (D, D) with biases bias + (i * blocks + j) * D,
+ * then its output head [i * (blocks + 1) + blocks] (V, D)), copied to a device allocation of
+ * their own. */
+typedef struct sd_cuda_medusa sd_cuda_medusa;
+sd_status sd_cuda_medusa_create(sd_cuda_medusa **out, int gpu, int heads, int blocks,
+                                const sd_mat *mats, const float *bias);
+void sd_cuda_medusa_free(sd_cuda_medusa *md);
+/* out (heads, T, V) on the host: every head's logits at the final-normed hidden states x
+ * (T, D) on the host (sd_head_medusa_logits's); synchronises. One caller at a time. */
+sd_status sd_cuda_medusa_logits(sd_cuda_medusa *md, int T, const float *x, float *out);
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
@@ -76,11 +100,14 @@ typedef struct {
     const int32_t *aux_layers;
     int n_aux;
     float *aux;
+    /* a head's rows (T, D) on the host, in place of the token embeddings; NULL otherwise */
+    const float *embd;
 } sd_cuda_batch;
 
 /* Run the batch; the last n_logits rows of logits stay in the model's device buffer (where
  * sd_cuda_pick and the speculative steps read them) and, when logits is not NULL, are copied
- * to it ((n_logits, V), which synchronises). */
+ * to it ((n_logits, V), V the output head's rows: a head's draft vocabulary; which
+ * synchronises). */
 sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *c, const sd_cuda_batch *b,
                           float *logits);
 
@@ -183,6 +210,13 @@ sd_status sd_cuda_rope(sd_cuda_ctx *ctx, float *x, const int32_t *pos, const dou
                        int n_heads, int head_dim, int neox);
 sd_status sd_cuda_swiglu(sd_cuda_ctx *ctx, float *out, const float *gate, const float *up,
                          int64_t n);
+/* out (T, 2n) = cat(rmsnorm(e) * w_in, rmsnorm(x) * w_hid) (x = the second half too when
+ * norm_residual): an EAGLE-3 head layer's input. */
+sd_status sd_cuda_head_input(sd_cuda_ctx *ctx, float *out, const float *e, float *x,
+                             const float *w_in, const float *w_hid, int T, int n, float eps,
+                             int norm_residual);
+/* x += silu(u): a Medusa residual block. */
+sd_status sd_cuda_silu_add(sd_cuda_ctx *ctx, float *x, const float *u, int64_t n);
 sd_status sd_cuda_kv_write(sd_cuda_ctx *ctx, float *kc, float *vc, const float *k, const float *v,
                            const int32_t *slots, int T, int n_kv_heads, int head_dim, int capacity);
 sd_status sd_cuda_attention(sd_cuda_ctx *ctx, float *out, const float *q, const float *kc,

@@ -189,9 +189,10 @@ class Eagle(Speculator):
     dynamic tree of at most ``nodes`` nodes (the ``branching`` most probable tokens of the most
     probable nodes at temperature 0; draws without replacement when sampling, kept or dropped
     before they are drawn so the output stays exactly the target's). ``p_min`` > 0: a node the
-    head gave less than ``p_min`` is not expanded. On a CUDA target the head runs on the CPU
-    beside it (each verify forward copies the features the head reads back from the device):
-    fine for small heads, at temperature 0 only so far (sampling raises an error there).
+    head gave less than ``p_min`` is not expanded. On a CUDA target each verify forward copies
+    the features the head reads back from the device, and the head's layer runs on the same
+    GPU (``SPECDEC_CUDA_HEAD=0``: on the CPU); at temperature 0 only so far (sampling raises an
+    error there).
 
     ``size_by_cost``: verify only as many nodes as pay on this machine, by the measured cost of
     a verify forward of each size (timed on the target at the first request; or given by
@@ -284,8 +285,8 @@ class Medusa(Speculator):
     the second's 2 best below the best and 1 below the second, then the best chain with one
     second-best leaf per further head. The nodes are verified by the exact tree rule, so the
     output is the target's; Medusa's "typical acceptance" (lossy) is not offered. On a CUDA
-    target the heads run on the CPU beside it, reading the final hidden states each verify
-    forward copies back. ``weights``: as :class:`Eagle`'s.
+    target the heads run on its GPU (``SPECDEC_CUDA_HEAD=0``: on the CPU), reading the final
+    hidden states each verify forward copies back. ``weights``: as :class:`Eagle`'s.
     """
 
     def __init__(self, path: Any, tree: Any = None, weights: str = "q8_0") -> None:

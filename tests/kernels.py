@@ -96,6 +96,33 @@ def swiglu_case(n: int, seed: int):
     return [np.full(n, np.nan, np.float32), g, u, n], g64 / (1 + np.exp(-g64)) * u
 
 
+def head_input_case(T: int, n: int, norm_residual: int, seed: int):
+    """An EAGLE-3 head layer's input: (args, (out reference, x reference))."""
+    rng = np.random.default_rng(seed)
+    e = rng.standard_normal((T, n)).astype(np.float32)
+    x = rng.standard_normal((T, n)).astype(np.float32) * 5
+    w_in = rng.standard_normal(n).astype(np.float32)
+    w_hid = rng.standard_normal(n).astype(np.float32)
+    eps = 1e-6
+
+    def norm(a, w):
+        a = a.astype(np.float64)
+        return a / np.sqrt(np.mean(a ** 2, axis=1, keepdims=True) + eps) * w
+
+    out = np.concatenate([norm(e, w_in), norm(x, w_hid)], axis=1)
+    x_after = out[:, n:] if norm_residual else x.astype(np.float64)
+    return ([np.full((T, 2 * n), np.nan, np.float32), e, x.copy(), w_in, w_hid, T, n, eps,
+             norm_residual], (out, x_after))
+
+
+def silu_add_case(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32)
+    u = rng.standard_normal(n).astype(np.float32) * 4
+    u64 = u.astype(np.float64)
+    return [x.copy(), u, n], x.astype(np.float64) + u64 / (1 + np.exp(-u64))
+
+
 def kv_write_case(T: int, Hkv: int, Dh: int, cap: int, seed: int):
     rng = np.random.default_rng(seed)
     kc = rng.standard_normal((Hkv, cap, Dh)).astype(np.float32)

@@ -68,6 +68,18 @@ def test_rope(T, H, Dh, neox):
     np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("T,n,norm_residual", [(1, 48, 0), (37, 96, 1), (3, 4096, 1)])
+def test_head_input(T, n, norm_residual):
+    cpu, gpu = both("head_input", K.head_input_case(T, n, norm_residual, seed=T)[0])
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gpu[2], cpu[2], rtol=1e-5, atol=1e-6)
+
+
+def test_silu_add():
+    cpu, gpu = both("silu_add", K.silu_add_case(100_003, seed=1)[0])
+    np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-6)
+
+
 def test_swiglu():
     cpu, gpu = both("swiglu", K.swiglu_case(100_003, seed=1)[0])
     np.testing.assert_allclose(gpu[0], cpu[0], rtol=1e-5, atol=1e-7)
@@ -460,8 +472,10 @@ def test_models_on_different_devices_are_refused(gpu_pair):
 
 
 # ---- heads beside a CUDA target --------------------------------------------------------------
-# The head runs on the CPU (its own small model and cache); the target's forwards on the GPU copy
-# the features it reads (final-normed hidden states, layer inputs) back with each step.
+# An EAGLE head's layer runs on the target's GPU (its own small cache there), and Medusa's heads
+# (SPECDEC_CUDA_HEAD=0: both on the CPU); the target's forwards on the GPU copy the features a
+# head reads (final-normed hidden states, layer inputs) back with each step, and the head's rows
+# (fc over them) are made on the host.
 
 @pytest.fixture(scope="module")
 def head_target(tmp_path_factory):
@@ -472,11 +486,11 @@ def head_target(tmp_path_factory):
                                                                        device="cuda"), TARGET)
 
 
-def _close(got, want):
+def _close(got, want, tol=1e-3):
     finite = np.isfinite(want)
     np.testing.assert_array_equal(np.isfinite(got), finite)
     err = np.abs(got[finite] - want[finite]).max()
-    assert err <= 1e-3 * max(1.0, np.abs(want[finite]).max()), err
+    assert err <= tol * max(1.0, np.abs(want[finite]).max()), err
 
 
 def test_heads_read_a_cuda_targets_features_as_a_cpu_ones(tmp_path, head_target):
@@ -492,8 +506,40 @@ def test_heads_read_a_cuda_targets_features_as_a_cpu_ones(tmp_path, head_target)
         spec = specdec.Eagle(d, weights="float")
         _close(spec.draft_logits(gpu, toks), spec.draft_logits(cpu, toks))
     d, _ = write_medusa(tmp_path / "medusa", heads=3)
-    spec = specdec.Medusa(d)
+    spec = specdec.Medusa(d, weights="float")
     _close(spec.draft_logits(gpu, toks), spec.draft_logits(cpu, toks))
+
+
+@pytest.mark.parametrize("weights", ["float", "q8_0"])
+def test_a_head_on_the_gpu_computes_what_it_computes_on_the_cpu(tmp_path, head_target,
+                                                                       monkeypatch, weights):
+    """An EAGLE head's layer on the target's GPU (sd_cuda_head_create: its input without a norm,
+    EAGLE-1/2, or cat(rmsnorm(embedding), rmsnorm(feature)), EAGLE-3, with and without
+    speculators' norm_before_residual; a draft vocabulary; the target's embeddings and output
+    head read from the device), and Medusa's heads there (sd_cuda_medusa_logits), against the
+    same heads on the CPU beside the same CUDA target (SPECDEC_CUDA_HEAD=0) and, for EAGLE,
+    beside the CPU target."""
+    from test_eagle import write_head
+    cpu, gpu, cfg = head_target
+    toks = tm.random_tokens(cfg.vocab, 14, seed=5)
+    for kind, extra in (("eagle", {}), ("eagle3", {}), ("speculators", {}),
+                        ("speculators", {"norm_before_residual": False})):
+        d, _, _ = write_head(tmp_path / f"{kind}{len(extra)}", kind, "safetensors", **extra)
+        on_gpu = specdec.Eagle(d, weights=weights).draft_logits(gpu, toks)
+        monkeypatch.setenv("SPECDEC_CUDA_HEAD", "0")
+        on_cpu = specdec.Eagle(d, weights=weights).draft_logits(gpu, toks)
+        monkeypatch.delenv("SPECDEC_CUDA_HEAD")
+        # 8-bit weights: the CPU rounds the activations to 8 bits too, the GPU does not
+        tol = 1e-3 if weights == "float" else 3e-2
+        _close(on_gpu, on_cpu, tol)
+        _close(on_gpu, specdec.Eagle(d, weights=weights).draft_logits(cpu, toks), tol)
+    from test_medusa import write_medusa  # Medusa's heads on the GPU (cuda/medusa.cu)
+    d, _ = write_medusa(tmp_path / "medusa", heads=3)
+    on_gpu = specdec.Medusa(d, weights=weights).draft_logits(gpu, toks)
+    monkeypatch.setenv("SPECDEC_CUDA_HEAD", "0")
+    on_cpu = specdec.Medusa(d, weights=weights).draft_logits(gpu, toks)
+    monkeypatch.delenv("SPECDEC_CUDA_HEAD")
+    _close(on_gpu, on_cpu, tol)
 
 
 @pytest.mark.parametrize("kind,depth,branching,nodes,lookup", [

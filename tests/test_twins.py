@@ -36,6 +36,21 @@ def test_rope_twin(T, H, Dh, neox):
     np.testing.assert_allclose(K.run("rope", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("T,n,norm_residual", [(1, 48, 0), (5, 96, 1), (37, 64, 0)])
+def test_head_input_twin(T, n, norm_residual):
+    """An EAGLE-3 head layer's input cat(rmsnorm(e) w_in, rmsnorm(x) w_hid), and the residual
+    that norm_before_residual replaces (untouched without it)."""
+    args, (out, x_after) = K.head_input_case(T, n, norm_residual, seed=T)
+    got = K.run("head_input", K.CPU, args)
+    np.testing.assert_allclose(got[0], out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[2], x_after, rtol=1e-5, atol=1e-6)
+
+
+def test_silu_add_twin():
+    args, ref = K.silu_add_case(1001, seed=3)
+    np.testing.assert_allclose(K.run("silu_add", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)
+
+
 def test_swiglu_twin():
     args, ref = K.swiglu_case(1001, seed=2)
     np.testing.assert_allclose(K.run("swiglu", K.CPU, args)[0], ref, rtol=1e-5, atol=1e-6)

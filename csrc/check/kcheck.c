@@ -97,6 +97,32 @@ static sd_status run_swiglu(kctx *c, void **p, const sd_karg *a) {
     ON_GPU(sd_cuda_swiglu(c, p[0], p[1], p[2], L(3)));
 }
 
+/* head_input(out, e, x, w_in, w_hid, T, n, eps, norm_residual) */
+static void sz_head_input(const sd_karg *a, size_t *n) {
+    n[0] = (size_t)I(5) * (size_t)I(6) * 8;
+    n[1] = n[2] = (size_t)I(5) * (size_t)I(6) * 4;
+    n[3] = n[4] = (size_t)I(6) * 4;
+}
+static sd_status run_head_input(kctx *c, void **p, const sd_karg *a) {
+    if (c == NULL) {
+        sd_twin_head_input(p[0], p[1], p[2], p[3], p[4], I(5), I(6), F(7), I(8));
+        return SD_OK;
+    }
+    ON_GPU(sd_cuda_head_input(c, p[0], p[1], p[2], p[3], p[4], I(5), I(6), F(7), I(8)));
+}
+
+/* silu_add(x, u, n) */
+static void sz_silu_add(const sd_karg *a, size_t *n) {
+    n[0] = n[1] = (size_t)L(2) * 4;
+}
+static sd_status run_silu_add(kctx *c, void **p, const sd_karg *a) {
+    if (c == NULL) {
+        sd_twin_silu_add(p[0], p[1], L(2));
+        return SD_OK;
+    }
+    ON_GPU(sd_cuda_silu_add(c, p[0], p[1], L(2)));
+}
+
 /* f16_row(dst, x, n): the CPU cache's rounding of n floats to halves (sd_f32_to_f16_row, the
  * kernel this CPU picks); the CPU only */
 static void sz_f16_row(const sd_karg *a, size_t *n) {
@@ -369,6 +395,8 @@ static const kop g_ops[] = {
     {"rmsnorm", "bbbiif", sz_rmsnorm, run_rmsnorm},
     {"rope", "bbbiiii", sz_rope, run_rope},
     {"swiglu", "bbbi", sz_swiglu, run_swiglu},
+    {"head_input", "bbbbbiifi", sz_head_input, run_head_input},
+    {"silu_add", "bbi", sz_silu_add, run_silu_add},
     {"f16_row", "bbi", sz_f16_row, run_f16_row},
     {"kv_write", "bbbbbiiii", sz_kv_write, run_kv_write},
     {"attention", "bbbbbiiiiii", sz_attention, run_attention},

@@ -28,6 +28,15 @@ void sd_twin_rmsnorm(float *out, const float *x, const float *w, int T, int n, f
     sd_rmsnorm(out, x, w, T, n, eps);
 }
 
+void sd_twin_head_input(float *out, const float *e, float *x, const float *w_in, const float *w_hid,
+                        int T, int n, float eps, int norm_residual) {
+    sd_head_input_rows(out, e, x, w_in, w_hid, T, n, eps, norm_residual);
+}
+
+void sd_twin_silu_add(float *x, const float *u, int64_t n) {
+    sd_silu_add(x, u, n);
+}
+
 void sd_twin_rope(float *x, const int32_t *pos, const double *freq, int T, int n_heads,
                   int head_dim, int neox) {
     float *cs = malloc((size_t)T * (size_t)head_dim * sizeof(float));

@@ -20,6 +20,13 @@ void sd_twin_rope(float *x, const int32_t *pos, const double *freq, int T, int n
                   int head_dim, int neox);
 /* out (n) = silu(gate) * up. */
 void sd_twin_swiglu(float *out, const float *gate, const float *up, int64_t n);
+/* out (T, 2n) rows cat(rmsnorm(e_t) * w_in, rmsnorm(x_t) * w_hid): the attention input of an
+ * EAGLE-3 head's layer (its token's embedding e, its fused feature x); with norm_residual, x_t
+ * becomes rmsnorm(x_t) * w_hid as well (the residual of speculators' norm_before_residual). */
+void sd_twin_head_input(float *out, const float *e, float *x, const float *w_in, const float *w_hid,
+                        int T, int n, float eps, int norm_residual);
+/* x (n) += silu(u): a Medusa residual block y + SiLU(W y + b) after its linear layer. */
+void sd_twin_silu_add(float *x, const float *u, int64_t n);
 /* One layer's cache kc, vc (n_kv_heads, capacity, head_dim): token t's rows of k and v
  * (T, n_kv_heads * head_dim) go to slot slots[t]. */
 void sd_twin_kv_write(float *kc, float *vc, const float *k, const float *v, const int32_t *slots,

@@ -20,6 +20,24 @@ void sd_rmsnorm(float *out, const float *x, const float *w, int T, int n, float 
     }
 }
 
+void sd_head_input_rows(float *out, const float *e, float *x, const float *w_in, const float *w_hid,
+                        int T, int n, float eps, int norm_residual) {
+    for (int t = 0; t < T; t++) {
+        float *row = out + (size_t)t * 2 * (size_t)n, *xt = x + (size_t)t * (size_t)n;
+        sd_rmsnorm(row, e + (size_t)t * (size_t)n, w_in, 1, n, eps);
+        sd_rmsnorm(row + n, xt, w_hid, 1, n, eps);
+        if (norm_residual) {
+            memcpy(xt, row + n, (size_t)n * sizeof(float));
+        }
+    }
+}
+
+void sd_silu_add(float *x, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] += u[i] / (1.0f + expf(-u[i]));
+    }
+}
+
 void sd_rope(float *x, const float *cs, int T, int n_heads, int head_dim, int neox) {
     int half = head_dim / 2;
     for (int t = 0; t < T; t++) {

@@ -12,6 +12,14 @@
 /* out (T, n) = x (T, n) / sqrt(mean(x^2) + eps) * w (n); out may alias x. */
 void sd_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps);
 
+/* out (T, 2n) rows cat(rmsnorm(e_t) * w_in, rmsnorm(x_t) * w_hid), row by row: an EAGLE-3
+ * head layer's attention input; with norm_residual x_t becomes the second half as well. */
+void sd_head_input_rows(float *out, const float *e, float *x, const float *w_in, const float *w_hid,
+                        int T, int n, float eps, int norm_residual);
+
+/* x (n) += silu(u) = u / (1 + exp(-u)): a Medusa residual block after its linear layer. */
+void sd_silu_add(float *x, const float *u, int64_t n);
+
 /* Rotate pairs of every head of x (T, n_heads*Dh) in place by angles whose cos/sin are in
  * cs (T, Dh) as (cos, sin) pairs for frequency i at cs[t*Dh + 2i]. neox: pairs (i, i + Dh/2);
  * else adjacent pairs (2i, 2i + 1). */

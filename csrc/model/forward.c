@@ -242,6 +242,7 @@ static sd_status forward_cuda(sd_model *m, sd_kv_cache *kv, const sd_batch *b, f
     cb.aux_layers = b->aux_layers;
     cb.n_aux = b->n_aux;
     cb.aux = b->aux;
+    cb.embd = b->embd;
     st = sd_cuda_forward(m->cuda, kv->cuda, &cb, logits);
     free(pos);
     return st;
@@ -328,14 +329,9 @@ static void head_input(sd_model *m, const sd_fwd *jobs, int n, const segment *sg
             continue;
         }
         embed_rows(m, s->xo + (size_t)t0 * (size_t)D, jobs[j].b.tokens, Tj);
-        for (int t = t0; t < t0 + Tj; t++) {
-            float *row = s->xb + (size_t)t * 2 * (size_t)D, *x = s->x + (size_t)t * (size_t)D;
-            sd_rmsnorm(row, s->xo + (size_t)t * (size_t)D, L->attn_norm, 1, D, eps);
-            sd_rmsnorm(row + D, x, L->hidden_norm, 1, D, eps);
-            if (m->cfg.head_norm_residual) {
-                memcpy(x, row + D, (size_t)D * sizeof(float));
-            }
-        }
+        sd_head_input_rows(s->xb + (size_t)t0 * 2 * (size_t)D, s->xo + (size_t)t0 * (size_t)D,
+                           s->x + (size_t)t0 * (size_t)D, L->attn_norm, L->hidden_norm, Tj, D, eps,
+                           m->cfg.head_norm_residual);
     }
 }
 

@@ -4,12 +4,16 @@
 #include "model/head.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "model/config.h"
+#ifdef SD_WITH_CUDA
+#include "../cuda/sd_cuda.h"
+#endif
 #include "model/forward.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/quant.h"
@@ -39,9 +43,26 @@ struct sd_head {
      * the float ones (sd_head_quantize) */
     void *q8[2];
     int quantized; /* the float matrices are Q8_0 copies */
+#ifdef SD_WITH_CUDA
+    /* Medusa beside a CUDA target: its matrices' copy on that target's GPU (made at the first
+     * step there); the lock keeps one caller at a time on it */
+    pthread_mutex_t lock;
+    sd_cuda_medusa *cuda_medusa;
+    int cuda_gpu;
+#endif
 };
 
 static sd_status convert(sd_head *h, int quantize);
+
+#ifdef SD_WITH_CUDA
+/* A head beside a CUDA target runs on the target's GPU (an EAGLE head's layer, Medusa's
+ * heads), unless SPECDEC_CUDA_HEAD=0 keeps it on the CPU (an EAGLE head's rows, fc over the
+ * target's features, are made on the host either way). */
+static int head_on_gpu(void) {
+    const char *v = getenv("SPECDEC_CUDA_HEAD");
+    return v == NULL || *v == '\0' || strcmp(v, "0") != 0;
+}
+#endif
 
 static const char *const g_layer_mats[7] = {
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -433,8 +454,37 @@ int sd_head_medusa_heads(const sd_head *h) {
     return h->kind == SD_HEAD_MEDUSA ? h->heads : 0;
 }
 
+#ifdef SD_WITH_CUDA
+/* Medusa's heads on the CUDA target's GPU: their device copy made at the first call there (or
+ * made again for another GPU), one caller at a time. */
+static sd_status medusa_logits_cuda(sd_head *h, sd_model *target, int T, const float *x,
+                                    float *out) {
+    const int gpu = sd_cuda_model_gpu(target->cuda);
+    pthread_mutex_lock(&h->lock);
+    sd_status st = SD_OK;
+    if (h->cuda_medusa != NULL && h->cuda_gpu != gpu) {
+        sd_cuda_medusa_free(h->cuda_medusa);
+        h->cuda_medusa = NULL;
+    }
+    if (h->cuda_medusa == NULL) {
+        st = sd_cuda_medusa_create(&h->cuda_medusa, gpu, h->heads, h->blocks, h->mats, h->bias);
+        h->cuda_gpu = gpu;
+    }
+    if (st == SD_OK) {
+        st = sd_cuda_medusa_logits(h->cuda_medusa, T, x, out);
+    }
+    pthread_mutex_unlock(&h->lock);
+    return st;
+}
+#endif
+
 sd_status sd_head_medusa_logits(const sd_head *h, sd_model *target, int T, const float *x,
                                 float *out) {
+#ifdef SD_WITH_CUDA
+    if (target->cuda != NULL && head_on_gpu()) {
+        return medusa_logits_cuda((sd_head *)h, target, T, x, out);
+    }
+#endif
     const size_t D = (size_t)h->cfg.hidden_size, V = (size_t)h->vocab;
     float *y = malloc(2 * (size_t)T * D * sizeof(float));
     if (y == NULL) {
@@ -450,9 +500,7 @@ sd_status sd_head_medusa_logits(const sd_head *h, sd_model *target, int T, const
                 free(y);
                 return SD_ERR_NOMEM;
             }
-            for (size_t e = 0; e < (size_t)T * D; e++) {
-                y[e] += u[e] / (1.0f + expf(-u[e]));
-            }
+            sd_silu_add(y, u, (int64_t)T * (int64_t)D);
         }
         sd_matmul_job o = {out + (size_t)i * (size_t)T * V, y,
                            &h->mats[i * (h->blocks + 1) + h->blocks], NULL, 0};
@@ -478,6 +526,9 @@ sd_status sd_head_load(sd_head **out, const char *path) {
         free(buf);
         return sd_set_error(SD_ERR_NOMEM, "out of memory loading a head");
     }
+#ifdef SD_WITH_CUDA
+    pthread_mutex_init(&h->lock, NULL);
+#endif
     static const char *const medusa_files[2] = {"medusa_lm_head.safetensors", "medusa_lm_head.pt"};
     for (int i = 0; i < 2; i++) {
         snprintf(h->file, sizeof(h->file), "%s/%s", path, medusa_files[i]);
@@ -559,6 +610,10 @@ sd_status sd_head_load(sd_head **out, const char *path) {
 
 void sd_head_free(sd_head *h) {
     if (h != NULL) {
+#ifdef SD_WITH_CUDA
+        sd_cuda_medusa_free(h->cuda_medusa);
+        pthread_mutex_destroy(&h->lock);
+#endif
         sd_st_close(h->st);
         free(h->ids);
         free(h->mats);
@@ -677,6 +732,12 @@ sd_status sd_head_quantize(sd_head *h) {
     if (h->quantized) {
         return SD_OK;
     }
+#ifdef SD_WITH_CUDA
+    pthread_mutex_lock(&h->lock); /* a device copy of the float matrices goes */
+    sd_cuda_medusa_free(h->cuda_medusa);
+    h->cuda_medusa = NULL;
+    pthread_mutex_unlock(&h->lock);
+#endif
     SD_TRY(convert(h, 1));
     h->quantized = 1;
     return SD_OK;
@@ -818,6 +879,17 @@ sd_status sd_head_bind(sd_model **out, const sd_head *h, sd_model *target) {
     }
     m->weight_bytes += (size_t)w->output.rows * w->output.row_bytes;
     sd_config_rope_freq(m->rope_freq, &m->cfg, NULL);
+#ifdef SD_WITH_CUDA
+    if (target->cuda != NULL && head_on_gpu()) { /* its layer beside the target, on its GPU */
+        const sd_status st =
+            sd_cuda_head_create(&m->cuda, m, target->cuda, h->kind == SD_HEAD_EAGLE3);
+        if (st != SD_OK) {
+            sd_model_free(m);
+            return st;
+        }
+        m->device = SD_DEVICE_CUDA;
+    }
+#endif
     *out = m;
     return SD_OK;
 }
@@ -880,105 +952,4 @@ sd_status sd_head_map_logits(const sd_head *h, int V, const float *raw, int n, f
     }
     free(row);
     return SD_OK;
-}
-
-/* Medusa's (heads, n, V): head i at every position's final-normed hidden state. */
-static sd_status medusa_draft_logits(const sd_head *h, sd_model *target, const int32_t *tokens,
-                                     int n, float *out) {
-    sd_kv_cache *kv = NULL;
-    float *hid = malloc((size_t)n * (size_t)target->cfg.hidden_size * sizeof(float));
-    sd_status st =
-        hid != NULL ? SD_OK : sd_set_error(SD_ERR_NOMEM, "out of memory for draft logits");
-    if (st == SD_OK) {
-        st = sd_kv_cache_create(&kv, target, n);
-    }
-    if (st == SD_OK) {
-        sd_batch b = {0};
-        b.n_tokens = n;
-        b.tokens = tokens;
-        b.hidden = hid;
-        st = sd_forward(target, kv, &b, NULL);
-    }
-    if (st == SD_OK) {
-        st = sd_head_medusa_logits(h, target, n, hid, out);
-    }
-    sd_kv_cache_free(kv);
-    free(hid);
-    return st;
-}
-
-sd_status sd_head_draft_logits(const sd_head *h, sd_model *target, const int32_t *tokens, int n,
-                               int window, float *out) {
-    if (window < 0) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "window must be >= 0 (0: the whole text), got %d",
-                            window);
-    }
-    if (n < 2) {
-        return sd_set_error(SD_ERR_INVALID_ARG,
-                            "draft logits need at least 2 tokens (row t predicts token t + 2)");
-    }
-    SD_TRY(sd_head_check(h, target));
-    if (h->kind == SD_HEAD_MEDUSA) {
-        return medusa_draft_logits(h, target, tokens, n, out);
-    }
-    const int D = target->cfg.hidden_size, V = target->cfg.vocab_size;
-    const int W = sd_head_feature_width(h, target);
-    int32_t aux_layers[3];
-    const int n_aux = sd_head_aux_layers(h, target, aux_layers);
-    sd_kv_cache *kv = NULL, *hkv = NULL;
-    sd_model *hm = NULL;
-    float *fbuf = malloc((size_t)n * (size_t)(D + 3 * D) * sizeof(float));
-    float *feat = malloc((size_t)n * (size_t)W * sizeof(float));
-    float *x = malloc((size_t)n * (size_t)D * sizeof(float));
-    sd_status st = fbuf != NULL && feat != NULL && x != NULL
-                       ? SD_OK
-                       : sd_set_error(SD_ERR_NOMEM, "out of memory for draft logits");
-    if (st == SD_OK) {
-        st = sd_kv_cache_create(&kv, target, n);
-    }
-    if (st == SD_OK) { /* the target's features of every position */
-        sd_batch b = {0};
-        b.n_tokens = n;
-        b.tokens = tokens;
-        b.hidden = n_aux == 0 ? fbuf : NULL;
-        b.aux = n_aux > 0 ? fbuf : NULL;
-        b.aux_layers = aux_layers;
-        b.n_aux = n_aux;
-        st = sd_forward(target, kv, &b, NULL);
-    }
-    if (st == SD_OK) {
-        for (int t = 0; t < n; t++) { /* position-major rows */
-            for (int i = 0; i < (n_aux > 0 ? n_aux : 1); i++) {
-                memcpy(feat + (size_t)t * (size_t)W + (size_t)i * (size_t)D,
-                       fbuf + ((size_t)i * (size_t)n + (size_t)t) * (size_t)D,
-                       (size_t)D * sizeof(float));
-            }
-        }
-        st = sd_head_bind(&hm, h, target);
-    }
-    if (st == SD_OK) {
-        hm->cfg.sliding_window = window;
-        st = sd_kv_cache_create(&hkv, hm, n - 1);
-    }
-    if (st == SD_OK) {
-        st = sd_head_rows(h, hm, n - 1, tokens + 1, feat, 1, x);
-    }
-    if (st == SD_OK) {
-        sd_batch b = {0};
-        b.n_tokens = n - 1;
-        b.tokens = tokens + 1;
-        b.embd = x;
-        b.n_logits = n - 1;
-        st = sd_forward(hm, hkv, &b, out); /* (n - 1, Vd), spread to V below */
-    }
-    if (st == SD_OK) {
-        st = sd_head_map_logits(h, V, out, n - 1, out);
-    }
-    sd_kv_cache_free(hkv);
-    sd_model_free(hm);
-    sd_kv_cache_free(kv);
-    free(fbuf);
-    free(feat);
-    free(x);
-    return st;
 }
