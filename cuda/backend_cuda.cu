@@ -812,10 +812,6 @@ extern "C" sd_status sd_cuda_forward(sd_cuda_model *cm, sd_cuda_cache *kc, const
     }
     const int T = b->n_tokens;
     SD_TRY(reserve(cm, T, kc->capacity > b->n_attn ? kc->capacity : b->n_attn, b->n_logits));
-    if ((b->embd != NULL) != (cm->cfg.head != 0)) {
-        return sd_set_error(SD_ERR_INVALID_ARG, cm->cfg.head ? "a head's forward needs its rows"
-                                                             : "rows are for heads only");
-    }
     SD_TRY(stage_inputs(cm, kc, b));
     if (b->embd != NULL) { /* a head's rows, ahead of the forward on the same stream */
         SD_CUDA_TRY(cudaMemcpyAsync(cm->x, b->embd,

@@ -6,10 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.cuh"
-extern "C" {
-#include "../csrc/cpu/quant.h"
-}
+#include "common.cuh" /* sd_cuda.h, and through it sd_mat */
 
 struct sd_cuda_medusa {
     sd_cuda_ctx ctx;
