@@ -72,6 +72,12 @@ int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes, int64_t 
 void sd_kpack_rows8(void *dst, int f, const void *w, size_t row_bytes, int64_t rows, int64_t cols);
 void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                          const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
+/* The fewest tokens of a group that the VNNI tile passes over sixteen rows at a time (two 8-row
+ * groups side by side in 512-bit registers, the same bits as the 8-row step); below it, eight.
+ * Set once by the dispatcher, before any tile runs (default 1: always sixteen). */
+void sd_tile_vnni_set_pair_tokens(int tokens);
+/* Whether the CPU is AMD's (its 512-bit operations are two 256-bit halves on Zen 4). */
+int sd_cpu_is_amd(void);
 /* The same over AVX2 alone. */
 void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                          const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);

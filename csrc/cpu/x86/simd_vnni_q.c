@@ -280,7 +280,7 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
         } else {
             unpack_packed_nibbles(g, &dw, &mw, P);
         }
-        #pragma GCC unroll 16 /* acc[] in registers, not in memory */
+#pragma GCC unroll 16 /* acc[] in registers, not in memory */
         for (int t = 0; t < TT; t++) {
             __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[0], XIB(X, t, 0));
             __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), g[1], XIB(X, t, 1));
@@ -346,7 +346,7 @@ SD_VNNI SD_INLINE void packed16_dot(const int f, const int TT, __m512 *out, cons
         }
 #undef SD_PAIR
 #undef SD_PAIR_PH
-        #pragma GCC unroll 16 /* acc[] in registers, not in memory */
+#pragma GCC unroll 16 /* acc[] in registers, not in memory */
         for (int t = 0; t < TT; t++) {
 #define XB16(g) _mm512_set1_epi32(*(const int32_t *)(X + 32 * t + 4 * (g)))
             __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), g[0], XB16(0));
@@ -371,10 +371,22 @@ SD_VNNI SD_INLINE void packed16_dot(const int f, const int TT, __m512 *out, cons
     }
 }
 
-/* The VNNI tile's step over sixteen rows at once (the rest of the rows, if 8, take packed8):
- * an iteration of the tile's loop over groups of 8 rows that consumes two of them. */
+static int g_pair_tokens = 1;
+
+void sd_tile_vnni_set_pair_tokens(int tokens) {
+    g_pair_tokens = tokens < 1 ? 1 : tokens;
+}
+
+int sd_cpu_is_amd(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
+}
+
+/* The VNNI tile's step over sixteen rows at once, for groups of at least g_pair_tokens tokens
+ * (the rest of the rows, if 8, and smaller groups take packed8): an iteration of the tile's
+ * loop over groups of 8 rows that consumes two of them. */
 #define PACKED_WIDE16(f, tt, P, nb, bb, xi, y, ldy, t, r0, re, bv, accumulate)                     \
-    if (r0 + 16 <= re) {                                                                           \
+    if (r0 + 16 <= re && tt >= g_pair_tokens) {                                                    \
         __m512 out16[XI_TOKENS];                                                                   \
         PACKED_DISPATCH(packed16_dot, f, tt, out16, P, P + (size_t)nb * (size_t)bb, nb, xi);       \
         for (int i = 0; i < tt; i++) {                                                             \
