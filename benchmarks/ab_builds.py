@@ -81,6 +81,9 @@ def main() -> None:
         model = hub.resolve(hub.DEFAULT_MODEL)
     tokens = [int(t) for t in a.tokens.split(",")]
     prefill = [int(t) for t in a.prefill.split(",") if t]
+    for b in a.builds:  # a path to the package itself would import the installed one instead
+        if b != "-" and not os.path.isfile(os.path.join(b, "specdec", "__init__.py")):
+            ap.error(f"{b}: no specdec/ package in it (give the directory that holds specdec/)")
     res: dict = {b: [] for b in a.builds}
     for _ in range(a.rounds):
         for b in a.builds:
