@@ -76,7 +76,7 @@ void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, in
  * groups side by side in 512-bit registers, the same bits as the 8-row step); below it, eight.
  * Set once by the dispatcher, before any tile runs (default 1: always sixteen). */
 void sd_tile_vnni_set_pair_tokens(int tokens);
-/* Whether the CPU is AMD's (its 512-bit operations are two 256-bit halves on Zen 4). */
+/* Whether the CPU is AMD's (the dispatcher sets the pairing above by vendor). */
 int sd_cpu_is_amd(void);
 /* The same over AVX2 alone. */
 void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
