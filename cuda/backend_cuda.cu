@@ -146,10 +146,6 @@ static void graphs_clear(sd_cuda_model *cm) {
 /* ---- model -------------------------------------------------------------------------------------
  */
 
-static size_t align256(size_t n) {
-    return (n + 255) / 256 * 256;
-}
-
 static size_t mat_bytes(const sd_mat *w) {
     return (size_t)w->rows * w->row_bytes;
 }
@@ -172,7 +168,7 @@ static sd_status put_mat(sd_cuda_model *cm, dmat *out, const sd_mat *w, size_t *
     } else {
         return sd_set_error(SD_ERR_INTERNAL, "a matrix without data to upload");
     }
-    *off += align256(mat_bytes(w));
+    *off += sd_align256(mat_bytes(w));
     return SD_OK;
 }
 
@@ -186,7 +182,7 @@ static sd_status put_vec(sd_cuda_model *cm, const float **out, const float *v, i
     SD_CUDA_TRY(
         cudaMemcpyAsync(dst, v, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, cm->ctx.stream));
     *out = dst;
-    *off += align256((size_t)n * sizeof(float));
+    *off += sd_align256((size_t)n * sizeof(float));
     return SD_OK;
 }
 
@@ -198,23 +194,23 @@ static sd_status model_upload(sd_cuda_model *cm, const sd_model *m, const sd_cud
     const int64_t D = c->hidden_size, QD = (int64_t)c->n_heads * c->head_dim;
     const int64_t KVD = (int64_t)c->n_kv_heads * c->head_dim;
     /* sizes first: one allocation */
-    size_t total = align256((size_t)D * 4);
+    size_t total = sd_align256((size_t)D * 4);
     if (borrow == NULL) {
-        total += align256(mat_bytes(&m->w.tok_embd));
+        total += sd_align256(mat_bytes(&m->w.tok_embd));
     }
     if (borrow == NULL ? !c->tied_embeddings : own_output) {
-        total += align256(mat_bytes(&m->w.output));
+        total += sd_align256(mat_bytes(&m->w.output));
     }
     for (int l = 0; l < c->n_layers; l++) {
         const sd_layer *L = &m->w.layers[l];
         const sd_mat *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++) {
-            total += align256(mat_bytes(ms[i]));
+            total += sd_align256(mat_bytes(ms[i]));
         }
-        total +=
-            3 * align256((size_t)D * 4) + align256((size_t)QD * 4) + 2 * align256((size_t)KVD * 4);
+        total += 3 * sd_align256((size_t)D * 4) + sd_align256((size_t)QD * 4) +
+                 2 * sd_align256((size_t)KVD * 4);
     }
-    total += align256((size_t)(c->head_dim / 2) * sizeof(double));
+    total += sd_align256((size_t)(c->head_dim / 2) * sizeof(double));
     cudaError_t e = cudaMalloc((void **)&cm->weights, total);
     if (e != cudaSuccess) {
         cudaGetLastError();

@@ -121,6 +121,11 @@ static inline unsigned sd_div_up(int64_t a, int64_t b) {
     return (unsigned)((a + b - 1) / b);
 }
 
+/* n rounded up to 256 bytes: where each array of a device allocation starts. */
+static inline size_t sd_align256(size_t n) {
+    return (n + 255) / 256 * 256;
+}
+
 /* ---- element types on the device ------------------------------------------------------------- */
 
 /* Elements per block and bytes per block of the types the kernels read (0: unknown). */

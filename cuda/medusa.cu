@@ -19,10 +19,6 @@ struct sd_cuda_medusa {
     float *y, *u, *out; /* (cap, D), (cap, D), (heads, cap, V) */
 };
 
-static size_t align256(size_t n) {
-    return (n + 255) / 256 * 256;
-}
-
 extern "C" void sd_cuda_medusa_free(sd_cuda_medusa *md) {
     if (md == NULL) {
         return;
@@ -43,9 +39,9 @@ extern "C" void sd_cuda_medusa_free(sd_cuda_medusa *md) {
 
 static sd_status medusa_upload(sd_cuda_medusa *md, const sd_mat *mats, const float *bias) {
     const int n = md->heads * (md->blocks + 1);
-    size_t total = align256((size_t)md->heads * (size_t)md->blocks * (size_t)md->D * 4 + 4);
+    size_t total = sd_align256((size_t)md->heads * (size_t)md->blocks * (size_t)md->D * 4 + 4);
     for (int i = 0; i < n; i++) {
-        total += align256((size_t)mats[i].rows * mats[i].row_bytes);
+        total += sd_align256((size_t)mats[i].rows * mats[i].row_bytes);
     }
     const cudaError_t e = cudaMalloc((void **)&md->weights, total);
     if (e != cudaSuccess) {
@@ -62,7 +58,7 @@ static sd_status medusa_upload(sd_cuda_medusa *md, const sd_mat *mats, const flo
                                     md->ctx.stream));
         md->mat[i] = md->weights + off;
         md->type[i] = mats[i].type;
-        off += align256(bytes);
+        off += sd_align256(bytes);
     }
     const size_t nb = (size_t)md->heads * (size_t)md->blocks * (size_t)md->D;
     if (nb > 0) {
