@@ -81,9 +81,9 @@ def main() -> None:
         subprocess.run([a.cc, "-O2", "-o", exe, src], check=True)
         out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
     ns = {k: float(v) for k, v in (line.split() for line in out.splitlines())}
-    ghz = 8.0 / ns["maddubs8"]  # vpmaddubsw: one per cycle on its one pipe
+    ghz = 8.0 / ns["maddubs8"]  # vpmaddubsw: one per cycle on AMD's one pipe
     print(f"vpmaddubsw alone: 8 per {ns['maddubs8']:.3f} ns -> clock ~{ghz:.2f} GHz "
-          f"(one per cycle)")
+          f"if one per cycle (AMD); half that where two pipes take it (Intel since Skylake)")
     rows = [("Q4 token-block, madd widening", ns["q4_madd"]),
             ("Q4 token-block, shift widening", ns["q4_shift"]),
             ("Q8_0 token-block", ns["q8_madd"])]
