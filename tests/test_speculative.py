@@ -210,6 +210,9 @@ def test_bench_harness_runs(tmp_path, capsys):
     assert "recycling speedup" in table
     res = _json.loads(out.read_text())
     assert len(res["questions"]) == 3
+    # one untimed warm-up request per method, its time reported (recycling measures its costs)
+    assert set(res["warmup_s"]) == {"plain", "lookup", "recycling"}
+    assert all(t > 0 for t in res["warmup_s"].values()) and "untimed warm-up" in table
     q = res["questions"][0]["methods"]
     assert q["plain"]["new_tokens"] == q["lookup"]["new_tokens"]  # greedy: same output length
     assert q["plain"]["new_tokens"] == q["recycling"]["new_tokens"]
