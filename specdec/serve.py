@@ -331,7 +331,11 @@ def create_app(model: Model, speculator: Optional[Speculator] = None,
 
 def serve(model: Model, speculator: Optional[Speculator] = None, host: str = "127.0.0.1",
           port: int = 8000, name: Optional[str] = None, log_level: str = "info") -> None:
-    """Serve `model` over HTTP until interrupted (see :func:`create_app`)."""
+    """Serve `model` over HTTP until interrupted (see :func:`create_app`). With a speculator,
+    one short request is served first (:meth:`Speculator.warm_up`), so that no user's request
+    pays what a first one does (a cost-sized speculator's verify cost measurement)."""
     import uvicorn
 
+    if speculator is not None:
+        speculator.warm_up(model)
     uvicorn.run(create_app(model, speculator, name), host=host, port=port, log_level=log_level)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -55,6 +56,25 @@ class Speculator:
         first is 1) instead of measuring: reproducible tree sizes, or a curve measured
         elsewhere (``verify_costs`` of another run). Not while a generation uses it."""
         _core.drafter_set_costs(self._drafter, [_number("costs", c) for c in costs])
+
+    def warm_up(self, target: "Model", tokens: int = 4) -> float:
+        """Serve one short request (16 prompt tokens, ``tokens`` new ones, greedy) with this
+        speculator on ``target`` and return its seconds, so that what a first request pays once
+        is paid here, before any user waits: a speculator that sizes its trees by the verify
+        cost measures that curve on the model (about a second on a 2-core CPU; the model keeps
+        it for later speculators with the same thread count and cache type), and the weights'
+        pages are read in. Serving code calls it at start-up; ``specdec serve`` does. Token
+        Recycling's table learns from this request's few verify logits, as from any other."""
+        from .generate import generate
+
+        n = _int("tokens", tokens)
+        if n < 1:
+            raise ValueError(f"tokens must be >= 1, got {n}")
+        vocab = target.config.vocab_size
+        prompt = [(1000003 * (i + 1)) % vocab for i in range(16)]  # ids spread over the vocab
+        t0 = time.perf_counter()
+        generate(target, prompt, max_new_tokens=n, stop_tokens=[], speculator=self)
+        return time.perf_counter() - t0
 
 
 @dataclass(frozen=True)

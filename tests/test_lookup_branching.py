@@ -214,6 +214,38 @@ def test_the_model_keeps_the_measured_costs_for_later_speculators(tmp_path):
     assert measured(k=4, branching=3)[0] != one[0]
 
 
+def test_warm_up_measures_the_costs_before_a_request(tmp_path, monkeypatch):
+    """warm_up serves one short request, so the curve is measured (and kept by the model)
+    before any user's request: the next speculator's first request reads the same floats.
+    specdec serve warms its speculator up before it listens."""
+    path = str(tmp_path / "m.gguf")
+    testing.write_gguf(path, CFG, tm.make_weights(CFG, 6))
+    m = specdec.load(path, threads=2)
+    spec = specdec.PromptLookup(k=4, branching=3)
+    assert spec.verify_costs == []
+    assert spec.warm_up(m) > 0.0
+    costs = spec.verify_costs
+    assert len(costs) == 13 and costs[0] == 1.0
+    later = specdec.PromptLookup(k=4, branching=3)
+    specdec.generate(m, BRANCHY, max_new_tokens=2, stop_tokens=[], speculator=later)
+    assert later.verify_costs == costs
+    with pytest.raises(ValueError, match="tokens must be >= 1"):
+        spec.warm_up(m, tokens=0)
+    with pytest.raises(TypeError, match="tokens"):
+        spec.warm_up(m, tokens=2.5)
+
+    uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+    from specdec import serve
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    monkeypatch.setattr(serve, "create_app", lambda model, spec, name: (model, spec))
+    third = specdec.PromptLookup(k=4, branching=3)
+    m2 = specdec.load(path, threads=2)
+    serve.serve(m2, third)
+    assert served == [(m2, third)] and len(third.verify_costs) == 13  # measured before serving
+
+
 @pytest.mark.parametrize("name", ["T1", "T0.7-topk3"])
 def test_sampled_sized_trees_are_distributed_as_the_target(tmp_path, name):
     """The tree's size is fixed from the acceptance seen in earlier steps, before the step's
