@@ -9,7 +9,8 @@ Stages (each resumable; a finished stage is skipped when run again with the same
    residual stream entering layers 2, L//2 and L-3 and the top-k next-token logits. Shards of
    ``--shard-size`` sequences under ``WORK/data``. A second pass asks for summaries, extraction
    and translations of passages from the first pass's answers; ``--extra-prompts`` adds more
-   template prompts after that (to extend a run).
+   template prompts after that (to extend a run), ``--extra-self-prompts`` more user turns the
+   target writes after those.
 3. ``vocab``    the draft vocabulary: the ``--draft-vocab`` most frequent answer tokens
    (EAGLE-3's rule), its coverage, ``d2t``/``t2d`` (``WORK/vocab.npz``), and the target's
    embedding table as its forward computes it (``WORK/embed.npy``).
@@ -78,7 +79,7 @@ def _answers_text(model, data_dir: str, limit: int) -> List[str]:
 
 
 def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_extra: int,
-               shard_size: int,
+               n_extra_self: int, shard_size: int,
                max_new_tokens: int, threads: int, k: int, seed: int,
                lookup: bool) -> None:
     from tqdm import tqdm
@@ -140,6 +141,26 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
         first = n_main + (len(passage) + shard_size - 1) // shard_size
         base = len(main) + len(passage)
         run([(base + i, p) for i, p in enumerate(extra)], first, "extra")
+    else:
+        extra = []
+    if n_extra_self > 0:
+        # more user turns the target writes itself, after the extra template prompts: closer to
+        # what users ask than the templates (a head trained mostly on template answers agrees
+        # with the target far less on held-out questions than on held-out template answers)
+        path = os.path.join(work, "prompts_extra_self.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                own = json.load(f)
+        else:
+            known = set(prompts) | set(passage) | set(extra)
+            own = [p for p in td.self_user_turns(model, n_extra_self, seed=seed + 3,
+                                                 threads=threads) if p not in known]
+            with open(path, "w") as f:
+                json.dump(own, f, indent=1)
+        first = (n_main + (len(passage) + shard_size - 1) // shard_size
+                 + (len(extra) + shard_size - 1) // shard_size)
+        base = len(main) + len(passage) + len(extra)
+        run([(base + i, p) for i, p in enumerate(own)], first, "extra self")
 
 
 def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
@@ -205,6 +226,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     e.add_argument("--passage-prompts", type=int, default=200)
     e.add_argument("--extra-prompts", type=int, default=0,
                    help="more template prompts after the passage tasks (to extend a run)")
+    e.add_argument("--extra-self-prompts", type=int, default=0,
+                   help="more user turns written by the target, after those (some are "
+                        "dropped)")
     e.add_argument("--shard-size", type=int, default=32)
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--topk", type=int, default=16, help="target logits kept per position")
@@ -258,7 +282,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "data" in todo:
         t0 = time.time()
         stage_data(model, work, prompts, n_passage=args.passage_prompts,
-                   n_extra=args.extra_prompts,
+                   n_extra=args.extra_prompts, n_extra_self=args.extra_self_prompts,
                    shard_size=args.shard_size, max_new_tokens=args.max_new_tokens,
                    threads=args.threads, k=args.topk, seed=args.seed,
                    lookup=not args.no_lookup)

@@ -426,6 +426,43 @@ def test_check_tool_drafts_as_the_reference(tmp_path):
     assert acc[0] == 2  # roots from row answer - 2 = 4 on
 
 
+def test_data_stage_order_and_resume(tmp_path, monkeypatch):
+    """The data stage's rounds (prompts, passage tasks, extra templates, extra target-written
+    turns) take consecutive shards and consecutive prompt indices (which pick each answer's
+    sampling), and a second run with the same work directory generates nothing again."""
+    from specdec import train as cli
+    made = []
+
+    def fake_shard(model, prompts, path, **kw):
+        made.append((os.path.basename(path), [i for i, _ in prompts]))
+        os.makedirs(path)
+        return {"sequences": [{} for _ in prompts], "tokens": 1, "answer_tokens": 1,
+                "generate_s": 0, "features_s": 0}
+
+    monkeypatch.setattr(td, "generate_shard", fake_shard)
+    monkeypatch.setattr(td, "list_shards", lambda d: sorted(
+        os.path.join(d, n) for n in os.listdir(d)))
+    monkeypatch.setattr(cli, "_answers_text", lambda model, d, n: ["A passage. " * 30] * 4)
+    monkeypatch.setattr(td, "self_user_turns",
+                        lambda model, n, seed, threads: [f"own {seed} {j}" for j in range(n - 1)])
+    work = str(tmp_path)
+    prompts = [f"p{i}" for i in range(5)]
+    kw = dict(n_passage=3, n_extra=4, n_extra_self=6, shard_size=2, max_new_tokens=4,
+              threads=1, k=2, seed=0, lookup=False)
+    model = SimpleNamespace(config=SimpleNamespace(n_layers=30))
+    cli.stage_data(model, work, prompts, **kw)
+    assert made == [("shard_00000", [0, 1]), ("shard_00001", [2, 3]), ("shard_00002", [4]),
+                    ("shard_00003", [5, 6]), ("shard_00004", [7]),
+                    ("shard_00005", [8, 9]), ("shard_00006", [10, 11]),
+                    ("shard_00007", [12, 13]), ("shard_00008", [14, 15]),
+                    ("shard_00009", [16])]
+    with open(os.path.join(work, "prompts_extra_self.json")) as f:
+        assert json.load(f) == [f"own 3 {j}" for j in range(5)]
+    made.clear()
+    cli.stage_data(model, work, prompts, **kw)
+    assert made == []
+
+
 def test_data_shard_from_the_real_model(smollm2_path, tmp_path):
     # a shard holds the answer generate() gives and the features forward() gives for it
     import specdec
