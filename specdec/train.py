@@ -78,6 +78,19 @@ def _answers_text(model, data_dir: str, limit: int) -> List[str]:
     return out
 
 
+def _kept_list(path: str, make) -> List[str]:
+    """The list kept at ``path`` (JSON), or ``make()``'s, written there first: a resumed run
+    reuses the prompts of the run it resumes."""
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    out = make()
+    with open(path + ".tmp", "w") as f:
+        json.dump(out, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return out
+
+
 def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_extra: int,
                n_extra_self: int, shard_size: int,
                max_new_tokens: int, threads: int, k: int, seed: int,
@@ -113,15 +126,10 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
     run(main, 0, "prompts")
     n_main = (len(main) + shard_size - 1) // shard_size
     if n_passage > 0:
-        path = os.path.join(work, "prompts_passages.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                passage = json.load(f)
-        else:
-            passage = td.passage_prompts(_answers_text(model, data_dir, 20 * n_passage),
-                                         n_passage, seed + 1)
-            with open(path, "w") as f:
-                json.dump(passage, f, indent=1)
+        passage = _kept_list(os.path.join(work, "prompts_passages.json"),
+                             lambda: td.passage_prompts(_answers_text(model, data_dir,
+                                                                      20 * n_passage),
+                                                        n_passage, seed + 1))
         run([(len(main) + i, p) for i, p in enumerate(passage)], n_main, "passages")
     else:
         passage = []
@@ -147,16 +155,11 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
         # more user turns the target writes itself, after the extra template prompts: closer to
         # what users ask than the templates (a head trained mostly on template answers agrees
         # with the target far less on held-out questions than on held-out template answers)
-        path = os.path.join(work, "prompts_extra_self.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                own = json.load(f)
-        else:
-            known = set(prompts) | set(passage) | set(extra)
-            own = [p for p in td.self_user_turns(model, n_extra_self, seed=seed + 3,
-                                                 threads=threads) if p not in known]
-            with open(path, "w") as f:
-                json.dump(own, f, indent=1)
+        known = set(prompts) | set(passage) | set(extra)
+        own = _kept_list(os.path.join(work, "prompts_extra_self.json"),
+                         lambda: [p for p in td.self_user_turns(model, n_extra_self,
+                                                                seed=seed + 3, threads=threads)
+                                  if p not in known])
         first = (n_main + (len(passage) + shard_size - 1) // shard_size
                  + (len(extra) + shard_size - 1) // shard_size)
         base = len(main) + len(passage) + len(extra)
