@@ -248,6 +248,21 @@ def _ckpts(work: str) -> List[str]:
     return sorted(glob.glob(os.path.join(work, "ckpt", "step_*.pt")))
 
 
+def _trim_log(path: str, step: int) -> None:
+    """Keep the header and the rows of steps <= ``step`` in the CSV at ``path``: a fresh start
+    (step 0) drops an earlier run's rows, a resume those logged after its checkpoint."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= step]
+    if len(keep) == len(rows):
+        return
+    with open(path + ".tmp", "w", newline="") as f:
+        csv.writer(f).writerows(keep)
+    os.replace(path + ".tmp", path)
+
+
 def export_head(torch, head, cfg: Dict, d2t: np.ndarray, t2d: np.ndarray, out: str) -> None:
     sd = head.state_dict()
     w = {EXPORT_NAMES[k]: sd[k].detach().float().numpy() for k in EXPORT_NAMES}
@@ -320,6 +335,8 @@ def train(work: str, out: str, args) -> None:
 
     log_path = os.path.join(work, "train_log.csv")
     eval_path = os.path.join(work, "eval_log.csv")
+    _trim_log(log_path, step)
+    _trim_log(eval_path, step if step else -1)  # a fresh start evaluates step 0 again
     new_log = not os.path.exists(log_path)
     logf = open(log_path, "a", newline="")
     log = csv.writer(logf)

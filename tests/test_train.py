@@ -388,9 +388,19 @@ def test_train_and_export_end_to_end(tmp_path):
     rows = open(os.path.join(work, "train_log.csv")).read().splitlines()
     assert rows[0].startswith("step,") and len(rows) == 4
     assert len(open(os.path.join(work, "eval_log.csv")).read().splitlines()) == 4  # 0, 2, 3
+    with open(os.path.join(work, "train_log.csv"), "a") as f:
+        f.write("4,0,0,0,0,0,0,0,0,0\n")  # a row logged after the last checkpoint, then a crash
     args.steps = 4  # resumes from the step-3 checkpoint
     te.train(work, out, args)
-    assert len(open(os.path.join(work, "train_log.csv")).read().splitlines()) == 5
+    steps = [r.split(",")[0] for r in open(os.path.join(work, "train_log.csv")).read().splitlines()]
+    assert steps == ["step", "1", "2", "3", "4"]
+    for old in os.listdir(os.path.join(work, "ckpt")):
+        os.remove(os.path.join(work, "ckpt", old))
+    te.train(work, out, args)  # a fresh start: the earlier run's rows go
+    steps = [r.split(",")[0] for r in open(os.path.join(work, "train_log.csv")).read().splitlines()]
+    assert steps == ["step", "1", "2", "3", "4"]
+    evals = [r.split(",")[0] for r in open(os.path.join(work, "eval_log.csv")).read().splitlines()]
+    assert evals == ["step", "0", "2", "4"]
 
 
 def test_check_tool_drafts_as_the_reference(tmp_path):
