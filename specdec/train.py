@@ -247,7 +247,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                       "teacher forcing only)")
     e.add_argument("--steps", type=int, default=4000)
     e.add_argument("--batch", type=int, default=4, help="sequences per step")
-    e.add_argument("--max-len", type=int, default=512, help="rows per sequence (cut)")
+    e.add_argument("--max-len", type=int, default=512,
+                   help="rows per sequence (a longer one keeps a window with its answer)")
     e.add_argument("--lr", type=float, default=5e-4)
     e.add_argument("--warmup", type=int, default=100)
     e.add_argument("--ckpt-every", type=int, default=250)

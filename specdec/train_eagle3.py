@@ -158,7 +158,8 @@ EXPORT_NAMES = {
 # Batches
 
 class Batches:
-    """Sequences from shards, cut to ``max_len`` rows, as padded NumPy batches."""
+    """Sequences from shards, cut to windows of ``max_len`` rows that keep their answers, as
+    padded NumPy batches."""
 
     def __init__(self, shard_paths: Sequence[str], max_len: int, ttt: int,
                  target_to_draft: np.ndarray) -> None:
@@ -183,14 +184,18 @@ class Batches:
         for b, q in enumerate(seqs):
             toks = np.asarray(q["tokens"])
             L = len(toks)
-            n = min(T, L - 1)                      # rows t = 0..n-1 have y = text[t+1]
-            feats[b, :n] = q["feats"][:n]
-            m = min(T + K, L - 1)
-            ytok[b, :m] = toks[1:1 + m]
-            # step i row t predicts from target row p = t + 1 + i, i.e. index t + i here
-            lab_ids[b, :m] = q["topk_ids"][1:1 + m]
-            lab_val[b, :m] = q["topk_logits"][1:1 + m]
-            p = np.arange(1, 1 + m)
+            # a sequence of more than T rows keeps a window of T: the one that ends with it, or
+            # when its answer is longer, the one its answer starts (a window is what the head
+            # sees at inference with a sliding window; the rotary positions are relative)
+            s = max(0, min(q["answer"] - 1, L - 1 - T))
+            n = min(T, L - 1 - s)                  # rows t = 0..n-1 have y = text[s+t+1]
+            feats[b, :n] = q["feats"][s:s + n]
+            m = min(T + K, L - 1 - s)
+            ytok[b, :m] = toks[1 + s:1 + s + m]
+            # step i row t predicts from target row p = s + t + 1 + i, i.e. index t + i here
+            lab_ids[b, :m] = q["topk_ids"][1 + s:1 + s + m]
+            lab_val[b, :m] = q["topk_logits"][1 + s:1 + s + m]
+            p = np.arange(1 + s, 1 + s + m)
             valid[b, :m] = (p >= q["answer"] - 1) & (p <= L - 2)
         draft = np.where(lab_ids >= 0, self.t2d_idx[np.maximum(lab_ids, 0)], -1)
         inans = valid.copy()                       # rows that predict an answer token

@@ -358,6 +358,29 @@ def test_ttt_would_catch_a_wrong_mask():
     assert np.abs(right - wrong).max() > 1e-3
 
 
+def test_batches_keep_the_answers_of_long_sequences(tmp_path):
+    # a window of max_len rows: the sequence's end when its answer fits, else the answer's start
+    from specdec import train_eagle3 as te
+    V, kt, W = 30, 4, 6
+    rng = np.random.default_rng(1)
+    seqs = [(rng.integers(0, V, 40).tolist(), 30), (rng.integers(0, V, 60).tolist(), 10),
+            (rng.integers(0, V, 12).tolist(), 5)]
+    feats = [np.arange(len(t) * W, dtype=np.float32).reshape(len(t), W) for t, _ in seqs]
+    topk = [td.topk_rows(rng.standard_normal((len(t), V)).astype(np.float32), kt)
+            for t, _ in seqs]
+    td.write_shard(str(tmp_path / td.shard_name(0)), seqs, feats, topk, {})
+    bt = te.Batches([str(tmp_path / td.shard_name(0))], 16, 2, np.arange(V))
+    b = bt.make([0, 1, 2])
+    assert b["feats"].shape == (3, 16, W)
+    for i, ((toks, ans), start) in enumerate(zip(seqs, (23, 9, 0))):
+        np.testing.assert_array_equal(b["feats"][i, 0], feats[i][start])
+        assert b["ytok"][i, 0] == toks[start + 1]
+        np.testing.assert_array_equal(b["argmax"][i, 0], topk[i][0][start + 1, 0])
+        # rows predicting answer tokens: all 10 of the first (rows 29..38), the window's rows
+        # from the answer's start for the second, the 7 of the short third (rows 4..10)
+        assert b["inans"][i].sum() == (10, 18, 7)[i], i
+
+
 def test_train_and_export_end_to_end(tmp_path):
     pytest.importorskip("torch", reason=TORCH_REASON)
     from specdec import train_eagle3 as te
