@@ -10,7 +10,8 @@ Stages (each resumable; a finished stage is skipped when run again with the same
    ``--shard-size`` sequences under ``WORK/data``. A second pass asks for summaries, extraction
    and translations of passages from the first pass's answers; ``--extra-prompts`` adds more
    template prompts after that (to extend a run), ``--extra-self-prompts`` more user turns the
-   target writes after those.
+   target writes after those, and ``--long-prompts`` tasks over long contexts (several of the
+   target's answers joined into documents of 1,500-4,000 characters) after them.
 3. ``vocab``    the draft vocabulary: the ``--draft-vocab`` most frequent answer tokens
    (EAGLE-3's rule), its coverage, ``d2t``/``t2d`` (``WORK/vocab.npz``), and the target's
    embedding table as its forward computes it (``WORK/embed.npy``).
@@ -92,7 +93,7 @@ def _kept_list(path: str, make) -> List[str]:
 
 
 def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_extra: int,
-               n_extra_self: int, shard_size: int,
+               n_extra_self: int, shard_size: int, n_long: int = 0,
                max_new_tokens: int, threads: int, k: int, seed: int,
                lookup: bool) -> None:
     from tqdm import tqdm
@@ -164,6 +165,19 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
                  + (len(extra) + shard_size - 1) // shard_size)
         base = len(main) + len(passage) + len(extra)
         run([(base + i, p) for i, p in enumerate(own)], first, "extra self")
+    else:
+        own = []
+    if n_long > 0:
+        # tasks over long contexts (several of the target's answers joined): the prompts above
+        # hold a few hundred tokens, the documents of RAG and summarisation questions thousands
+        long = _kept_list(os.path.join(work, "prompts_long.json"),
+                          lambda: td.long_passage_prompts(
+                              _answers_text(model, data_dir, max(200, 8 * n_long)), n_long,
+                              seed + 4))
+        first = n_main + sum((len(x) + shard_size - 1) // shard_size
+                             for x in (passage, extra, own))
+        base = len(main) + len(passage) + len(extra) + len(own)
+        run([(base + i, p) for i, p in enumerate(long)], first, "long")
 
 
 def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
@@ -232,6 +246,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     e.add_argument("--extra-self-prompts", type=int, default=0,
                    help="more user turns written by the target, after those (some are "
                         "dropped)")
+    e.add_argument("--long-prompts", type=int, default=0,
+                   help="tasks over long contexts (the target's answers joined), after those")
     e.add_argument("--shard-size", type=int, default=32)
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--topk", type=int, default=16, help="target logits kept per position")
@@ -287,9 +303,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         t0 = time.time()
         stage_data(model, work, prompts, n_passage=args.passage_prompts,
                    n_extra=args.extra_prompts, n_extra_self=args.extra_self_prompts,
-                   shard_size=args.shard_size, max_new_tokens=args.max_new_tokens,
-                   threads=args.threads, k=args.topk, seed=args.seed,
-                   lookup=not args.no_lookup)
+                   n_long=args.long_prompts, shard_size=args.shard_size,
+                   max_new_tokens=args.max_new_tokens, threads=args.threads, k=args.topk,
+                   seed=args.seed, lookup=not args.no_lookup)
         timings["data"] = time.time() - t0
     if "vocab" in todo:
         t0 = time.time()

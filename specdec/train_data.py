@@ -176,6 +176,43 @@ def passage_prompts(passages: Sequence[str], n: int, seed: int = 0) -> List[str]
     return out
 
 
+# Tasks over long contexts, as in the RAG and summarisation questions users bring (hundreds to
+# thousands of tokens of documents): {docs} is several passages the target wrote, joined.
+LONG_TASKS = [
+    "Summarize the following document in a few sentences:\n\n{docs}",
+    "Write a short abstract of the following text:\n\n{docs}",
+    "Extract the key facts from this text as a bulleted list:\n\n{docs}",
+    "{docs}\n\nWhat are the main topics of the text above? Answer briefly.",
+    "Read the documents below and answer the question after them.\n\n{docs}\n\n"
+    "Question: What do these documents have in common?",
+    "Use the documents below to answer.\n\n{docs}\n\nQuestion: Which document is the most "
+    "useful for a beginner, and why?",
+]
+
+
+def long_passage_prompts(passages: Sequence[str], n: int, seed: int = 0,
+                         min_chars: int = 1500, max_chars: int = 4000) -> List[str]:
+    """``n`` prompts over long contexts: distinct passages the target wrote, joined (as
+    numbered documents in half of them) until a length drawn from [min_chars, max_chars], with
+    a task about them (``LONG_TASKS``). Empty when fewer than two passages are usable."""
+    rng = random.Random(seed)
+    usable = sorted({p.strip() for p in passages if len(p.strip()) >= 200})
+    if len(usable) < 2:
+        return []
+    out = []
+    for _ in range(n):
+        want = rng.randint(min_chars, max_chars)
+        order = rng.sample(usable, len(usable))
+        docs, size = [], 0
+        while order and (size < want or len(docs) < 2):
+            docs.append(order.pop())
+            size += len(docs[-1])
+        if rng.random() < 0.5:
+            docs = [f"Document {i + 1}:\n{d}" for i, d in enumerate(docs)]
+        out.append(rng.choice(LONG_TASKS).format(docs="\n\n".join(docs)))
+    return out
+
+
 def self_user_turns(model, n: int, seed: int = 0, threads: int = 8,
                     max_new_tokens: int = 60) -> List[str]:
     """User turns the target writes itself: its chat template opened on a user turn, sampled

@@ -45,6 +45,19 @@ def test_passage_prompts_cut_at_a_sentence():
     assert len(body) <= 600 and body.endswith(".")
 
 
+def test_long_passage_prompts():
+    passages = [f"Passage {i}. " + "Some words of it. " * (12 + i) for i in range(40)]
+    a = td.long_passage_prompts(passages + ["short"], 30, seed=1)
+    assert a == td.long_passage_prompts(passages, 30, seed=1) and len(a) == 30
+    assert a != td.long_passage_prompts(passages, 30, seed=2)
+    for p in a:
+        used = [i for i in range(40) if f"Passage {i}. " in p]
+        assert len(used) >= 2 and all(p.count(f"Passage {i}. ") == 1 for i in used)
+        assert 1500 <= len(p) <= 4000 + 1000  # the last passage may overshoot
+    assert any("Document 2:" in p for p in a) and any("Document 1:" not in p for p in a)
+    assert td.long_passage_prompts(passages[:1] + ["short"], 5) == []
+
+
 def test_eagle3_layers():
     assert td.eagle3_layers(30) == [2, 15, 27]
     assert td.eagle3_layers(32) == [2, 16, 29]
@@ -461,8 +474,9 @@ def test_check_tool_drafts_as_the_reference(tmp_path):
 
 def test_data_stage_order_and_resume(tmp_path, monkeypatch):
     """The data stage's rounds (prompts, passage tasks, extra templates, extra target-written
-    turns) take consecutive shards and consecutive prompt indices (which pick each answer's
-    sampling), and a second run with the same work directory generates nothing again."""
+    turns, long-context tasks) take consecutive shards and consecutive prompt indices (which
+    pick each answer's sampling), and a second run with the same work directory generates
+    nothing again."""
     from specdec import train as cli
     made = []
 
@@ -475,22 +489,26 @@ def test_data_stage_order_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(td, "generate_shard", fake_shard)
     monkeypatch.setattr(td, "list_shards", lambda d: sorted(
         os.path.join(d, n) for n in os.listdir(d)))
-    monkeypatch.setattr(cli, "_answers_text", lambda model, d, n: ["A passage. " * 30] * 4)
+    monkeypatch.setattr(cli, "_answers_text",
+                        lambda model, d, n: [f"Passage {i}. " * 30 for i in range(4)])
     monkeypatch.setattr(td, "self_user_turns",
                         lambda model, n, seed, threads: [f"own {seed} {j}" for j in range(n - 1)])
     work = str(tmp_path)
     prompts = [f"p{i}" for i in range(5)]
-    kw = dict(n_passage=3, n_extra=4, n_extra_self=6, shard_size=2, max_new_tokens=4,
-              threads=1, k=2, seed=0, lookup=False)
+    kw = dict(n_passage=3, n_extra=4, n_extra_self=6, n_long=3, shard_size=2,
+              max_new_tokens=4, threads=1, k=2, seed=0, lookup=False)
     model = SimpleNamespace(config=SimpleNamespace(n_layers=30))
     cli.stage_data(model, work, prompts, **kw)
     assert made == [("shard_00000", [0, 1]), ("shard_00001", [2, 3]), ("shard_00002", [4]),
                     ("shard_00003", [5, 6]), ("shard_00004", [7]),
                     ("shard_00005", [8, 9]), ("shard_00006", [10, 11]),
                     ("shard_00007", [12, 13]), ("shard_00008", [14, 15]),
-                    ("shard_00009", [16])]
+                    ("shard_00009", [16]), ("shard_00010", [17, 18]),
+                    ("shard_00011", [19])]
     with open(os.path.join(work, "prompts_extra_self.json")) as f:
         assert json.load(f) == [f"own 3 {j}" for j in range(5)]
+    with open(os.path.join(work, "prompts_long.json")) as f:
+        assert len(json.load(f)) == 3
     made.clear()
     cli.stage_data(model, work, prompts, **kw)
     assert made == []
