@@ -11,7 +11,9 @@ Stages (each resumable; a finished stage is skipped when run again with the same
    and translations of passages from the first pass's answers; ``--extra-prompts`` adds more
    template prompts after that (to extend a run), ``--extra-self-prompts`` more user turns the
    target writes after those, and ``--long-prompts`` tasks over long contexts (several of the
-   target's answers joined into documents of 1,500-4,000 characters) after them.
+   target's answers joined into documents of 1,500-4,000 characters) after them, and
+   ``--translation-prompts`` requests to translate into English (sentences the target wrote,
+   which it translated into another language) last.
 3. ``vocab``    the draft vocabulary: the ``--draft-vocab`` most frequent answer tokens
    (EAGLE-3's rule), its coverage, ``d2t``/``t2d`` (``WORK/vocab.npz``), and the target's
    embedding table as its forward computes it (``WORK/embed.npy``).
@@ -93,7 +95,7 @@ def _kept_list(path: str, make) -> List[str]:
 
 
 def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_extra: int,
-               n_extra_self: int, shard_size: int, n_long: int = 0,
+               n_extra_self: int, shard_size: int, n_long: int = 0, n_translate: int = 0,
                max_new_tokens: int, threads: int, k: int, seed: int,
                lookup: bool) -> None:
     from tqdm import tqdm
@@ -178,6 +180,20 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
                              for x in (passage, extra, own))
         base = len(main) + len(passage) + len(extra) + len(own)
         run([(base + i, p) for i, p in enumerate(long)], first, "long")
+    else:
+        long = []
+    if n_translate > 0:
+        # requests to translate into English, from sentences the target wrote and translated
+        # into another language itself: every prompt above is in English
+        to_en = _kept_list(os.path.join(work, "prompts_to_english.json"),
+                           lambda: td.to_english_prompts(
+                               model, td.english_sentences(_answers_text(model, data_dir,
+                                                                         max(200, n_translate))),
+                               n_translate, seed + 5, threads))
+        first = n_main + sum((len(x) + shard_size - 1) // shard_size
+                             for x in (passage, extra, own, long))
+        base = len(main) + len(passage) + len(extra) + len(own) + len(long)
+        run([(base + i, p) for i, p in enumerate(to_en)], first, "to English")
 
 
 def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
@@ -248,6 +264,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "dropped)")
     e.add_argument("--long-prompts", type=int, default=0,
                    help="tasks over long contexts (the target's answers joined), after those")
+    e.add_argument("--translation-prompts", type=int, default=0,
+                   help="requests to translate the target's sentences, which it translated "
+                        "into another language, back into English, after those (some are "
+                        "dropped)")
     e.add_argument("--shard-size", type=int, default=32)
     e.add_argument("--max-new-tokens", type=int, default=256)
     e.add_argument("--topk", type=int, default=16, help="target logits kept per position")
@@ -303,7 +323,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         t0 = time.time()
         stage_data(model, work, prompts, n_passage=args.passage_prompts,
                    n_extra=args.extra_prompts, n_extra_self=args.extra_self_prompts,
-                   n_long=args.long_prompts, shard_size=args.shard_size,
+                   n_long=args.long_prompts, n_translate=args.translation_prompts,
+                   shard_size=args.shard_size,
                    max_new_tokens=args.max_new_tokens, threads=args.threads, k=args.topk,
                    seed=args.seed, lookup=not args.no_lookup)
         timings["data"] = time.time() - t0

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import struct
 import threading
@@ -213,21 +214,17 @@ def long_passage_prompts(passages: Sequence[str], n: int, seed: int = 0,
     return out
 
 
-def self_user_turns(model, n: int, seed: int = 0, threads: int = 8,
-                    max_new_tokens: int = 60) -> List[str]:
-    """User turns the target writes itself: its chat template opened on a user turn, sampled
-    at temperature 1 until the turn ends. Short, blank or cut-off turns are dropped, so fewer
-    than ``n`` may come back."""
+def _sample_each(model, prompts: Sequence[str], *, threads: int, seed: int,
+                 max_new_tokens: int, temperature: float) -> List[Optional[str]]:
+    """The target's sampled continuation of each raw prompt (the chat template already
+    applied), ``threads`` at a time, each with its own seed; None where it ran out of tokens."""
     from .generate import generate
 
     tok = model.require_tokenizer()
-    head = tok.apply_chat_template([{"role": "user", "content": "x"}],
-                                   add_generation_prompt=False)
-    head = head[:head.rindex("x")]  # the template up to where the user's words begin
     stop = sorted(set(tok.eog_ids) | set(tok.encode("<|im_end|>")))
-    out: List[str] = []
+    out: List[Optional[str]] = [None] * len(prompts)
     lock = threading.Lock()
-    counter = iter(range(n))
+    counter = iter(range(len(prompts)))
 
     def work() -> None:
         while True:
@@ -235,19 +232,101 @@ def self_user_turns(model, n: int, seed: int = 0, threads: int = 8,
                 i = next(counter, None)
             if i is None:
                 return
-            g = generate(model, head, max_new_tokens=max_new_tokens, temperature=1.0,
-                         top_p=0.95, seed=seed * 1000003 + i, stop_tokens=stop)
-            text = (g.text or "").replace("<|im_end|>", "").strip()
-            if g.finish_reason != "length" and 15 <= len(text) <= 400:
-                with lock:
-                    out.append(text)
+            g = generate(model, prompts[i], max_new_tokens=max_new_tokens,
+                         temperature=temperature, top_p=0.95, seed=seed * 1000003 + i,
+                         stop_tokens=stop)
+            if g.finish_reason != "length":
+                out[i] = (g.text or "").replace("<|im_end|>", "").strip()
 
     ts = [threading.Thread(target=work) for _ in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    return sorted(set(out))
+    return out
+
+
+def self_user_turns(model, n: int, seed: int = 0, threads: int = 8,
+                    max_new_tokens: int = 60) -> List[str]:
+    """User turns the target writes itself: its chat template opened on a user turn, sampled
+    at temperature 1 until the turn ends. Short, blank or cut-off turns are dropped, so fewer
+    than ``n`` may come back."""
+    tok = model.require_tokenizer()
+    head = tok.apply_chat_template([{"role": "user", "content": "x"}],
+                                   add_generation_prompt=False)
+    head = head[:head.rindex("x")]  # the template up to where the user's words begin
+    got = _sample_each(model, [head] * n, threads=threads, seed=seed,
+                       max_new_tokens=max_new_tokens, temperature=1.0)
+    return sorted({t for t in got if t is not None and 15 <= len(t) <= 400})
+
+
+# Translation into English, as users ask it ("Translate German to English: <sentence>"). The
+# sources are sentences the target wrote, translated by the target into another language: a
+# small model's German is rough, but the answers teach the head what the target does with a
+# sentence in another language, which no English-only prompt shows it.
+TO_ENGLISH_TASKS = [
+    "Translate {lang} to English: {s}",
+    "Translate this {lang} sentence into English: {s}",
+    "Translate into English:\n\n{s}",
+    "What does this mean in English? {s}",
+]
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def english_sentences(passages: Sequence[str], min_chars: int = 40,
+                      max_chars: int = 220) -> List[str]:
+    """Distinct one-line sentences of ``passages`` (split after ``.``, ``!`` or ``?``) that
+    start with a capital letter and hold ``min_chars`` to ``max_chars`` characters, sorted."""
+    out = set()
+    for p in passages:
+        for line in p.splitlines():
+            for s in _SENTENCE_END.split(line.strip()):
+                s = s.strip()
+                if min_chars <= len(s) <= max_chars and s[0].isupper() and s[-1] in ".!?":
+                    out.add(s)
+    return sorted(out)
+
+
+def usable_translation(source: str, text: Optional[str]) -> Optional[str]:
+    """The first line of the target's translation of ``source``, or None where it is not a
+    translation worth asking about: empty, too short or long, mostly the source's own words
+    (left in English), or repetitive (a loop of a few words)."""
+    if not text:
+        return None
+    line = text.strip().splitlines()[0].strip().strip('"').strip()
+    words = line.lower().split()
+    if not 20 <= len(line) <= 2 * len(source) + 40 or len(words) < 4:
+        return None
+    src = set(source.lower().split())
+    if sum(w in src for w in words) > 0.5 * len(words) or len(set(words)) < 0.6 * len(words):
+        return None
+    return line
+
+
+def to_english_prompts(model, sentences: Sequence[str], n: int, seed: int = 0,
+                       threads: int = 8) -> List[str]:
+    """Up to ``n`` requests to translate into English: ``n`` of ``sentences``, drawn at
+    random, each translated by the target (sampled at temperature 0.7) into a language of
+    ``LANGUAGES`` (German half of the time), kept where ``usable_translation`` keeps it, and
+    put in a task of ``TO_ENGLISH_TASKS``."""
+    if not sentences:
+        return []
+    rng = random.Random(seed)
+    tok = model.require_tokenizer()
+    picks = [(rng.choice(sentences),
+              "German" if rng.random() < 0.5 else rng.choice(LANGUAGES)) for _ in range(n)]
+    asks = [tok.apply_chat_template(
+        [{"role": "user", "content": f"Translate the following sentence into {lang}:\n\n{s}"}],
+        add_generation_prompt=True) for s, lang in picks]
+    got = _sample_each(model, asks, threads=threads, seed=seed, max_new_tokens=96,
+                       temperature=0.7)
+    out = []
+    for (s, lang), text in zip(picks, got):
+        line = usable_translation(s, text)
+        if line is not None:
+            out.append(rng.choice(TO_ENGLISH_TASKS).format(lang=lang, s=line))
+    return list(dict.fromkeys(out))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,6 +58,53 @@ def test_long_passage_prompts():
     assert td.long_passage_prompts(passages[:1] + ["short"], 5) == []
 
 
+def test_english_sentences_and_usable_translations():
+    text = ("The first line is long enough to keep here. short. And this one also counts as "
+            "a full sentence!\nno capital letter at the start of this line.")
+    got = td.english_sentences([text, "The first line is long enough to keep here."])
+    assert got == ["And this one also counts as a full sentence!",  # sorted, no duplicate
+                   "The first line is long enough to keep here."]
+    src = "The weather was cold, but thousands of people came to watch the parade."
+    good = "Das Wetter war kalt, aber tausende Menschen kamen zur Parade."
+    assert td.usable_translation(src, f'"{good}"\n\nIn German: ...') == good
+    assert td.usable_translation(src, None) is None
+    assert td.usable_translation(src, "Ja.") is None                       # too short
+    assert td.usable_translation(src, src) is None                         # left in English
+    assert td.usable_translation(src, "der Staat der Staat der Staat der Staat") is None
+    assert td.usable_translation(src, good + " " + good * 3) is None       # far too long
+
+
+def test_to_english_prompts(monkeypatch):
+    """Each request names the language the target was asked to translate into, holds the
+    translation it gave, and takes one of the tasks; unusable translations are dropped."""
+    asked = []
+
+    def fake_sample(model, prompts, *, threads, seed, max_new_tokens, temperature):
+        asked.extend(prompts)
+        out = []
+        for i, p in enumerate(prompts):
+            lang = p.split("into ")[1].split(":")[0]
+            out.append(None if i % 4 == 3 else f"{lang} words number {i} zwei drei vier")
+        return out
+
+    tok = SimpleNamespace(apply_chat_template=lambda m, add_generation_prompt: m[0]["content"])
+    model = SimpleNamespace(require_tokenizer=lambda: tok)
+    monkeypatch.setattr(td, "_sample_each", fake_sample)
+    sents = [f"Sentence number {i} is a fine English sentence." for i in range(5)]
+    got = td.to_english_prompts(model, sents, 40, seed=3)
+    assert len(asked) == 40 and len(got) == 30
+    assert all(any(s in a for s in sents) for a in asked)
+    langs = [a.split("into ")[1].split(":")[0] for a in asked]
+    assert set(langs) <= set(td.LANGUAGES) and 10 <= langs.count("German") <= 30
+    shapes = [t.replace("{lang}", "German").split("{s}")[0] for t in td.TO_ENGLISH_TASKS]
+    for i, p in enumerate(x for j, x in enumerate(range(40)) if j % 4 != 3):
+        q = got[i]
+        lang = langs[p]
+        assert q.endswith(f"{lang} words number {p} zwei drei vier")
+        assert any(q.startswith(sh.replace("German", lang)) for sh in shapes)
+    assert td.to_english_prompts(model, [], 5) == []
+
+
 def test_eagle3_layers():
     assert td.eagle3_layers(30) == [2, 15, 27]
     assert td.eagle3_layers(32) == [2, 16, 29]
@@ -474,9 +521,9 @@ def test_check_tool_drafts_as_the_reference(tmp_path):
 
 def test_data_stage_order_and_resume(tmp_path, monkeypatch):
     """The data stage's rounds (prompts, passage tasks, extra templates, extra target-written
-    turns, long-context tasks) take consecutive shards and consecutive prompt indices (which
-    pick each answer's sampling), and a second run with the same work directory generates
-    nothing again."""
+    turns, long-context tasks, translations into English) take consecutive shards and
+    consecutive prompt indices (which pick each answer's sampling), and a second run with the
+    same work directory generates nothing again."""
     from specdec import train as cli
     made = []
 
@@ -493,9 +540,12 @@ def test_data_stage_order_and_resume(tmp_path, monkeypatch):
                         lambda model, d, n: [f"Passage {i}. " * 30 for i in range(4)])
     monkeypatch.setattr(td, "self_user_turns",
                         lambda model, n, seed, threads: [f"own {seed} {j}" for j in range(n - 1)])
+    monkeypatch.setattr(td, "to_english_prompts",
+                        lambda model, sents, n, seed, threads: [f"en {seed} {j}"
+                                                                for j in range(n)])
     work = str(tmp_path)
     prompts = [f"p{i}" for i in range(5)]
-    kw = dict(n_passage=3, n_extra=4, n_extra_self=6, n_long=3, shard_size=2,
+    kw = dict(n_passage=3, n_extra=4, n_extra_self=6, n_long=3, n_translate=3, shard_size=2,
               max_new_tokens=4, threads=1, k=2, seed=0, lookup=False)
     model = SimpleNamespace(config=SimpleNamespace(n_layers=30))
     cli.stage_data(model, work, prompts, **kw)
@@ -504,11 +554,14 @@ def test_data_stage_order_and_resume(tmp_path, monkeypatch):
                     ("shard_00005", [8, 9]), ("shard_00006", [10, 11]),
                     ("shard_00007", [12, 13]), ("shard_00008", [14, 15]),
                     ("shard_00009", [16]), ("shard_00010", [17, 18]),
-                    ("shard_00011", [19])]
+                    ("shard_00011", [19]), ("shard_00012", [20, 21]),
+                    ("shard_00013", [22])]
     with open(os.path.join(work, "prompts_extra_self.json")) as f:
         assert json.load(f) == [f"own 3 {j}" for j in range(5)]
     with open(os.path.join(work, "prompts_long.json")) as f:
         assert len(json.load(f)) == 3
+    with open(os.path.join(work, "prompts_to_english.json")) as f:
+        assert json.load(f) == ["en 5 0", "en 5 1", "en 5 2"]
     made.clear()
     cli.stage_data(model, work, prompts, **kw)
     assert made == []
