@@ -19,7 +19,9 @@ Stages (each resumable; a finished stage is skipped when run again with the same
    embedding table as its forward computes it (``WORK/embed.npy``).
 4. ``train``    trains the head (needs torch: ``pip install specdec[train]``), checkpoints in
    ``WORK/ckpt``, one CSV row per step in ``WORK/train_log.csv``, held-out accuracy per draft
-   step in ``WORK/eval_log.csv``; every checkpoint is also exported to ``--out``.
+   step in ``WORK/eval_log.csv``; every checkpoint is also exported to ``--out``. The
+   ``--held-out`` shards (spread over the data) are chosen once and kept in
+   ``WORK/held_out.json``: shards added to a run later go to training.
 5. ``export``   writes the latest checkpoint as an EAGLE-3 directory (config.json +
    model.safetensors) at ``--out``.
 
@@ -207,7 +209,7 @@ def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
                          f"not {vd}: use another work directory (or delete it and the "
                          f"checkpoints trained on it)")
     shards = td.list_shards(os.path.join(work, "data"))
-    train_shards, held_shards = td.split_shards(shards, held_out)
+    train_shards, held_shards = td.kept_split(work, shards, held_out)
     V = model.config.vocab_size
     counts = td.token_counts([td.read_shard(p) for p in train_shards], V)
     held = td.token_counts([td.read_shard(p) for p in held_shards], V)
@@ -275,7 +277,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     e.add_argument("--no-lookup", action="store_true",
                    help="generate without prompt-lookup speculation (same outputs, slower)")
     e.add_argument("--draft-vocab", type=int, default=8192)
-    e.add_argument("--held-out", type=int, default=1, help="last shards kept for evaluation")
+    e.add_argument("--held-out", type=int, default=1,
+                   help="shards kept for evaluation, spread over the data and chosen once "
+                        "(WORK/held_out.json)")
     e.add_argument("--seed", type=int, default=0)
     # training
     e.add_argument("--intermediate-size", type=int, default=1536)

@@ -379,6 +379,28 @@ def split_shards(shards: Sequence[str], held_out: int) -> Tuple[List[str], List[
             [p for i, p in enumerate(shards) if i in pick])
 
 
+def kept_split(work: str, shards: Sequence[str],
+               held_out: int) -> Tuple[List[str], List[str]]:
+    """``split_shards``, with the held-out shards kept in ``WORK/held_out.json`` by the first
+    call: data added to a run later (more shards) goes to training, and the shards held out
+    stay so, so an extended run never trains on what its evaluation reads. A different
+    ``held_out`` than the kept one chooses again."""
+    path = os.path.join(work, "held_out.json")
+    names = [os.path.basename(p) for p in shards]
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f)
+        if kept["held_out"] == held_out and set(kept["shards"]) <= set(names):
+            held = set(kept["shards"])
+            return ([p for p, n in zip(shards, names) if n not in held],
+                    [p for p, n in zip(shards, names) if n in held])
+    train, held_sh = split_shards(shards, held_out)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"held_out": held_out, "shards": [os.path.basename(p) for p in held_sh]}, f)
+    os.replace(path + ".tmp", path)
+    return train, held_sh
+
+
 def topk_rows(logits: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
     """The ``k`` largest logits of each row and their ids, best first: (ids int32, logits)."""
     idx = np.argpartition(-logits, k - 1, axis=1)[:, :k]

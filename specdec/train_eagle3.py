@@ -313,7 +313,7 @@ def train(work: str, out: str, args) -> None:
     tgt2draft[ids] = np.arange(len(ids))
     embed = torch.from_numpy(np.load(os.path.join(work, "embed.npy")).astype(np.float32))
     shards = td.list_shards(os.path.join(work, "data"))
-    train_sh, held_sh = td.split_shards(shards, args.held_out)
+    train_sh, held_sh = td.kept_split(work, shards, args.held_out)
     train_b = Batches(train_sh, args.max_len, args.ttt, tgt2draft)
     eval_b = Batches(held_sh, args.max_len, args.ttt, tgt2draft) if held_sh else None
     d2t_ids = torch.from_numpy(ids)

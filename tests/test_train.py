@@ -179,6 +179,19 @@ def test_split_shards_spreads_held_out():
     assert td.split_shards(names, 0) == (names, [])
 
 
+def test_kept_split_holds_out_the_same_shards_when_data_is_added(tmp_path):
+    work = str(tmp_path)
+    names = [os.path.join(work, "data", f"shard_{i:05d}") for i in range(10)]
+    train, held = td.kept_split(work, names, 2)
+    assert (train, held) == td.split_shards(names, 2)
+    more = names + [os.path.join(work, "data", f"shard_{i:05d}") for i in range(10, 30)]
+    assert td.split_shards(more, 2)[1] != held          # a fresh split would move them
+    train2, held2 = td.kept_split(work, more, 2)
+    assert held2 == held and train2 == [p for p in more if p not in held]
+    assert td.kept_split(work, more, 3) == td.split_shards(more, 3)  # another count: again
+    assert td.kept_split(work, more, 3)[1] == td.split_shards(more, 3)[1]
+
+
 def test_topk_rows_sorted_best_first():
     rng = np.random.default_rng(0)
     lg = rng.standard_normal((6, 50)).astype(np.float32)

@@ -124,7 +124,8 @@ def main() -> int:
     args = ap.parse_args()
     embed = np.load(os.path.join(args.work, "embed.npy"), mmap_mode="r")
     head = Head(args.head, np.asarray(embed, np.float32))
-    shards = td.split_shards(td.list_shards(os.path.join(args.work, "data")), args.held_out)[1]
+    shards = td.kept_split(args.work, td.list_shards(os.path.join(args.work, "data")),
+                           args.held_out)[1]
     acc = []
     n_seqs = 0
     for p in shards:
