@@ -10,7 +10,7 @@ Stages (each resumable; a finished stage is skipped when run again with the same
    ``--shard-size`` sequences under ``WORK/data``. A second pass asks for summaries, extraction
    and translations of passages from the first pass's answers; ``--extra-prompts`` adds more
    template prompts after that (to extend a run), ``--extra-self-prompts`` more user turns the
-   target writes after those, and ``--long-prompts`` tasks over long contexts (several of the
+   target writes after those, ``--long-prompts`` tasks over long contexts (several of the
    target's answers joined into documents of 1,500-4,000 characters) after them, and
    ``--translation-prompts`` requests to translate into English (sentences the target wrote,
    which it translated into another language) last.
@@ -96,6 +96,23 @@ def _kept_list(path: str, make) -> List[str]:
     return out
 
 
+def _check_done_shard(path: str, chunk, label: str) -> None:
+    """Raises when a finished shard holds prompts other than ``chunk``'s: a round was added
+    before a later round's shards (the rounds must be added in the order of the options), or
+    the prompt options changed, and the run would skip this round silently."""
+    meta_path = os.path.join(path, "meta.json")
+    if not os.path.exists(meta_path):
+        return
+    with open(meta_path) as f:
+        seqs = json.load(f).get("sequences", [])
+    want = {p for _, p in chunk}
+    if any("prompt" in q and q["prompt"] not in want for q in seqs):
+        raise ValueError(f"{path} holds prompts of another round than '{label}': add data "
+                         f"rounds in the order of the options (prompts, passages, extra, extra "
+                         f"self, long, to English) with the earlier counts unchanged, or use "
+                         f"another --work")
+
+
 def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_extra: int,
                n_extra_self: int, shard_size: int, n_long: int = 0, n_translate: int = 0,
                max_new_tokens: int, threads: int, k: int, seed: int,
@@ -115,9 +132,10 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
         bar = tqdm(range(n_sh), desc=f"data ({label})", unit="shard", file=sys.stdout)
         for j in bar:
             name = td.shard_name(first_shard + j)
-            if name in done:
-                continue
             chunk = items[j * shard_size:(j + 1) * shard_size]
+            if name in done:
+                _check_done_shard(os.path.join(data_dir, name), chunk, label)
+                continue
             meta = td.generate_shard(model, chunk, os.path.join(data_dir, name), layers=layers,
                                      k=k, max_new_tokens=max_new_tokens, threads=threads,
                                      seed=seed, speculator_factory=factory)

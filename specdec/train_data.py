@@ -292,9 +292,10 @@ def usable_translation(source: str, text: Optional[str]) -> Optional[str]:
     """The first line of the target's translation of ``source``, or None where it is not a
     translation worth asking about: empty, too short or long, mostly the source's own words
     (left in English), or repetitive (a loop of a few words)."""
-    if not text:
+    lines = (text or "").strip().splitlines()
+    if not lines:
         return None
-    line = text.strip().splitlines()[0].strip().strip('"').strip()
+    line = lines[0].strip().strip('"').strip()
     words = line.lower().split()
     if not 20 <= len(line) <= 2 * len(source) + 40 or len(words) < 4:
         return None
@@ -384,7 +385,7 @@ def kept_split(work: str, shards: Sequence[str],
     """``split_shards``, with the held-out shards kept in ``WORK/held_out.json`` by the first
     call: data added to a run later (more shards) goes to training, and the shards held out
     stay so, so an extended run never trains on what its evaluation reads. A different
-    ``held_out`` than the kept one chooses again."""
+    ``held_out`` than the kept one, or a kept shard gone, chooses again."""
     path = os.path.join(work, "held_out.json")
     names = [os.path.basename(p) for p in shards]
     if os.path.exists(path):

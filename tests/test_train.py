@@ -68,6 +68,7 @@ def test_english_sentences_and_usable_translations():
     good = "Das Wetter war kalt, aber tausende Menschen kamen zur Parade."
     assert td.usable_translation(src, f'"{good}"\n\nIn German: ...') == good
     assert td.usable_translation(src, None) is None
+    assert td.usable_translation(src, " \n ") is None
     assert td.usable_translation(src, "Ja.") is None                       # too short
     assert td.usable_translation(src, src) is None                         # left in English
     assert td.usable_translation(src, "der Staat der Staat der Staat der Staat") is None
@@ -543,6 +544,8 @@ def test_data_stage_order_and_resume(tmp_path, monkeypatch):
     def fake_shard(model, prompts, path, **kw):
         made.append((os.path.basename(path), [i for i, _ in prompts]))
         os.makedirs(path)
+        with open(os.path.join(path, "meta.json"), "w") as f:
+            json.dump({"sequences": [{"index": i, "prompt": p} for i, p in prompts]}, f)
         return {"sequences": [{} for _ in prompts], "tokens": 1, "answer_tokens": 1,
                 "generate_s": 0, "features_s": 0}
 
@@ -578,6 +581,9 @@ def test_data_stage_order_and_resume(tmp_path, monkeypatch):
     made.clear()
     cli.stage_data(model, work, prompts, **kw)
     assert made == []
+    # a round added before a later round's shards would be skipped: it raises instead
+    with pytest.raises(ValueError, match="another round than 'to English'"):
+        cli.stage_data(model, work, prompts, **dict(kw, n_long=0))
 
 
 def test_data_shard_from_the_real_model(smollm2_path, tmp_path):
