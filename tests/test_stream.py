@@ -5,8 +5,6 @@ start a stop string, stops when the consumer stops, and passes errors on."""
 from __future__ import annotations
 
 import sys
-import threading
-import time
 
 import pytest
 
