@@ -145,21 +145,28 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
                  f"({meta['answer_tokens']} answer), generate {meta['generate_s']} s, "
                  f"features {meta['features_s']} s")
 
-    main = list(enumerate(prompts))
-    run(main, 0, "prompts")
-    n_main = (len(main) + shard_size - 1) // shard_size
+    rounds: List[Sequence[str]] = []
+
+    def run_round(round_prompts: Sequence[str], label: str) -> None:
+        # a round takes the shards and prompt indices (which pick the sampling) after the
+        # rounds before it
+        first = sum((len(x) + shard_size - 1) // shard_size for x in rounds)
+        base = sum(len(x) for x in rounds)
+        run([(base + i, p) for i, p in enumerate(round_prompts)], first, label)
+        rounds.append(round_prompts)
+
+    run_round(prompts, "prompts")
+    passage: List[str] = []
+    extra: List[str] = []
     if n_passage > 0:
         passage = _kept_list(os.path.join(work, "prompts_passages.json"),
                              lambda: td.passage_prompts(_answers_text(model, data_dir,
                                                                       20 * n_passage),
                                                         n_passage, seed + 1))
-        run([(len(main) + i, p) for i, p in enumerate(passage)], n_main, "passages")
-    else:
-        passage = []
+        run_round(passage, "passages")
     if n_extra > 0:
         # more template prompts after the first round's shards (a run extended later)
         path = os.path.join(work, "prompts_extra.json")
-        extra: List[str] = []
         if os.path.exists(path):
             with open(path) as f:
                 extra = json.load(f)
@@ -169,51 +176,32 @@ def stage_data(model, work: str, prompts: Sequence[str], *, n_passage: int, n_ex
                       if p not in known][:n_extra - len(extra)]
             with open(path, "w") as f:
                 json.dump(extra, f, indent=1)
-        first = n_main + (len(passage) + shard_size - 1) // shard_size
-        base = len(main) + len(passage)
-        run([(base + i, p) for i, p in enumerate(extra)], first, "extra")
-    else:
-        extra = []
+        run_round(extra, "extra")
     if n_extra_self > 0:
         # more user turns the target writes itself, after the extra template prompts: closer to
         # what users ask than the templates (a head trained mostly on template answers agrees
         # with the target far less on held-out questions than on held-out template answers)
         known = set(prompts) | set(passage) | set(extra)
-        own = _kept_list(os.path.join(work, "prompts_extra_self.json"),
-                         lambda: [p for p in td.self_user_turns(model, n_extra_self,
-                                                                seed=seed + 3, threads=threads)
-                                  if p not in known])
-        first = (n_main + (len(passage) + shard_size - 1) // shard_size
-                 + (len(extra) + shard_size - 1) // shard_size)
-        base = len(main) + len(passage) + len(extra)
-        run([(base + i, p) for i, p in enumerate(own)], first, "extra self")
-    else:
-        own = []
+        run_round(_kept_list(os.path.join(work, "prompts_extra_self.json"),
+                             lambda: [p for p in td.self_user_turns(model, n_extra_self,
+                                                                    seed=seed + 3,
+                                                                    threads=threads)
+                                      if p not in known]), "extra self")
     if n_long > 0:
         # tasks over long contexts (several of the target's answers joined): the prompts above
         # hold a few hundred tokens, the documents of RAG and summarisation questions thousands
-        long = _kept_list(os.path.join(work, "prompts_long.json"),
-                          lambda: td.long_passage_prompts(
-                              _answers_text(model, data_dir, max(200, 8 * n_long)), n_long,
-                              seed + 4))
-        first = n_main + sum((len(x) + shard_size - 1) // shard_size
-                             for x in (passage, extra, own))
-        base = len(main) + len(passage) + len(extra) + len(own)
-        run([(base + i, p) for i, p in enumerate(long)], first, "long")
-    else:
-        long = []
+        run_round(_kept_list(os.path.join(work, "prompts_long.json"),
+                             lambda: td.long_passage_prompts(
+                                 _answers_text(model, data_dir, max(200, 8 * n_long)), n_long,
+                                 seed + 4)), "long")
     if n_translate > 0:
         # requests to translate into English, from sentences the target wrote and translated
         # into another language itself: every prompt above is in English
-        to_en = _kept_list(os.path.join(work, "prompts_to_english.json"),
-                           lambda: td.to_english_prompts(
-                               model, td.english_sentences(_answers_text(model, data_dir,
-                                                                         max(200, n_translate))),
-                               n_translate, seed + 5, threads))
-        first = n_main + sum((len(x) + shard_size - 1) // shard_size
-                             for x in (passage, extra, own, long))
-        base = len(main) + len(passage) + len(extra) + len(own) + len(long)
-        run([(base + i, p) for i, p in enumerate(to_en)], first, "to English")
+        run_round(_kept_list(os.path.join(work, "prompts_to_english.json"),
+                             lambda: td.to_english_prompts(
+                                 model, td.english_sentences(
+                                     _answers_text(model, data_dir, max(200, n_translate))),
+                                 n_translate, seed + 5, threads)), "to English")
 
 
 def stage_vocab(model, work: str, vd: int, held_out: int) -> dict:
