@@ -98,8 +98,7 @@ def test_to_english_prompts(monkeypatch):
     langs = [a.split("into ")[1].split(":")[0] for a in asked]
     assert set(langs) <= set(td.LANGUAGES) and 10 <= langs.count("German") <= 30
     shapes = [t.replace("{lang}", "German").split("{s}")[0] for t in td.TO_ENGLISH_TASKS]
-    for i, p in enumerate(x for j, x in enumerate(range(40)) if j % 4 != 3):
-        q = got[i]
+    for q, p in zip(got, [p for p in range(40) if p % 4 != 3]):
         lang = langs[p]
         assert q.endswith(f"{lang} words number {p} zwei drei vier")
         assert any(q.startswith(sh.replace("German", lang)) for sh in shapes)
