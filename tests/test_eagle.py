@@ -779,7 +779,7 @@ def test_smollm2_greedy_equals_plain(tmp_path, smollm2_path, depth, branching, n
 
 def test_the_shipped_smollm2_head(smollm2_path):
     """specdec.Eagle("smollm2-135m-instruct"): the EAGLE-3 head shipped in the package (4-bit
-    blocks, 8-bit for its lm_head, a draft vocabulary of 4,096) loads for SmolLM2, greedy output with it is the plain
+    blocks, a draft vocabulary of 4,096) loads for SmolLM2, greedy output with it is the plain
     one (also with prompt lookup beside it), and it is a trained head: its first draft is
     accepted far more often than a random head's never-accepted guesses (about 0.4 to 0.5 on
     chat answers)."""
