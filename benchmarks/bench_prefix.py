@@ -9,6 +9,10 @@ timed as ``generate(..., max_new_tokens=1)`` (the prefill and one token) right a
 previous turn's full answer, in rounds that alternate the two settings; medians.
 
     python benchmarks/bench_prefix.py --turns 4 --repeats 3 --threads 2
+    python benchmarks/bench_prefix.py --eagle --turns 4 --repeats 3 --threads 2
+
+With ``--eagle`` every request drafts with the shipped EAGLE-3 head (or the head named), whose
+pooled caches carry the target features it reads.
 """
 
 from __future__ import annotations
@@ -28,16 +32,17 @@ QUESTIONS = ["What does a library card let me do?", "How long can I keep a book?
              "Do you lend e-books too?", "How do I renew a loan?"]
 
 
-def chat(model: specdec.Model, turns: int, answer_tokens: int) -> list:
-    """Time to first token of each turn (seconds) and the tokens reused, one conversation."""
+def chat(model: specdec.Model, turns: int, answer_tokens: int, spec=None) -> list:
+    """Time to first token of each turn (seconds) and the tokens reused, one conversation;
+    spec: the speculator of every request (None: plain decoding)."""
     messages = [{"role": "system", "content": SYSTEM}]
     out = []
     for q in QUESTIONS[:turns]:
         messages.append({"role": "user", "content": q})
         t0 = time.perf_counter()
-        first = specdec.generate(model, messages, max_new_tokens=1)
+        first = specdec.generate(model, messages, max_new_tokens=1, speculator=spec)
         ttft = time.perf_counter() - t0
-        g = specdec.generate(model, messages, max_new_tokens=answer_tokens)
+        g = specdec.generate(model, messages, max_new_tokens=answer_tokens, speculator=spec)
         out.append((ttft, first.prefix_reused, len(first.prompt_tokens)))
         messages.append({"role": "assistant", "content": g.text})
     return out
@@ -49,16 +54,21 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--answer-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eagle", nargs="?", const=hub.DEFAULT_MODEL, default=None,
+                    help="draft with this EAGLE head (alias or directory; alone: the shipped "
+                         "head of the default model)")
     args = ap.parse_args()
     model = specdec.load(hub.resolve(hub.DEFAULT_MODEL), threads=args.threads)
+    spec = specdec.Eagle(args.eagle) if args.eagle else None  # loaded once, outside the timing
     runs: dict = {0: [], 4: []}
     for r in range(args.repeats):
         for n in ((0, 4) if r % 2 == 0 else (4, 0)):
             model.prefix_cache = 0  # empty the pool between conversations
             model.prefix_cache = n
-            runs[n].append(chat(model, args.turns, args.answer_tokens))
+            runs[n].append(chat(model, args.turns, args.answer_tokens, spec))
     print(f"# {platform.machine()}, specdec kernels: {specdec._core.simd_name()}, "
-          f"{args.threads} threads, {args.repeats} conversations per setting (medians)")
+          f"{args.threads} threads, {args.repeats} conversations per setting (medians), "
+          f"{'EAGLE head ' + args.eagle if args.eagle else 'plain decoding'}")
     print("| turn | prompt tokens | reused | time to first token, no reuse (ms) | with reuse (ms) "
           "| ratio |")
     print("|---|---|---|---|---|---|")

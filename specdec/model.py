@@ -149,7 +149,8 @@ class Model:
         to 64; default 4 on the CPU, 0 on CUDA, which does not reuse yet). A request whose
         prompt starts with tokens one of them holds (the next turn of a chat, a shared system
         prompt) takes their keys and values instead of computing them again, with the same
-        output; ``Generation.prefix_reused`` counts the tokens. 0 frees what is kept."""
+        output; ``Generation.prefix_reused`` counts the tokens. With a head (Eagle, Medusa) the
+        target features it reads are kept and reused too. 0 frees what is kept."""
         return self._core.prefix_cache
 
     @prefix_cache.setter

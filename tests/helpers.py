@@ -477,6 +477,19 @@ def run_checked(target, prompt, n, temperature, top_k, top_p, *, stop_ids=(), se
                                  drafter=core_drafter(**drafter), check_cache=True)
 
 
+def without_and_with_the_pool(model, run, pool: int = 4):
+    """run() with prefix reuse off (an empty pool), then again with a pool of `pool` caches;
+    the model's setting is restored after. (without, with)."""
+    before = model.prefix_cache
+    model.prefix_cache = 0
+    try:
+        alone = run()
+        model.prefix_cache = pool
+        return alone, run()
+    finally:
+        model.prefix_cache = before
+
+
 def in_threads(fns, timeout: float = 180):
     """Runs the callables in threads at once (a barrier starts them together); their results,
     after asserting that none raised."""

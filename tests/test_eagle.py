@@ -18,7 +18,7 @@ import quantref
 import reference
 import specdec
 import tinymodels as tm
-from helpers import SETTINGS, exact_joint, in_threads
+from helpers import SETTINGS, exact_joint, in_threads, without_and_with_the_pool
 from specdec import _core, testing
 from stats import chi2_critical, chi2_stat
 from test_model_tree import joint_counts
@@ -471,6 +471,66 @@ def test_one_token_prompt_and_short_outputs(tmp_path, target):
             plain = specdec.generate(m, prompt, max_new_tokens=n, stop_tokens=[])
             got = specdec.generate(m, prompt, max_new_tokens=n, stop_tokens=[], speculator=spec)
             assert got.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_chat_reuses_its_prefix_with_the_features_the_head_reads(tmp_path, target, kind,
+                                                                   temperature):
+    """Prefix reuse (Model.prefix_cache) for a head that reads the target's features: a chat's
+    later turns take the earlier turn's cache from the pool together with the features of its
+    slots, so the head drafts exactly what it drafts without the pool (the same tokens, and the
+    same drafts: every step's counts equal), and the prompt is not computed again."""
+    m, _ = target
+    d, _, _ = write_head(tmp_path / "h", kind, "safetensors")
+
+    def chat():
+        prompt, out = tm.random_tokens(TARGET.vocab, 20, 1), []
+        for i in range(3):
+            spec = specdec.Eagle(d, depth=3, branching=2, nodes=5, size_by_cost=False)
+            out.append(specdec.generate(m, prompt, max_new_tokens=24, temperature=temperature,
+                                        seed=i, stop_tokens=[], speculator=spec))
+            prompt = prompt + out[-1].tokens + tm.random_tokens(TARGET.vocab, 6, 10 + i)
+        return out
+
+    fresh, reused = without_and_with_the_pool(m, chat)
+    assert [g.tokens for g in reused] == [g.tokens for g in fresh]
+    for a, b in zip(reused, fresh):
+        assert (a.stats.steps, a.stats.drafted, a.stats.accepted) == \
+            (b.stats.steps, b.stats.drafted, b.stats.accepted)
+        assert a.stats.per_position_acceptance == b.stats.per_position_acceptance
+        assert a.stats.steps_by_accepted == b.stats.steps_by_accepted
+    assert all(g.prefix_reused == 0 for g in fresh) and reused[0].prefix_reused == 0
+    for prev, g in zip(reused, reused[1:]):
+        assert g.prefix_reused == len(prev.prompt_tokens) + len(prev.tokens) - 1
+
+
+def test_pooled_features_go_only_to_heads_that_read_them(tmp_path, target):
+    """A cache pooled without features (plain decoding) is not taken by an EAGLE request, nor
+    one with EAGLE-1's features (the final hidden state) by an EAGLE-3 head (layer inputs);
+    plain decoding takes either, and the output stays the plain one."""
+    m, _ = target
+    d1, _, _ = write_head(tmp_path / "e", "eagle", "safetensors")
+    d3, _, _ = write_head(tmp_path / "e3", "eagle3", "safetensors")
+    before = m.prefix_cache
+    m.prefix_cache = 0
+    m.prefix_cache = 1  # an empty pool that keeps one cache: the last request's
+
+    def run(prompt, head):
+        spec = None if head is None else specdec.Eagle(head, depth=3)
+        return specdec.generate(m, prompt, max_new_tokens=12, stop_tokens=[], speculator=spec)
+
+    try:
+        prompt = tm.random_tokens(TARGET.vocab, 30, 4)
+        plain = run(prompt, None)
+        assert run(prompt, d1).prefix_reused == 0  # plain's cache has no features
+        assert run(prompt, d3).prefix_reused == 0  # EAGLE-1's are not EAGLE-3's
+        again = run(prompt, d3)
+        assert again.prefix_reused == 29 and again.tokens == plain.tokens
+        back = run(prompt, None)
+        assert back.prefix_reused == 29 and back.tokens == plain.tokens
+    finally:
+        m.prefix_cache = before
 
 
 # ---- sampled output: vocabulary-5 target, enumerated exactly ---------------------------------

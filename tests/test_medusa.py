@@ -13,7 +13,7 @@ import pytest
 import reference
 import specdec
 import tinymodels as tm
-from helpers import SETTINGS, exact_joint
+from helpers import SETTINGS, exact_joint, without_and_with_the_pool
 from stats import chi2_critical, chi2_stat
 from test_eagle import (TARGET, V5, make_target, make_v5_four_layers, write_bin, write_head,
                         write_safetensors)
@@ -109,6 +109,30 @@ def test_greedy_equals_plain(tmp_path, target, tree):
             plain = specdec.generate(m, prompt, max_new_tokens=n, stop_tokens=[])
             got = specdec.generate(m, prompt, max_new_tokens=n, stop_tokens=[], speculator=spec)
             assert got.tokens == plain.tokens
+
+
+def test_a_reused_prefix_keeps_the_heads_drafts(v5):
+    """With prefix reuse, Medusa's first step reads the last prompt position's hidden state
+    from the features pooled with the cache: over sampled runs on the 5-token target (where the
+    drafts decide which uniforms the tree rule reads, so other drafts give other tokens), the
+    same tokens and the same acceptance as without the pool."""
+    m, _, _, d = v5
+    md, _ = write_medusa(d / "medusa_reuse", heads=2, D=V5.dim, V=5, seed=8)
+    spec = specdec.Medusa(md, tree=[(0,), (1,), (0, 0), (0, 1), (1, 0)])
+    prompt = [1, 3, 0, 4, 2, 2, 1, 0, 3, 4, 1, 2]
+
+    def runs():
+        out = []
+        for seed in range(12):
+            g = specdec.generate(m, prompt, max_new_tokens=6, temperature=1.0, seed=seed,
+                                 stop_tokens=[], speculator=spec)
+            out.append((g.tokens, g.stats.accepted, g.stats.steps_by_accepted, g.prefix_reused))
+        return out
+
+    alone, pooled = without_and_with_the_pool(m, runs, pool=2)
+    assert [r[3] for r in pooled[1:]] == [len(prompt) - 1] * 11
+    assert [r[:3] for r in pooled] == [r[:3] for r in alone]
+    assert sum(r[1] for r in alone) > 0
 
 
 SAMPLED = {"T1": SETTINGS["T1"], "T0.7-topk3-topp-minp": (0.7, 3, 0.9, 0.1)}

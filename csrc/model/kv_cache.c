@@ -139,6 +139,8 @@ sd_status sd_kv_cache_copy_slot(sd_kv_cache *kv, int dst, int src) {
 typedef struct {
     sd_kv_cache *kv;
     int32_t *toks; /* (kv->length) the tokens its slots hold */
+    float *feat;   /* a drafter's features of those slots (kind fk), or NULL */
+    sd_feat_kind fk;
     uint64_t used; /* when it was put, for least-recently-used eviction */
 } pool_entry;
 
@@ -153,7 +155,20 @@ struct sd_kv_pool {
 static void entry_free(pool_entry *e) {
     sd_kv_cache_free(e->kv);
     free(e->toks);
+    free(e->feat);
     memset(e, 0, sizeof(*e));
+}
+
+static int same_kind(const sd_feat_kind *a, const sd_feat_kind *b) {
+    if (a->hidden != b->hidden || a->n_aux != b->n_aux) {
+        return 0;
+    }
+    for (int i = 0; i < a->n_aux; i++) {
+        if (a->aux[i] != b->aux[i]) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 sd_status sd_kv_pool_create(struct sd_kv_pool **out, int max) {
@@ -234,15 +249,18 @@ static void copy_prefix(sd_kv_cache *dst, const sd_kv_cache *src, int n) {
     dst->length = n;
 }
 
-sd_status sd_kv_pool_put(sd_model *m, sd_kv_cache *kv, const int32_t *toks) {
+sd_status sd_kv_pool_put(sd_model *m, sd_kv_cache *kv, const int32_t *toks, float *feat,
+                         const sd_feat_kind *fk) {
     struct sd_kv_pool *pool = m->prefix;
     if (pool == NULL || kv->cuda != NULL || kv->length == 0) {
         sd_kv_cache_free(kv);
+        free(feat);
         return SD_OK;
     }
     int32_t *copy = malloc((size_t)kv->length * sizeof(int32_t));
     if (copy == NULL) {
         sd_kv_cache_free(kv);
+        free(feat);
         return sd_set_error(SD_ERR_NOMEM, "out of memory keeping a cache for prefix reuse");
     }
     memcpy(copy, toks, (size_t)kv->length * sizeof(int32_t));
@@ -256,23 +274,34 @@ sd_status sd_kv_pool_put(sd_model *m, sd_kv_cache *kv, const int32_t *toks) {
         } else {
             pool->n++;
         }
-        pool->e[at].kv = kv;
-        pool->e[at].toks = copy;
-        pool->e[at].used = ++pool->clock;
+        pool_entry *e = &pool->e[at];
+        memset(e, 0, sizeof(*e));
+        e->kv = kv;
+        e->toks = copy;
+        e->feat = feat;
+        if (feat != NULL) {
+            e->fk = *fk;
+        }
+        e->used = ++pool->clock;
         kv = NULL;
         copy = NULL;
+        feat = NULL;
     }
     pthread_mutex_unlock(&pool->lock);
     entry_free(&old); /* outside the lock */
     sd_kv_cache_free(kv);
     free(copy);
+    free(feat);
     return SD_OK;
 }
 
 sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse, int capacity,
-                          sd_kv_cache **out, int *reused) {
+                          const sd_feat_kind *want, sd_kv_cache **out, int *reused, float **feat) {
     *out = NULL;
     *reused = 0;
+    if (feat != NULL) {
+        *feat = NULL;
+    }
     struct sd_kv_pool *pool = m->prefix;
     if (pool == NULL || max_reuse <= 0) {
         return SD_OK;
@@ -286,7 +315,8 @@ sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse
         while (j < lim && e->toks[j] == toks[j]) {
             j++;
         }
-        if (j > best_len && e->kv->f16 == m->kv_f16) {
+        const int fits = want == NULL || (e->feat != NULL && same_kind(&e->fk, want));
+        if (j > best_len && e->kv->f16 == m->kv_f16 && fits) {
             best = i;
             best_len = j;
         }
@@ -307,6 +337,11 @@ sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse
     }
     const int keep = best_len < max_reuse ? best_len : max_reuse;
     free(e.toks);
+    if (want != NULL) { /* the request's now, with the cache */
+        *feat = e.feat;
+        e.feat = NULL;
+    }
+    free(e.feat);
     if (e.kv->capacity >= capacity) {
         e.kv->length = keep;
         *out = e.kv;
@@ -317,6 +352,9 @@ sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse
     if (sd_kv_cache_create(out, m, capacity) == SD_OK) {
         copy_prefix(*out, e.kv, keep);
         *reused = keep;
+    } else if (want != NULL) {
+        free(*feat);
+        *feat = NULL;
     }
     sd_kv_cache_free(e.kv);
     return SD_OK;

@@ -152,14 +152,29 @@ static inline void *sd_kv_at(const sd_kv_cache *kv, void *p, size_t off) {
 sd_status sd_kv_pool_create(struct sd_kv_pool **out, int max);
 void sd_kv_pool_resize(struct sd_kv_pool *pool, int max);
 int sd_kv_pool_max(struct sd_kv_pool *pool);
+/* The features a drafter reads (EAGLE), kept row by row beside a pooled cache so that its
+ * requests can reuse a prefix too: per slot, the final-normed hidden state (D floats, when
+ * `hidden`), then the inputs of layers aux[0 .. n_aux) (D floats each). Like keys and values,
+ * a token's features do not depend on the batch that computed them. */
+typedef struct {
+    int hidden;
+    int n_aux;
+    int32_t aux[SD_MAX_AUX_LAYERS];
+} sd_feat_kind;
+
 /* Gives `kv`, whose slots [0, kv->length) hold toks[0 .. kv->length), to m's pool (which owns
- * it from now on; it is freed when the pool is off, or a CUDA model's). */
-sd_status sd_kv_pool_put(sd_model *m, sd_kv_cache *kv, const int32_t *toks);
+ * it from now on; it is freed when the pool is off, or a CUDA model's). feat (NULL: none), rows
+ * of the kind *fk for at least those slots, goes with it, owned by the pool as well. */
+sd_status sd_kv_pool_put(sd_model *m, sd_kv_cache *kv, const int32_t *toks, float *feat,
+                         const sd_feat_kind *fk);
 /* The pooled cache sharing the longest prefix with toks[0 .. n), at most max_reuse tokens of
  * it: *out receives a cache of at least `capacity` slots holding that prefix (*reused tokens;
- * the pool's own when large enough, else a copy) and leaves the pool; or NULL and 0. */
+ * the pool's own when large enough, else a copy) and leaves the pool; or NULL and 0. With want
+ * (a drafter's features), only a cache kept with features of that kind is taken, and *feat
+ * receives them (rows [0, *reused) of them hold the prefix; the caller frees them); else *feat
+ * is NULL (feat may be NULL when want is). */
 sd_status sd_kv_pool_take(sd_model *m, const int32_t *toks, int n, int max_reuse, int capacity,
-                          sd_kv_cache **out, int *reused);
+                          const sd_feat_kind *want, sd_kv_cache **out, int *reused, float **feat);
 void sd_kv_pool_free(struct sd_kv_pool *pool);
 
 /* Slots [length, n) join the cache without keys or values computed (they keep what they hold:

@@ -206,6 +206,7 @@ sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_
     free(L->tmask);
     free(L->row_top);
     free(L->feat);
+    free(L->feat_pool);
     free(L->fbuf);
     free(L->e.text);
     return st;
@@ -283,7 +284,15 @@ static sd_status feat_setup(sd_spec_loop *L) {
     L->feat_hidden = L->d->ops->features(L->d, L->m, L->feat_aux, &L->n_feat_aux) != 0;
     L->feat_w = L->m->cfg.hidden_size * (L->feat_hidden + L->n_feat_aux);
     L->feat = malloc((size_t)L->capacity * (size_t)L->feat_w * sizeof(float));
-    return L->feat != NULL ? SD_OK : sd_set_error(SD_ERR_NOMEM, "out of memory for features");
+    if (L->feat == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for features");
+    }
+    if (L->feat_pool != NULL) { /* the reused prefix's, computed by an earlier request */
+        memcpy(L->feat, L->feat_pool, (size_t)L->pf.fed * (size_t)L->feat_w * sizeof(float));
+        free(L->feat_pool);
+        L->feat_pool = NULL;
+    }
+    return SD_OK;
 }
 
 /* The forward f gives its rows' features into L->fbuf (grown to its batch). */

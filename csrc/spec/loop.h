@@ -71,9 +71,11 @@ typedef struct sd_spec_loop {
     int feat_hidden, n_feat_aux;
     int32_t feat_aux[SD_MAX_AUX_LAYERS];
     int feat_w;
-    float *feat;   /* (capacity, feat_w), or NULL */
-    float *fbuf;   /* a forward's feature outputs: hidden (T, D), then aux (n_aux, T, D) */
-    int fbuf_rows; /* the T fbuf holds */
+    float *feat;      /* (capacity, feat_w), or NULL */
+    float *feat_pool; /* rows [0, pf.fed) of them that came with a pooled cache (kv_cache.c),
+                       * set by the caller after sd_spec_loop_begin; feat takes them over */
+    float *fbuf;      /* a forward's feature outputs: hidden (T, D), then aux (n_aux, T, D) */
+    int fbuf_rows;    /* the T fbuf holds */
 } sd_spec_loop;
 
 typedef enum {

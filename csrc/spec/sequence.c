@@ -25,11 +25,13 @@ struct sd_sequence {
     size_t *stop_lens;
     int32_t *out; /* (max(max_new_tokens, 1)) */
     double t_start;
-    int started; /* the loop's state below exists */
-    int ended;   /* done, or a step failed */
-    int failed;  /* a step failed: the caches may be half written */
-    int reused;  /* prompt tokens whose keys and values came from the prefix pool */
-    int joined;  /* counted among the scheduler's running requests (until it ends) */
+    int started;     /* the loop's state below exists */
+    int ended;       /* done, or a step failed */
+    int failed;      /* a step failed: the caches may be half written */
+    int reused;      /* prompt tokens whose keys and values came from the prefix pool */
+    sd_feat_kind fk; /* the features the drafter reads, pooled with the cache */
+    int has_fk;      /* it reads some (fk is set) */
+    int joined;      /* counted among the scheduler's running requests (until it ends) */
     sd_spec_stats ss;
     sd_plain P;     /* plain decoding's state */
     sd_spec_loop L; /* the speculative loop's */
@@ -99,7 +101,16 @@ static void keep_cache(sd_sequence *q) {
             toks[i] = i < q->n_prompt ? q->prompt[i] : q->out[i - q->n_prompt];
         }
     }
-    (void)sd_kv_pool_put(q->m, *kv, toks); /* it owns the cache now, also on failure */
+    /* the drafter's features go with it: those of every slot, or, before a step set them up,
+     * the ones that came from the pool (its slots are still just those) */
+    float *feat = NULL;
+    if (q->has_fk) {
+        float **f = q->L.feat != NULL ? &q->L.feat : &q->L.feat_pool;
+        feat = *f;
+        *f = NULL;
+    }
+    /* it owns the cache now, also on failure */
+    (void)sd_kv_pool_put(q->m, *kv, toks, feat, &q->fk);
     *kv = NULL;
     if (q->d == NULL) {
         free(toks);
@@ -169,15 +180,21 @@ sd_status sd_sequence_create(sd_sequence **out, sd_model *m, const sd_drafter *d
         /* a finished request's cache that holds the prompt's first tokens (all but the last,
          * which both loops feed themselves) */
         sd_kv_cache *kv = NULL;
-        if (d == NULL || d->ops->features == NULL) { /* a reused prefix has no features */
-            st = sd_kv_pool_take(m, q->prompt, n_prompt, n_prompt - 1, capacity, &kv, &q->reused);
+        float *feat = NULL;
+        if (d != NULL && d->ops->features != NULL) { /* a reused prefix needs its features */
+            q->fk.hidden = d->ops->features(d, m, q->fk.aux, &q->fk.n_aux) != 0;
+            q->has_fk = 1;
         }
+        st = sd_kv_pool_take(m, q->prompt, n_prompt, n_prompt - 1, capacity,
+                             q->has_fk ? &q->fk : NULL, &kv, &q->reused, &feat);
         if (st == SD_OK) {
             q->started = 1;
             if (d != NULL) {
                 st = sd_spec_loop_begin(&q->L, m, q->prompt, n_prompt, &q->p, &s, d->max_nodes, ctx,
                                         d->wants_q, q->out, &q->ss, q->t_start, kv, q->reused);
                 q->L.d = d;
+                q->L.feat_pool = feat; /* the loop's to free from here on */
+                feat = NULL;
             } else {
                 st =
                     sd_plain_begin(&q->P, m, q->prompt, n_prompt, &q->p, &s, q->out, kv, q->reused);
