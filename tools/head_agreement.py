@@ -12,7 +12,9 @@ questions one reports speed on, which a head must never be trained on.
         [--target smollm2-135m-instruct] [--limit 3] [--max-new-tokens 128]
 
 ``--heads`` takes aliases or directories; ``--limit`` keeps the first N questions of each
-category. Prints one row per category and head, and the overall agreement.
+category; ``--windows 512,0`` measures each head with each sliding window (0: the whole text;
+default: the head's own). Prints one row per category, a column per head, and the overall
+agreement.
 """
 
 from __future__ import annotations
@@ -52,17 +54,22 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--windows", default="",
+                    help="sliding windows to measure each head with, comma-separated")
     args = ap.parse_args()
 
     model = specdec.load(args.target, threads=args.threads)
     tok = model.require_tokenizer()
-    heads = [specdec.Eagle(h) for h in args.heads]
-    hits = {h: {} for h in args.heads}
+    windows = [int(w) for w in args.windows.split(",") if w.strip()] or [None]
+    named = [(h if w is None else f"{h} w={w}", specdec.Eagle(h, window=w))
+             for h in args.heads for w in windows]
+    names = [n for n, _ in named]
+    hits = {n: {} for n in names}
     counts = {}
     for cat, turns in questions(args.data, args.limit).items():
         counts[cat] = 0
-        for h in args.heads:
-            hits[h][cat] = 0
+        for n in names:
+            hits[n][cat] = 0
         for turn in turns:
             ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": turn}]))
             if len(ids) + args.max_new_tokens > model.config.context_length:
@@ -74,18 +81,18 @@ def main() -> int:
                 continue
             truth = np.asarray(seq[len(ids) + 1:])  # answer tokens a head can draft first
             counts[cat] += len(truth)
-            for name, head in zip(args.heads, heads):
+            for name, head in named:
                 lg = head.draft_logits(model, seq)
                 # row t drafts token t + 2: rows len(ids) - 1 .. len(seq) - 3
                 rows = lg[len(ids) - 1:len(seq) - 2]
                 hits[name][cat] += int((rows.argmax(axis=1) == truth).sum())
-    width = max(len(h) for h in args.heads)
-    print(f"{'category':<16} {'tokens':>7}  " + "  ".join(f"{h:>{width}}" for h in args.heads))
+    width = max(len(h) for h in names)
+    print(f"{'category':<16} {'tokens':>7}  " + "  ".join(f"{h:>{width}}" for h in names))
     for cat, n in counts.items():
-        cells = "  ".join(f"{hits[h][cat] / max(n, 1):>{width}.3f}" for h in args.heads)
+        cells = "  ".join(f"{hits[h][cat] / max(n, 1):>{width}.3f}" for h in names)
         print(f"{cat:<16} {n:>7}  {cells}")
     total = sum(counts.values())
-    cells = "  ".join(f"{sum(hits[h].values()) / max(total, 1):>{width}.3f}" for h in args.heads)
+    cells = "  ".join(f"{sum(hits[h].values()) / max(total, 1):>{width}.3f}" for h in names)
     print(f"{'overall':<16} {total:>7}  {cells}")
     return 0
 
