@@ -505,6 +505,31 @@ def test_a_chat_reuses_its_prefix_with_the_features_the_head_reads(tmp_path, tar
         assert g.prefix_reused == len(prev.prompt_tokens) + len(prev.tokens) - 1
 
 
+def test_chats_at_once_share_the_pool_with_their_alone_bits(tmp_path, target):
+    """Four two-turn chats in four threads at once, with EAGLE-1 and EAGLE-3 heads, greedy and
+    sampled, over one pool: each second turn takes its first turn's cache and features, and
+    every output and acceptance count is the one the same chats give without the pool."""
+    m, _ = target
+    d1, _, _ = write_head(tmp_path / "e", "eagle", "safetensors")
+    d3, _, _ = write_head(tmp_path / "e3", "eagle3", "safetensors")
+    runs = [(d1, 0.0), (d3, 0.0), (d3, 1.0), (d1, 0.7)]
+
+    def chat(i):
+        head, temp = runs[i]
+        prompt, out = tm.random_tokens(TARGET.vocab, 16 + i, seed=30 + i), []
+        for turn in range(2):
+            g = specdec.generate(m, prompt, max_new_tokens=20, stop_tokens=[], seed=turn,
+                                 temperature=temp, speculator=specdec.Eagle(head, depth=3))
+            out.append((g.tokens, g.stats.accepted, g.stats.steps, g.prefix_reused > 0))
+            prompt = prompt + g.tokens + tm.random_tokens(TARGET.vocab, 5, seed=40 + i)
+        return out
+
+    alone, together = without_and_with_the_pool(
+        m, lambda: in_threads([lambda i=i: chat(i) for i in range(4)]), pool=8)
+    assert [[t[:3] for t in c] for c in together] == [[t[:3] for t in c] for c in alone]
+    assert all(c[1][3] for c in together) and not any(c[1][3] for c in alone)
+
+
 def test_pooled_features_go_only_to_heads_that_read_them(tmp_path, target):
     """A cache pooled without features (plain decoding) is not taken by an EAGLE request, nor
     one with EAGLE-1's features (the final hidden state) by an EAGLE-3 head (layer inputs);
