@@ -935,19 +935,24 @@ sd_status sd_head_map_logits(const sd_head *h, int V, const float *raw, int n, f
         return SD_OK;
     }
     const int Vd = h->draft_vocab;
-    float *row = malloc((size_t)Vd * sizeof(float));
-    if (row == NULL) {
+    /* in place (out == raw, rows of V >= Vd): backwards, each raw row copied first; separate
+     * buffers (a drafting step's) need no copy */
+    float *row = NULL;
+    if (out == raw && (row = malloc((size_t)Vd * sizeof(float))) == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory for a head's logits");
     }
-    /* backwards, each raw row copied first: out may begin where raw does (rows of V >= Vd) */
     for (int r = n - 1; r >= 0; r--) {
-        memcpy(row, raw + (size_t)r * (size_t)Vd, (size_t)Vd * sizeof(float));
+        const float *src = raw + (size_t)r * (size_t)Vd;
+        if (row != NULL) {
+            memcpy(row, src, (size_t)Vd * sizeof(float));
+            src = row;
+        }
         float *o = out + (size_t)r * (size_t)V;
         for (int i = 0; i < V; i++) {
             o[i] = -INFINITY;
         }
         for (int d = 0; d < Vd; d++) {
-            o[h->ids[d]] = row[d];
+            o[h->ids[d]] = src[d];
         }
     }
     free(row);

@@ -54,7 +54,7 @@ const int32_t *sd_head_target_ids(const sd_head *h);
 double sd_head_cost(const sd_head *h, const sd_model *target);
 
 /* A head's logits rows (n, Vd) as the target's (n, V): -inf where the draft vocabulary has no
- * entry. */
+ * entry. out is raw (in place) or does not overlap it. */
 sd_status sd_head_map_logits(const sd_head *h, int V, const float *raw, int n, float *out);
 
 /* Medusa: the logits of every head at T final-normed hidden states x (T, D):
