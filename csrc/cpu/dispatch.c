@@ -91,12 +91,16 @@ static void kernels_init_once(void) {
                 g_simd_name = "avx2+fma+f16c+avx512vnni";
                 g_repack = 2;
                 /* Sixteen rows per step halve the instructions per row, which paid on a Xeon
-                 * for every batch size. On Zen 4 they pay from 8 tokens only: one token took
-                 * 7.5 ms over the 16-row step against 4.7 ms over the 8-row one (SmolLM2 Q4_1,
-                 * one thread; benchmarks/RESULTS.md). Neither a farther prefetch nor a copy
-                 * with each pair's blocks alternating (one stream, not two) made the 16-row
-                 * step as cheap for one token. The bits are the same either way. */
-                sd_tile_vnni_set_pair_tokens(sd_cpu_is_amd() ? 8 : 1);
+                 * for every batch size. On Zen 4 (family 25), whose 512-bit instructions run
+                 * as two halves, they pay from 8 tokens only: one token took 7.5 ms over the
+                 * 16-row step against 4.7 ms over the 8-row one (SmolLM2 Q4_1, one thread;
+                 * benchmarks/RESULTS.md). Neither a farther prefetch nor a copy with each
+                 * pair's blocks alternating (one stream, not two) made the 16-row step as
+                 * cheap for one token. Zen 5 (family 26) runs them whole: there, at one
+                 * thread, 4 and 6 tokens cost 27 % and 37 % less over the 16-row step, while one
+                 * and two tokens at two threads cost 6-13 % more (two memory streams a thread),
+                 * so it takes the 16-row step from 3 tokens. The bits are the same either way. */
+                sd_tile_vnni_set_pair_tokens(!sd_cpu_is_amd() ? 1 : sd_cpu_family() < 26 ? 8 : 3);
                 if ((force == NULL || strcmp(force, "avx512vnni") != 0) && sd_cpu_has_amx_int8()) {
                     g_simd_name = "avx2+fma+f16c+avx512vnni+amx";
                     g_repack = 3;

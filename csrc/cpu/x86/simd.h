@@ -76,8 +76,10 @@ void sd_tile_packed_vnni(int type, float *y, int64_t ldy, const void *packed, in
  * groups side by side in 512-bit registers, the same bits as the 8-row step); below it, eight.
  * Set once by the dispatcher, before any tile runs (default 1: always sixteen). */
 void sd_tile_vnni_set_pair_tokens(int tokens);
-/* Whether the CPU is AMD's (the dispatcher sets the pairing above by vendor). */
+/* Whether the CPU is AMD's, and its x86 family (base plus extended: 25 for Zen 3 and Zen 4, 26
+ * for Zen 5); the dispatcher sets the pairing above by them. */
 int sd_cpu_is_amd(void);
+int sd_cpu_family(void);
 /* The same over AVX2 alone. */
 void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                          const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);

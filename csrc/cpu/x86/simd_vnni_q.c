@@ -16,6 +16,7 @@
 
 #ifdef SD_HAVE_X86_SIMD
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -380,6 +381,15 @@ void sd_tile_vnni_set_pair_tokens(int tokens) {
 int sd_cpu_is_amd(void) {
     __builtin_cpu_init();
     return __builtin_cpu_is("amd");
+}
+
+int sd_cpu_family(void) {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+        return 0;
+    }
+    const int base = (int)((eax >> 8) & 0xF);
+    return base == 0xF ? base + (int)((eax >> 20) & 0xFF) : base;
 }
 
 /* The VNNI tile's step over sixteen rows at once, for groups of at least g_pair_tokens tokens
