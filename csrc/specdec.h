@@ -541,13 +541,18 @@ const char *sd_drafter_name(const sd_drafter *drafter);
 /* A tree drafter's verify costs: rel[T - 1] is what a verify forward of T tokens costs over one
  * of 1 token after a text of len tokens, for T = 1 .. the count returned (0 before they are
  * measured, at the first request of an adaptive drafter, or copied from the model's earlier
- * measurement for its present thread count and cache type; measured after two lengths of text
- * and interpolated linearly in seconds, since attention grows with the text). Setting them (n
- * entries, positive and non-decreasing, scaled so the first is 1) replaces the measurement,
- * after any text: for reproducible tree sizes, or a curve measured elsewhere. Not while a
- * request uses the drafter. */
+ * measurement for its present thread count and cache type; measured after texts of several
+ * lengths, what a text adds fitted as linear in its length, since attention grows with it;
+ * spec/drafter.c). Setting them (n entries, positive and non-decreasing, scaled so the first
+ * is 1) replaces the measurement, after any text: for reproducible tree sizes, or a curve
+ * measured elsewhere. Not while a request uses the drafter. */
 int sd_drafter_costs(const sd_drafter *drafter, int len, float *rel, int cap);
 sd_status sd_drafter_set_costs(sd_drafter *drafter, const float *rel, int n);
+/* The fit the measured costs after a long text rest on: of n timings, the seconds add[i] that a
+ * text of len[i] more tokens adds to a forward of T[i] tokens, fitted by least squares as
+ * len * (b0 + b1 * (T - 1)), with b0 and b1 kept non-negative (b1 = 0 when one size only). */
+void sd_verify_cost_fit(const double *len, const int *T, const double *add, int n, double *b0,
+                        double *b1);
 void sd_drafter_free(sd_drafter *drafter);
 
 /* Speculative decoding: each step the drafter proposes draft tokens, the target scores

@@ -46,9 +46,11 @@ class Speculator:
     def verify_costs_after(self, length: int) -> List[float]:
         """:attr:`verify_costs` after a text of ``length`` tokens, the costs a step sizes its
         tree by there. Attention grows with the text and the weights do not, so a verify of
-        many tokens costs relatively more after a long text: the costs are measured after two
-        lengths (64 and 320 tokens, where the model's context allows) and interpolated linearly
-        in seconds (extrapolated past 320). Given costs hold after any length."""
+        many tokens costs relatively more after a long text. Every size is timed after 64
+        tokens, and a few sizes (1, 2, 4, 8 and the largest) after 320 and 1,024 tokens, where
+        the model's context allows; what the longer texts add to a forward of T tokens is
+        fitted, over all those timings, as length * (a + b * (T - 1)) seconds, so the costs
+        after any length follow from the fit. Given costs hold after any length."""
         return _core.drafter_costs(self._drafter, _int("length", length))
 
     def set_verify_costs(self, costs: Sequence[float]) -> None:
@@ -61,7 +63,7 @@ class Speculator:
         """Serve one short request (16 prompt tokens, ``tokens`` new ones, greedy) with this
         speculator on ``target`` and return its seconds, so that what a first request pays once
         is paid here, before any user waits: a speculator that sizes its trees by the verify
-        cost measures that curve on the model (about a second on a 2-core CPU; the model keeps
+        cost measures that curve on the model (one to two seconds on a 2-core CPU; the model keeps
         it for later speculators with the same thread count and cache type), and the weights'
         pages are read in. Serving code calls it at start-up; ``specdec serve`` does. Token
         Recycling's table learns from this request's few verify logits, as from any other."""

@@ -6,6 +6,7 @@ the chain, token for token."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import specdec
@@ -258,7 +259,7 @@ def test_sampled_sized_trees_are_distributed_as_the_target(tmp_path, name):
 
 
 def test_costs_by_the_length_of_the_text(model):
-    """The measured costs hold after the text's length (measured after two lengths, since
+    """The measured costs hold after the text's length (timed after several lengths, since
     attention grows with the text): after a short text they are verify_costs themselves, after
     any length they rise with the batch; given costs hold after every length."""
     spec = specdec.PromptLookup(k=4, branching=3)
@@ -273,3 +274,38 @@ def test_costs_by_the_length_of_the_text(model):
     assert given.verify_costs_after(5000) == given.verify_costs == pytest.approx(MIXED[:13])
     with pytest.raises(TypeError, match="length must be an integer"):
         spec.verify_costs_after(1.5)
+
+
+def test_the_cost_fit_behind_the_costs_after_a_long_text():
+    """What a longer text adds to a verify forward of T tokens is fitted over all the timings
+    after the longer lengths as length * (b0 + b1 (T - 1)): attention reads the cached rows once
+    for the batch and computes each token against them. Exact points give the slopes back;
+    noisy ones (timings on a busy machine) an estimate near them, where extrapolating from two
+    single timings would carry one timing's error several times over; a fit that would make a
+    slope negative keeps it at 0."""
+    def points(b0, b1, noise=0.0, sizes=(1, 2, 4, 8, 13), seed=0):
+        rng = np.random.default_rng(seed)
+        return [(float(n), T, n * (b0 + b1 * (T - 1)) * (1 + noise * rng.standard_normal()))
+                for n in (256, 960) for T in sizes]
+
+    assert _core.cost_fit(points(7e-7, 3e-7)) == pytest.approx((7e-7, 3e-7), rel=1e-9)
+    fit, two = [], []  # relative errors of the slope of 4 and of 8 tokens
+    for seed in range(200):
+        pts = points(7e-7, 3e-7, noise=0.1, seed=seed)
+        b0, b1 = _core.cost_fit(pts)
+        one, most = pts[0][2] / pts[0][0], pts[4][2] / pts[4][0]  # 1 and 13 tokens after 256
+        for T in (4, 8):
+            true = 7e-7 + 3e-7 * (T - 1)
+            fit.append(abs(b0 + b1 * (T - 1) - true) / true)
+            two.append(abs(one + (most - one) * (T - 1) / 12 - true) / true)
+    assert np.median(fit) < 0.8 * np.median(two)  # two timings interpolated: the old estimate
+    assert _core.cost_fit(points(7e-7, 0.0, sizes=(1,))) == pytest.approx((7e-7, 0.0))
+    b0, b1 = _core.cost_fit(points(5e-6, -2e-7))  # falls with the batch: one slope for all
+    assert b1 == 0.0 and b0 > 0.0
+    b0, b1 = _core.cost_fit([(100.0, 1, -1e-5), (100.0, 9, 8e-5), (300.0, 5, 1e-4)])
+    assert b0 == 0.0 and b1 > 0.0
+    assert _core.cost_fit([]) == (0.0, 0.0)
+    with pytest.raises(TypeError):
+        _core.cost_fit([(1.0, 2)])
+    with pytest.raises(ValueError, match="at most 64 points"):
+        _core.cost_fit([(1.0, 1, 1.0)] * 65)

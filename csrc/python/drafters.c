@@ -189,6 +189,33 @@ static PyObject *py_drafter_set_costs(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_cost_fit(PyObject *mod, PyObject *points) {
+    (void)mod;
+    PyObject *seq = PySequence_Fast(points, "points must be a sequence of (length, T, seconds)");
+    if (seq == NULL) {
+        return NULL;
+    }
+    enum { MOST = 64 };
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    double len[MOST], add[MOST];
+    int T[MOST];
+    if (n > MOST) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "cost_fit: at most %d points, got %zd", MOST, n);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "did:cost_fit", &len[i], &T[i],
+                              &add[i])) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    double b0 = 0.0, b1 = 0.0;
+    sd_verify_cost_fit(len, T, add, (int)n, &b0, &b1);
+    return Py_BuildValue("(dd)", b0, b1);
+}
+
 /* A head read from `path` (and quantized to Q8_0 when q8), for a drafter to own. */
 static sd_status load_head(sd_head **head, PyObject *path, int q8) {
     sd_status st;
@@ -387,5 +414,7 @@ PyMethodDef sd_py_drafter_methods[] = {
      "trees by after a text of `length` tokens"},
     {"drafter_set_costs", (PyCFunction)py_drafter_set_costs, METH_VARARGS,
      "drafter_set_costs(drafter, costs): give them instead of measuring"},
+    {"cost_fit", (PyCFunction)py_cost_fit, METH_O,
+     "cost_fit(points) -> (b0, b1): sd_verify_cost_fit over (length, T, seconds) points"},
     {NULL, NULL, 0, NULL},
 };

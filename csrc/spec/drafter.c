@@ -271,16 +271,54 @@ static sd_status measure_at(double *secs, sd_model *m, sd_kv_cache *kv, const in
     return SD_OK;
 }
 
-/* The measurement of sd_cost_curve_measure (c's lock held). */
+void sd_verify_cost_fit(const double *len, const int *T, const double *add, int n, double *b0,
+                        double *b1) {
+    /* attention reads every cached row once for the batch and computes each of its tokens
+     * against them: least squares over all the timings, so that their noise averages out rather
+     * than being carried far by extrapolation */
+    double aa = 0.0, ab = 0.0, bb = 0.0, ay = 0.0, by = 0.0;
+    for (int i = 0; i < n; i++) {
+        const double a = len[i], b = len[i] * (double)(T[i] - 1);
+        aa += a * a;
+        ab += a * b;
+        bb += b * b;
+        ay += a * add[i];
+        by += b * add[i];
+    }
+    const double det = aa * bb - ab * ab; /* >= 0; about 0 when all the timings are of one size */
+    double f0 = aa > 0.0 ? ay / aa : 0.0, f1 = 0.0; /* one slope for every size */
+    if (det > 1e-12 * aa * bb) {
+        const double g0 = (ay * bb - by * ab) / det, g1 = (aa * by - ab * ay) / det;
+        if (g0 >= 0.0 && g1 >= 0.0) {
+            f0 = g0;
+            f1 = g1;
+        } else if (g1 > 0.0) { /* the best fit through the origin for one token */
+            f0 = 0.0;
+            f1 = by / bb;
+        } /* else a slope that falls with the batch: the one-slope fit */
+    }
+    *b0 = f0 > 0.0 ? f0 : 0.0;
+    *b1 = f1 > 0.0 ? f1 : 0.0;
+}
+
+/* The measurement of sd_cost_curve_measure (c's lock held): every size after a short text
+ * (ctx[0]); then forwards of a few sizes after longer texts (320 and 1024 tokens, where the
+ * model's context holds them), whose added seconds sd_verify_cost_fit turns into the curve after
+ * ctx[1], the longest: interpolated linearly between the two by sd_cost_curve_secs. */
 static sd_status measure(sd_cost_curve *c, sd_model *m, int max_T) {
+    static const int longer[] = {320, 1024};
+    static const int sizes[] = {1, 2, 4, 8, SD_MAX_TREE_NODES + 1};
+    enum { N_LONGER = sizeof(longer) / sizeof(longer[0]), N_SIZES = sizeof(sizes) / sizeof(int) };
     const int V = m->cfg.vocab_size, n_ctx = m->cfg.context_length;
-    int ctx[2] = {64, 320};
+    int ctx[2] = {64, 0};
     ctx[0] = n_ctx - max_T < ctx[0] ? n_ctx - max_T : ctx[0];
     ctx[0] = ctx[0] < 1 ? 1 : ctx[0];
     if (ctx[0] + max_T > n_ctx) {
         max_T = n_ctx - ctx[0];
     }
-    ctx[1] = ctx[1] + max_T <= n_ctx ? ctx[1] : 0; /* a short model: one context */
+    for (int i = 0; i < N_LONGER; i++) { /* a short model: fewer lengths, or one context */
+        ctx[1] = longer[i] + max_T <= n_ctx ? longer[i] : ctx[1];
+    }
     const int most = (ctx[1] > 0 ? ctx[1] : ctx[0]) + max_T;
     int32_t *tok = malloc((size_t)most * sizeof(int32_t));
     uint8_t *mask = malloc((size_t)max_T * (size_t)most);
@@ -304,22 +342,34 @@ static sd_status measure(sd_cost_curve *c, sd_model *m, int max_T) {
     if (st == SD_OK) {
         st = measure_at(c->secs[0], m, kv, tok, ctx[0], max_T, mask, logits);
     }
-    /* after the longer text only 1 and max_T tokens: what the text adds is attention, linear in
-     * the tokens, so it is interpolated between them */
-    double one = 0.0, all = 0.0;
-    b.n_tokens = ctx[1];
-    if (st == SD_OK && ctx[1] > 0) {
-        st = sd_kv_cache_set_length(kv, 0);
+    double len[N_LONGER * N_SIZES], add[N_LONGER * N_SIZES];
+    int Ts[N_LONGER * N_SIZES], n_pts = 0, at = ctx[0];
+    for (int i = 0; st == SD_OK && ctx[1] > 0 && i < N_LONGER && longer[i] <= ctx[1]; i++) {
+        /* the cache grows from the last length to this one: only the new rows are computed */
+        b.tokens = tok + at;
+        b.n_tokens = longer[i] - at;
+        st = sd_kv_cache_set_length(kv, at);
         st = st == SD_OK ? sd_forward(m, kv, &b, NULL) : st;
-        st = st == SD_OK ? time_forward(&one, m, kv, tok, ctx[1], 1, mask, logits) : st;
-        st = st == SD_OK ? time_forward(&all, m, kv, tok, ctx[1], max_T, mask, logits) : st;
-    }
-    const double add1 = one - c->secs[0][1], addT = all - c->secs[0][max_T];
-    for (int T = 1; st == SD_OK && ctx[1] > 0 && T <= max_T; T++) {
-        const double w = max_T > 1 ? (double)(T - 1) / (double)(max_T - 1) : 0.0;
-        c->secs[1][T] = c->secs[0][T] + add1 + w * (addT - add1);
+        at = longer[i];
+        for (int j = 0; st == SD_OK && j < N_SIZES; j++) {
+            const int T = sizes[j] < max_T ? sizes[j] : max_T;
+            double t = 0.0;
+            st = time_forward(&t, m, kv, tok, at, T, mask, logits);
+            len[n_pts] = (double)(at - ctx[0]);
+            Ts[n_pts] = T;
+            add[n_pts++] = t - c->secs[0][T];
+            if (T == max_T) {
+                break;
+            }
+        }
     }
     if (st == SD_OK) {
+        double b0 = 0.0, b1 = 0.0;
+        sd_verify_cost_fit(len, Ts, add, n_pts, &b0, &b1);
+        const double span = (double)(ctx[1] - ctx[0]);
+        for (int T = 1; ctx[1] > 0 && T <= max_T; T++) {
+            c->secs[1][T] = c->secs[0][T] + span * (b0 + b1 * (double)(T - 1));
+        }
         c->ctx[0] = ctx[0];
         c->ctx[1] = ctx[1];
         c->max_T = max_T;

@@ -82,7 +82,8 @@ typedef struct {
      * (rel is the first's ratios). Attention grows with the text while the matrices do not, so
      * a verify of many tokens costs relatively more after a long text (SmolLM2 Q4_1 on a Zen
      * 4: 8 tokens cost 1.45 times one after 64 tokens, 1.87 after 700); the cost at a text's
-     * length is interpolated, or extrapolated, linearly between the two.
+     * length is interpolated, or extrapolated, linearly between the two (ctx[1]: the longest
+     * text measured; its curve is fitted over timings after two lengths, spec/drafter.c).
      * ctx[1] = 0: one context only (given costs, or a model too short for two). */
     int ctx[2];
     double secs[2][SD_MAX_TREE_NODES + 2];
@@ -140,8 +141,9 @@ int sd_model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double 
 
 /* Measures c for forwards of up to max_T tokens (<= SD_MAX_TREE_NODES + 1) after a short prefix
  * (64 tokens), on a scratch cache: the fastest of three timed runs of each of a few sizes,
- * interpolated between them; and after a longer one (320 tokens, where the model's context
- * allows) of 1 and max_T tokens, the rest interpolated (about a second on a small CPU model).
+ * interpolated between them; and after longer ones (320 and 1024 tokens, where the model's
+ * context allows) of 1, 2, 4, 8 and max_T tokens, what those texts add fitted as linear in the
+ * text's length and the batch's (sd_verify_cost_fit; about a second on a small CPU model).
  * Nothing is measured when c already holds a curve for this thread count and size, or one that was
  * given (sd_drafter_set_costs), or when the model keeps one measured by an earlier drafter for
  * its present thread count and cache type (sd_model_costs), which is copied; a measured curve
