@@ -244,9 +244,26 @@ SD_AVX2 SD_INLINE void tile_dots8(const int F16, const int NQ, const float *cons
  * context lies in the cache. A row without shut slots gives the same bits either way (its ranks
  * are its slots); each exponential is exp256's lane arithmetic. */
 SD_AVX2 static void softmax_open(float *sc, int n_attn, float mx, float *st) {
-    float lanes[8] = {0};
-    int r = 0;
-    for (int s = 0; s < n_attn; s++) {
+    /* The run of open slots from slot 0 (a tree's context: every node sees it) is summed eight
+     * at a time: there a slot's rank is the slot, so lane j adds the exponentials of slots j,
+     * j + 8, ... in that order, as the loop below would; the rest (the tree's own slots, and
+     * the run's last < 8) one by one. */
+    int run = 0;
+    while (run < n_attn && sc[run] != -INFINITY) {
+        run++;
+    }
+    run &= ~7;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int s = 0; s < run; s += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + s), vmx));
+        _mm256_storeu_ps(sc + s, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vsum);
+    int r = run;
+    for (int s = run; s < n_attn; s++) {
         if (sc[s] == -INFINITY) {
             sc[s] = 0.0f;
             continue;
