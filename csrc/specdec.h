@@ -462,6 +462,9 @@ typedef struct {
      * each size measured on the target once (sd_cost_curve, at the first request); where no
      * node pays, one every fourth step. 0: the whole template every step. */
     int adaptive;
+    /* 0 .. SD_MAX_DRAFT: prompt lookup's draft of up to this many tokens joins each step's tree
+     * as one more branch (sharing the nodes whose tokens the table also proposes); 0: none */
+    int lookup;
 } sd_token_recycling;
 
 sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling *params);

@@ -142,6 +142,12 @@ def run(args: argparse.Namespace) -> dict:
             methods["recycling"] = specdec.TokenRecycling(nodes=args.tree_nodes, widths=widths,
                                                           adaptive=not args.tree_whole)
             draft_cost["recycling"] = 0.0
+        elif name == "recycling-lookup":  # prompt lookup's draft as one more branch
+            widths = tuple(int(w) for w in args.tree_widths.split(","))
+            methods["recycling-lookup"] = specdec.TokenRecycling(
+                nodes=args.tree_nodes, widths=widths, adaptive=not args.tree_whole,
+                lookup=min(args.k, 32))
+            draft_cost["recycling-lookup"] = 0.0
         elif name == "eagle":
             methods["eagle"] = specdec.Eagle(args.eagle or args.model, depth=args.eagle_depth,
                                              branching=args.model_branching,
@@ -174,8 +180,8 @@ def run(args: argparse.Namespace) -> dict:
             draft_cost["medusa"] = 0.0
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, layerskip, "
-                             "draft, recycling, eagle, eagle-lookup, eagle-tree, "
-                             "eagle-tree-lookup, medusa)")
+                             "draft, recycling, recycling-lookup, eagle, eagle-lookup, "
+                             "eagle-tree, eagle-tree-lookup, medusa)")
     rows = load_questions(args.data, args.limit)
     # One short untimed request per method first: the first request of a speculator that sizes
     # its trees by the verify cost measures that curve on the model (about a second), which
@@ -225,7 +231,7 @@ def run(args: argparse.Namespace) -> dict:
                     m["loop_tokens"] = trailing_loop(list(g.tokens))
                 if g.stats is not None:
                     m.update(steps=g.stats.steps, drafted=g.stats.drafted,
-                             accepted=g.stats.accepted)
+                             accepted=g.stats.accepted, steps_by_nodes=g.stats.steps_by_nodes)
                 entry["methods"][name] = m
         for name in names:
             entry["methods"][name]["time_s"] = median(times[name])
@@ -280,7 +286,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--methods", default="lookup",
                    help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling, "
-                   "eagle, eagle-lookup, eagle-tree, eagle-tree-lookup, medusa")
+                   "recycling-lookup, eagle, eagle-lookup, eagle-tree, eagle-tree-lookup, medusa")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
     p.add_argument("--eagle", help="eagle: an EAGLE head directory (default: the head shipped "
                    "for --model's alias)")
@@ -302,9 +308,9 @@ def main(argv=None) -> int:
     p.add_argument("--model-slope", type=float, default=0.2,
                    help="layerskip, draft: adaptive draft length's verify slope (0 = off)")
     p.add_argument("--tree-nodes", type=int, default=16,
-                   help="recycling: the most nodes of a step's tree")
+                   help="recycling(-lookup): the most nodes of a step's template")
     p.add_argument("--tree-widths", default="4,2,2,1,1,1",
-                   help="recycling: children per node at each depth, comma-separated")
+                   help="recycling(-lookup): children per node at each depth, comma-separated")
     p.add_argument("--branching", type=int, default=1,
                    help="lookup: sibling branches from other occurrences (1 = a chain)")
     p.add_argument("--tree-branching", type=int, default=3,
@@ -318,10 +324,11 @@ def main(argv=None) -> int:
                    help="eagle, eagle-tree: draft the whole depth (or nodes) every step, not "
                    "only what pays by the measured verify cost")
     p.add_argument("--tree-whole", action="store_true",
-                   help="recycling, lookup-tree: draft the whole template or tree every step "
-                        "(default: the nodes that pay at the measured verify costs)")
+                   help="recycling(-lookup), lookup-tree: draft the whole template or tree "
+                        "every step (default: the nodes that pay at the measured verify costs)")
     p.add_argument("--k", type=int, default=16,
-                   help="lookup, lookup-tree, eagle-lookup: the most lookup drafts per step")
+                   help="lookup, lookup-tree, eagle-lookup, recycling-lookup (at most 32): the "
+                        "most lookup drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--verify-slope", type=float, default=0.2,
                    help="adaptive draft length (0 = always draft k)")

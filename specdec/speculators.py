@@ -363,12 +363,21 @@ class TokenRecycling(Speculator):
     most promising nodes while expected tokens per unit of time grow; where nothing pays it
     decodes plainly, drafting one node every fourth step to keep measuring. The sizes chosen
     depend on timings, so with sampling a seed reproduces the distribution but not the exact
-    tokens; ``adaptive=False`` drafts the whole template every step."""
+    tokens; ``adaptive=False`` drafts the whole template every step.
+
+    ``lookup`` > 0 adds prompt lookup's draft (as :class:`PromptLookup` finds it: what followed
+    the best earlier match of the text's last tokens, up to ``lookup`` tokens) to each step's
+    tree as one more branch from the root, through the template's nodes where the table
+    proposes the same tokens. The two cover each other's gaps: the table knows the model's
+    habits, lookup the text's own repeats (quotes, names, code, translations). The adaptive cut
+    weighs lookup's tokens by how often its drafts of the same kind of match were accepted so
+    far in the request."""
 
     nodes: int = 16
     widths: Tuple[int, ...] = (4, 2, 2, 1, 1, 1)
     top: int = 8
     adaptive: bool = True
+    lookup: int = 0
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -379,7 +388,7 @@ class TokenRecycling(Speculator):
         if not isinstance(self.adaptive, bool):
             raise TypeError(f"adaptive must be a bool, got {self.adaptive!r}")
         d = _core.token_recycling(_int("nodes", self.nodes), list(widths), _int("top", self.top),
-                                  self.adaptive)
+                                  self.adaptive, _int("lookup", self.lookup))
         object.__setattr__(self, "_drafter", d)
 
 

@@ -97,6 +97,63 @@ def test_sampled_output_is_distributed_as_the_target(tmp_path, name, adaptive):
     assert_joint_matches(m, spec, setting, exact_joint(row, w, setting), N=100_000)
 
 
+# prompt lookup's draft as one more branch (TokenRecycling(lookup=k)): the table's template
+# and lookup's chain share the nodes where they agree
+LOOKUP_TREES = [dict(nodes=1, widths=(1,), lookup=4), dict(nodes=6, widths=(2, 2), lookup=8),
+                dict(nodes=16, widths=(4, 2, 2, 1, 1, 1), lookup=32)]
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["whole", "adaptive"])
+@pytest.mark.parametrize("tree", LOOKUP_TREES, ids=[str(t["lookup"]) for t in LOOKUP_TREES])
+def test_greedy_with_lookup_equals_plain(model, tree, adaptive):
+    spec = recycling(adaptive, **tree)
+    bare = recycling(adaptive, **{k: v for k, v in tree.items() if k != "lookup"})
+    acc = {id(spec): 0, id(bare): 0}
+    for seed in range(3):
+        prompt = tm.random_tokens(CFG.vocab, 12, seed) * 3
+        plain = specdec.generate(model, prompt, max_new_tokens=50, stop_tokens=[])
+        for s in (spec, bare):
+            got = specdec.generate(model, prompt, max_new_tokens=50, stop_tokens=[],
+                                   speculator=s)
+            assert got.tokens == plain.tokens, (tree, seed)
+            assert got.stats.accepted + got.stats.steps == got.stats.new_tokens
+            acc[id(s)] += got.stats.accepted
+    # the prompt repeats itself: lookup's branch finds what the table does not know yet
+    assert acc[id(spec)] > acc[id(bare)]
+
+
+def test_lookup_branch_joins_the_template(model):
+    """A template of one chain of 6 and lookup's draft of up to 6: never more than the two
+    side by side, shared nodes where they agree (a tree of 7 to 11 nodes: a common start),
+    and at least the tokens per step of the template alone."""
+    prompt = tm.random_tokens(CFG.vocab, 10, 5) * 4
+    got = {}
+    for lookup in (0, 6):
+        spec = recycling(nodes=6, widths=(1,) * 6, lookup=lookup)
+        specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
+        got[lookup] = specdec.generate(model, prompt, max_new_tokens=40, stop_tokens=[],
+                                       speculator=spec).stats
+    sizes = got[6].steps_by_nodes
+    assert max(sizes) <= 12 and any(7 <= n <= 11 for n in sizes), sizes
+    assert got[6].mean_accepted_tokens >= got[0].mean_accepted_tokens
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["whole", "adaptive"])
+@pytest.mark.parametrize("name", ["T1", "T0.7-topk3"])
+def test_sampled_output_with_lookup_is_distributed_as_the_target(tmp_path, name, adaptive):
+    m, _, w, _, row = make_v5(tmp_path)
+    setting = SETTINGS[name]
+    prompt = [1, 2, 3, 1, 2, 4, 1, 2]  # lookup matches the last tokens earlier in the text
+    spec = recycling(adaptive, nodes=6, widths=(2, 2), top=3, lookup=4)
+    bare = recycling(adaptive, nodes=6, widths=(2, 2), top=3)
+    assert_joint_matches(m, spec, setting, exact_joint(row, w, setting, prompt), N=100_000,
+                         prompt=prompt)
+    T, top_k, top_p, min_p = setting
+    drafted = [_core.joint_counts(m._core, s.drafter(), prompt, 2_000, T, top_k, top_p,
+                                  min_p)[1] for s in (spec, bare)]
+    assert drafted[0] > drafted[1]  # lookup's nodes were in the trees
+
+
 @pytest.mark.parametrize("kw,error,match", [
     (dict(nodes=0), ValueError, r"nodes must be in \[1, 64\], got 0"),
     (dict(nodes=65), ValueError, r"nodes must be in \[1, 64\], got 65"),
@@ -107,6 +164,9 @@ def test_sampled_output_is_distributed_as_the_target(tmp_path, name, adaptive):
     (dict(widths=(2, 0)), ValueError, r"widths\[1\] must be in \[1, top = 8\], got 0"),
     (dict(widths=(2.0,)), TypeError, "widths"), (dict(widths=3), TypeError, "widths"),
     (dict(nodes=1.5), TypeError, "nodes"), (dict(adaptive=1), TypeError, "adaptive"),
+    (dict(lookup=-1), ValueError, r"lookup must be in \[0, 32\], got -1"),
+    (dict(lookup=33), ValueError, r"lookup must be in \[0, 32\], got 33"),
+    (dict(lookup=2.0), TypeError, "lookup"),
 ])
 def test_bad_arguments(kw, error, match):
     with pytest.raises(error, match=match):
@@ -159,7 +219,8 @@ def test_smollm2_greedy_equals_plain(smollm2_path):
     m = specdec.load(smollm2_path)
     # the adaptive trees (sized from this machine's measured verify costs, so possibly empty
     # on a busy or slow CPU) and the whole template (which always drafts)
-    for spec in (specdec.TokenRecycling(), specdec.TokenRecycling(adaptive=False)):
+    for spec in (specdec.TokenRecycling(), specdec.TokenRecycling(adaptive=False),
+                 specdec.TokenRecycling(adaptive=False, lookup=16)):
         for q in ("List the days of the week.", "Count from one to twenty in words."):
             msgs = [{"role": "user", "content": q}]
             plain = specdec.generate(m, msgs, max_new_tokens=64)

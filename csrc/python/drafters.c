@@ -103,16 +103,16 @@ static PyObject *py_layerskip(PyObject *mod, PyObject *args, PyObject *kwds) {
     return st != SD_OK ? sd_py_raise(st) : drafter_wrap(d, NULL);
 }
 
-/* token_recycling(nodes, widths, top, adaptive) -> Drafter; widths: a sequence of 1 to
- * SD_RECYCLE_MAX_DEPTH ints, its length the tree's depth */
+/* token_recycling(nodes, widths, top, adaptive, lookup=0) -> Drafter; widths: a sequence of 1
+ * to SD_RECYCLE_MAX_DEPTH ints, its length the tree's depth */
 static PyObject *py_token_recycling(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"nodes", "widths", "top", "adaptive", NULL};
+    static char *kwlist[] = {"nodes", "widths", "top", "adaptive", "lookup", NULL};
     sd_token_recycling p;
     memset(&p, 0, sizeof(p));
     PyObject *widths = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOip:token_recycling", kwlist, &p.nodes, &widths,
-                                     &p.top, &p.adaptive)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOip|i:token_recycling", kwlist, &p.nodes,
+                                     &widths, &p.top, &p.adaptive, &p.lookup)) {
         return NULL;
     }
     PyObject *seq = PySequence_Fast(widths, "widths must be a sequence of integers");

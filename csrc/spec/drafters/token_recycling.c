@@ -9,12 +9,19 @@
  * accepted path) is counted, and the nodes most likely accepted are kept while the expected
  * tokens per unit of verify time grow, the time of a forward of each size measured on the
  * model (sd_cost_curve). A machine where verifying many tokens is dear gets small trees, or
- * plain decoding; one where it is cheap, the whole template. */
+ * plain decoding; one where it is cheap, the whole template.
+ *
+ * With `lookup`, prompt lookup's draft (the text's continuation after its best earlier match,
+ * sd_lookup_draft) joins the tree as one more branch from the root: where its tokens are the
+ * table's, it runs through the template's nodes, else through nodes of its own. Its j-th
+ * token is accepted with the chance a^j, a its kind of match's rate so far in the request
+ * (sd_lookup_rate), and the adaptive cut weighs its nodes with the template's. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "spec/drafter.h"
+#include "spec/lookup.h"
 #include "spec/loop.h"
 #include "util/status.h"
 
@@ -30,14 +37,21 @@ typedef struct {
     double proposed[SD_MAX_TREE], on_path[SD_MAX_TREE]; /* steps each slot was drafted, kept */
 } recycle_table;
 
-/* What a request keeps between propose and commit. */
+/* prompt lookup beside the table: n-grams of up to this many tokens, and its buckets */
+#define LOOKUP_NGRAM 4
+#define LOOKUP_BUCKETS (LOOKUP_NGRAM + 3)
+
+/* What a request keeps between propose and commit, and lookup's counts over its steps. */
 typedef struct {
     int32_t root;
     int n;
     int32_t tokens[SD_MAX_TREE];
     int32_t parent[SD_MAX_TREE];
-    int8_t slot[SD_MAX_TREE];                             /* each node's template slot */
+    int8_t slot[SD_MAX_TREE];  /* each node's template slot, or -1 */
+    int8_t chain[SD_MAX_TREE]; /* 1 + its place in lookup's draft, or 0 */
     int32_t best[(SD_MAX_TREE + 1) * SD_RECYCLE_MAX_TOP]; /* a step's rows' successors */
+    int chain_n, bucket; /* lookup's nodes in the step's tree, its match */
+    double acc[LOOKUP_BUCKETS], rej[LOOKUP_BUCKETS]; /* lookup's tokens accepted, rejected */
 } recycle_state;
 
 static sd_status recycle_check(const sd_drafter *d, const sd_model *target, int n_prompt,
@@ -75,7 +89,9 @@ static sd_status recycle_begin(const sd_drafter *d, void **state, sd_spec_loop *
         st = sd_set_error(SD_ERR_INVALID_ARG, "the successor table belongs to another model");
     }
     if (st == SD_OK && d->u.recycling.adaptive) { /* once per model and thread count */
-        st = sd_cost_curve_measure(d->cost, L->m, t->n_slots + 1);
+        const int most = t->n_slots + d->u.recycling.lookup;
+        st = sd_cost_curve_measure(d->cost, L->m,
+                                   (most < SD_MAX_TREE_NODES ? most : SD_MAX_TREE_NODES) + 1);
     }
     pthread_mutex_unlock(&t->lock);
     SD_TRY(st);
@@ -83,9 +99,37 @@ static sd_status recycle_begin(const sd_drafter *d, void **state, sd_spec_loop *
     return *state != NULL ? SD_OK : sd_set_error(SD_ERR_NOMEM, "out of memory");
 }
 
+/* Lookup's draft joins the n nodes (tok, par, slot, p) as a branch from the root: each of its
+ * tokens becomes the child of the last one's node, an existing node where the tree has one
+ * (its chance raised to the draft's where lower) or a new node. chain[i]: 1 + node i's place
+ * in the draft, 0 off it. Returns the new node count. A node's chance stays at most its
+ * parent's: a^j falls along the draft, and a node's own was at most its parent's before. */
+static int join_lookup(int n, int32_t *tok, int32_t *par, int8_t *slot, float *p, int8_t *chain,
+                       const int32_t *draft, int k, double a) {
+    double q = a;
+    for (int j = 0, at = -1; j < k; j++, q *= a) {
+        int i = at + 1;
+        while (i < n && !(par[i] == at && tok[i] == draft[j])) {
+            i++;
+        }
+        if (i == n) {
+            tok[n] = draft[j];
+            par[n] = at;
+            slot[n] = -1;
+            p[n] = 0.0f;
+            n++;
+        }
+        p[i] = (float)q > p[i] ? (float)q : p[i];
+        chain[i] = (int8_t)(j + 1);
+        at = i;
+    }
+    return n;
+}
+
 /* The template's slots that can be drafted this step (their parents drafted, their successors
- * known, within the room), breadth first; with `adaptive`, only those that pay
- * (sd_tree_size), one node every fourth step where none does, to keep measuring. */
+ * known, within the room), breadth first, and lookup's draft (join_lookup); with `adaptive`,
+ * only the nodes that pay (sd_tree_size), one node every fourth step where none does, to keep
+ * measuring. */
 static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop *L, int room,
                                  sd_draft *out) {
     (void)room; /* a tree's room is sd_spec_tree_room's */
@@ -94,12 +138,24 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
     int depth_room = 0;
     const int tree_room = sd_spec_tree_room(L, &depth_room);
     int32_t tok[SD_MAX_TREE], node_of[SD_MAX_TREE], par[SD_MAX_TREE], order[SD_MAX_TREE];
-    int8_t slot[SD_MAX_TREE];
+    int8_t slot[SD_MAX_TREE], chain[SD_MAX_TREE] = {0};
     float p[SD_MAX_TREE];
     int n = 0;
     s->root = L->hist[L->len - 1];
+    /* lookup's draft first: the template's nodes leave room for all of it */
+    int32_t draft[SD_MAX_DRAFT];
+    int k = d->u.recycling.lookup < tree_room ? d->u.recycling.lookup : tree_room;
+    k = k < depth_room ? k : depth_room;
+    double a = 0.0;
+    if (k > 0) {
+        int n_match = 0, extent = 0;
+        k = sd_lookup_draft(draft, &n_match, &extent, L->hist, L->len, LOOKUP_NGRAM, 1, k);
+        s->bucket = sd_lookup_bucket(n_match, extent, LOOKUP_NGRAM);
+        a = sd_lookup_rate(s->acc[s->bucket], s->rej[s->bucket], s->bucket, LOOKUP_NGRAM, NULL);
+    }
+    k = k > 0 ? k : 0;
     pthread_mutex_lock(&t->lock);
-    for (int sl = 0; sl < t->n_slots && n < tree_room; sl++) {
+    for (int sl = 0; sl < t->n_slots && n < tree_room - k; sl++) {
         const int ps = t->parent[sl], pn = ps < 0 ? -1 : node_of[ps];
         node_of[sl] = -1;
         if ((ps >= 0 && pn < 0) || t->depth[sl] > depth_room) {
@@ -121,6 +177,7 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
         p[n] = (float)q;
         n++;
     }
+    n = join_lookup(n, tok, par, slot, p, chain, draft, k, a);
     int keep = n;
     if (d->u.recycling.adaptive) {
         sd_cost_curve cost;
@@ -138,6 +195,7 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
         newidx[order[i]] = 0;
     }
     s->n = 0;
+    s->chain_n = 0;
     for (int i = 0; i < n; i++) {
         if (newidx[i] < 0) {
             continue;
@@ -146,6 +204,8 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
         s->tokens[s->n] = tok[i];
         s->parent[s->n] = par[i] < 0 ? -1 : newidx[par[i]];
         s->slot[s->n] = slot[i];
+        s->chain[s->n] = chain[i];
+        s->chain_n += chain[i] > 0;
         s->n++;
     }
     out->n = s->n;
@@ -170,8 +230,9 @@ static sd_status recycle_commit(const sd_drafter *d, void *state, sd_spec_loop *
             memcpy(dst, ids, (size_t)top * sizeof(int32_t));
         }
     }
-    /* the accepted path, L->batch[1 .. n_acc], followed down the proposal (siblings differ) */
-    int on_path[SD_MAX_TREE] = {0};
+    /* the accepted path, L->batch[1 .. n_acc], followed down the proposal (siblings differ);
+     * lookup's tokens accepted: those of the path's start that are its draft's */
+    int on_path[SD_MAX_TREE] = {0}, chain_acc = 0;
     for (int j = 0, at = -1; j < n_acc; j++) {
         int i = at + 1;
         while (i < s->n && !(s->parent[i] == at && s->tokens[i] == L->batch[1 + j])) {
@@ -182,7 +243,12 @@ static sd_status recycle_commit(const sd_drafter *d, void *state, sd_spec_loop *
                                 "token recycling: the accepted path left its tree");
         }
         on_path[i] = 1;
+        chain_acc += chain_acc == j && s->chain[i] == j + 1;
         at = i;
+    }
+    if (s->chain_n > 0) { /* a run of accepted tokens, then one rejected unless all were */
+        s->acc[s->bucket] += chain_acc;
+        s->rej[s->bucket] += chain_acc < s->chain_n ? 1.0 : 0.0;
     }
     pthread_mutex_lock(&t->lock);
     for (int r = 0; r <= draft->n; r++) {
@@ -191,8 +257,10 @@ static sd_status recycle_commit(const sd_drafter *d, void *state, sd_spec_loop *
                (size_t)top * sizeof(int32_t));
     }
     for (int i = 0; i < s->n; i++) {
-        t->proposed[s->slot[i]] += 1.0;
-        t->on_path[s->slot[i]] += on_path[i];
+        if (s->slot[i] >= 0) {
+            t->proposed[s->slot[i]] += 1.0;
+            t->on_path[s->slot[i]] += on_path[i];
+        }
     }
     pthread_mutex_unlock(&t->lock);
     return SD_OK;
@@ -243,6 +311,10 @@ sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling 
         return sd_set_error(SD_ERR_INVALID_ARG, "the tree's depth must be in [1, %d], got %d",
                             SD_RECYCLE_MAX_DEPTH, p->depth);
     }
+    if (p->lookup < 0 || p->lookup > SD_MAX_DRAFT) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "lookup must be in [0, %d], got %d", SD_MAX_DRAFT,
+                            p->lookup);
+    }
     for (int i = 0; i < p->depth; i++) {
         if (p->widths[i] < 1 || p->widths[i] > p->top) {
             return sd_set_error(SD_ERR_INVALID_ARG, "widths[%d] must be in [1, top = %d], got %d",
@@ -268,7 +340,9 @@ sd_status sd_drafter_token_recycling(sd_drafter **out, const sd_token_recycling 
             t->n_slots++;
         }
     }
-    const sd_status st = sd_drafter_alloc(out, &recycle_ops, t->n_slots, 0);
+    const int most = t->n_slots + p->lookup;
+    const sd_status st =
+        sd_drafter_alloc(out, &recycle_ops, most < SD_MAX_TREE_NODES ? most : SD_MAX_TREE_NODES, 0);
     if (st != SD_OK) {
         pthread_mutex_destroy(&t->lock);
         free(t);
