@@ -540,6 +540,30 @@ static sd_status keep_path(sd_spec_loop *L, const sd_fwd *f, const int32_t *path
 static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr, const int *depth,
                            int *n_acc_out, int32_t *next_out) {
     const int V = L->m->cfg.vocab_size, n = dr->n, len = L->len;
+    int32_t path[SD_MAX_TREE];
+    if (L->s.temperature == 0.0f) {
+        /* At temperature 0 every row is one-hot at its argmax, and the tree rule comes down to
+         * the greedy walk: from the root, the first child whose token is its parent's row's
+         * argmax, as deep as that goes, then the last row's argmax. Only the walk's rows are
+         * read (the rule would process all n + 1, each a pass over the vocabulary and a
+         * one-hot row written); the tests of greedy equality hold it to the rule. */
+        int n_acc = 0;
+        for (int node = -1;;) {
+            const int32_t best = sd_argmax(L->logits + (size_t)(node + 1) * V, V);
+            int c = node + 1;
+            while (c < n && !(dr->parent[c] == node && L->batch[1 + c] == best)) {
+                c++;
+            }
+            if (c == n) {
+                *next_out = best;
+                break;
+            }
+            path[n_acc++] = c;
+            node = c;
+        }
+        *n_acc_out = n_acc;
+        return keep_path(L, f, path, n_acc);
+    }
     int max_depth = 0;
     for (int i = 0; i < n; i++) {
         max_depth = depth[i] > max_depth ? depth[i] : max_depth;
@@ -556,7 +580,6 @@ static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr,
     for (int a = 0; a <= max_depth; a++) {
         un[a] = sd_rng_uniform(L->seed, SD_STREAM_EMIT, out_pos + (uint64_t)a);
     }
-    int32_t path[SD_MAX_TREE];
     const int n_acc = sd_verify_tree(path, next_out, L->batch + 1, dr->parent, n, L->probs, dr->q,
                                      V, ua, un, L->fwork);
     *n_acc_out = n_acc;
