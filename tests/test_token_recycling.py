@@ -215,6 +215,27 @@ def test_one_table_per_model(model, tmp_path):
         specdec.generate(other, [1, 2, 3], max_new_tokens=4, speculator=spec)
 
 
+def test_row_top_ids_match_numpy():
+    """The table's successors: a row's `top` largest values' ids, by decreasing value, ties to
+    the lower id, -1 past the row's length; over rows of many ties, of -inf, and lengths around
+    the 32-value blocks the scan skips."""
+    import numpy as np
+    import kernels as K
+
+    rng = np.random.default_rng(7)
+    for V in (3, 31, 32, 33, 65, 1000, 49_152):
+        x = rng.integers(-40, 41, size=(4, V)).astype(np.float32)
+        x[1] = -np.inf
+        x[2, V // 2:] = 50.0  # the largest all late, equal
+        x[3] = rng.standard_normal(V).astype(np.float32)
+        for top in (1, 3, 8, 16):
+            got = K.run("row_top", K.CPU, [np.zeros((4, top), np.int32), x, 4, V, top])[0]
+            for r in range(4):
+                want = np.lexsort((np.arange(V), -x[r]))[:top]
+                want = np.concatenate([want, -np.ones(top - len(want), np.int64)])
+                np.testing.assert_array_equal(got[r], want, err_msg=f"V={V} top={top} row={r}")
+
+
 def test_smollm2_greedy_equals_plain(smollm2_path):
     m = specdec.load(smollm2_path)
     # the adaptive trees (sized from this machine's measured verify costs, so possibly empty

@@ -186,7 +186,7 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
         keep = keep == 0 && n > 0 && L->ss->steps % 4 == 0 ? 1 : keep;
     }
     pthread_mutex_unlock(&t->lock);
-    /* the kept nodes in breadth-first order (a parent is kept whenever its child is) */
+    /* the kept nodes in their order, parents first (a parent is kept whenever its child is) */
     int32_t newidx[SD_MAX_TREE];
     for (int i = 0; i < n; i++) {
         newidx[i] = keep == n ? i : -1;
