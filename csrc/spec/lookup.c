@@ -109,3 +109,17 @@ double sd_lookup_rate(double accepted, double rejected, int bucket, int max_ngra
     }
     return (accepted + w + 1.0) / (accepted + rejected + w + 2.0);
 }
+
+int sd_lookup_side_draft(const sd_lookup_side *s, int32_t *draft, const int32_t *h, int len, int k,
+                         int *bucket, double *rate) {
+    int n_match = 0, extent = 0;
+    const int n = sd_lookup_draft(draft, &n_match, &extent, h, len, SD_LOOKUP_SIDE_NGRAM, 1, k);
+    *bucket = sd_lookup_bucket(n_match, extent, SD_LOOKUP_SIDE_NGRAM);
+    *rate = sd_lookup_rate(s->acc[*bucket], s->rej[*bucket], *bucket, SD_LOOKUP_SIDE_NGRAM, NULL);
+    return n;
+}
+
+void sd_lookup_side_count(sd_lookup_side *s, int bucket, int accepted, int drafted) {
+    s->acc[bucket] += accepted;
+    s->rej[bucket] += accepted < drafted ? 1.0 : 0.0;
+}

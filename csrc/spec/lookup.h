@@ -44,4 +44,21 @@ int sd_lookup_bucket(int n_match, int extent, int max_ngram);
  * the prior of a long run of accepted tokens. The prior's weight is returned in *prior. */
 double sd_lookup_rate(double accepted, double rejected, int bucket, int max_ngram, double *prior);
 
+/* Prompt lookup beside another drafter (EAGLE's head, Token Recycling's table): n-grams of up
+ * to SD_LOOKUP_SIDE_NGRAM tokens, and the acceptance of its drafts counted by kind of match
+ * over a request. Zeroed: no counts yet. */
+#define SD_LOOKUP_SIDE_NGRAM 4
+typedef struct {
+    double acc[SD_LOOKUP_SIDE_NGRAM + 3], rej[SD_LOOKUP_SIDE_NGRAM + 3];
+} sd_lookup_side;
+
+/* sd_lookup_draft's draft of up to k tokens after h[0 .. len) (n-grams of 1 to
+ * SD_LOOKUP_SIDE_NGRAM); returns its length (0 without a match) and sets *bucket to its kind
+ * of match and *rate to the chance a draft token of that kind is accepted (sd_lookup_rate). */
+int sd_lookup_side_draft(const sd_lookup_side *s, int32_t *draft, const int32_t *h, int len, int k,
+                         int *bucket, double *rate);
+/* A verified draft of `bucket`: `drafted` tokens, the first `accepted` kept (a run of accepted
+ * tokens, then one rejected unless all were). */
+void sd_lookup_side_count(sd_lookup_side *s, int bucket, int accepted, int drafted);
+
 #endif /* SD_LOOKUP_H */

@@ -23,10 +23,6 @@
 #include "util/status.h"
 
 #define FED_MAX (SD_MAX_TREE_NODES + 1)
-/* prompt lookup beside the head: n-grams of up to this many tokens, and its buckets */
-#define LOOKUP_NGRAM 4
-#define LOOKUP_BUCKETS (LOOKUP_NGRAM + 3)
-
 /* What the drafter knows of its two ways of drafting, over a request's steps: the head's steps
  * (their number, accepted drafts, verify size as rel[T], seconds drafting and verifying) and
  * lookup's counts by kind of match (sd_lookup_rate). */
@@ -35,7 +31,7 @@ typedef struct {
     int bucket;      /* ... its kind of match */
     double steps, accepted, rel, draft_s, verify_s;
     double verify_mark; /* the loop's verify seconds when the last head step was proposed */
-    double acc[LOOKUP_BUCKETS], rej[LOOKUP_BUCKETS];
+    sd_lookup_side side;
     int32_t tokens[SD_MAX_DRAFT];
     int32_t parent[SD_MAX_DRAFT];
 } eagle_mix;
@@ -213,16 +209,14 @@ static sd_status eagle_begin(const sd_drafter *d, void **state, sd_spec_loop *L)
  * first m drafts (sd_tree_size), a its kind of match's acceptance rate, drafting free. */
 static int lookup_instead(const sd_drafter *d, eagle_mix *x, sd_spec_loop *L, int room,
                           const sd_cost_curve *c, sd_draft *out) {
-    int n_match = 0, extent = 0, order[SD_MAX_DRAFT];
+    int order[SD_MAX_DRAFT], b = 0;
+    double a = 0.0;
     const int lim = room < d->u.m.lookup ? room : d->u.m.lookup;
-    const int k = lim > 0 ? sd_lookup_draft(x->tokens, &n_match, &extent, L->hist, L->len,
-                                            LOOKUP_NGRAM, 1, lim)
-                          : 0;
+    const int k =
+        lim > 0 ? sd_lookup_side_draft(&x->side, x->tokens, L->hist, L->len, lim, &b, &a) : 0;
     if (k == 0 || c->max_T < 2) {
         return 0;
     }
-    const int b = sd_lookup_bucket(n_match, extent, LOOKUP_NGRAM);
-    const double a = sd_lookup_rate(x->acc[b], x->rej[b], b, LOOKUP_NGRAM, NULL);
     float p[SD_MAX_DRAFT];
     double q = a, gain = 1.0;
     for (int j = 0; j < k; j++, q *= a) {
@@ -298,9 +292,8 @@ static sd_status eagle_commit(const sd_drafter *d, void *state, sd_spec_loop *L,
     (void)L;
     eagle_state *s = state;
     eagle_mix *x = &s->mix;
-    if (x->step_lookup) { /* a run of n_acc accepted tokens, then one rejected unless all were */
-        x->acc[x->bucket] += n_acc;
-        x->rej[x->bucket] += n_acc < draft->n ? 1.0 : 0.0;
+    if (x->step_lookup) {
+        sd_lookup_side_count(&x->side, x->bucket, n_acc, draft->n);
     } else if (d->u.m.lookup > 0) {
         x->steps += 1.0;
         x->accepted += n_acc;

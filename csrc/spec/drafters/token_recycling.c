@@ -37,10 +37,6 @@ typedef struct {
     double proposed[SD_MAX_TREE], on_path[SD_MAX_TREE]; /* steps each slot was drafted, kept */
 } recycle_table;
 
-/* prompt lookup beside the table: n-grams of up to this many tokens, and its buckets */
-#define LOOKUP_NGRAM 4
-#define LOOKUP_BUCKETS (LOOKUP_NGRAM + 3)
-
 /* What a request keeps between propose and commit, and lookup's counts over its steps. */
 typedef struct {
     int32_t root;
@@ -51,7 +47,7 @@ typedef struct {
     int8_t chain[SD_MAX_TREE]; /* 1 + its place in lookup's draft, or 0 */
     int32_t best[(SD_MAX_TREE + 1) * SD_RECYCLE_MAX_TOP]; /* a step's rows' successors */
     int chain_n, bucket; /* lookup's nodes in the step's tree, its match */
-    double acc[LOOKUP_BUCKETS], rej[LOOKUP_BUCKETS]; /* lookup's tokens accepted, rejected */
+    sd_lookup_side side; /* lookup's drafts accepted, by kind of match */
 } recycle_state;
 
 static sd_status recycle_check(const sd_drafter *d, const sd_model *target, int n_prompt,
@@ -147,13 +143,7 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
     int k = d->u.recycling.lookup < tree_room ? d->u.recycling.lookup : tree_room;
     k = k < depth_room ? k : depth_room;
     double a = 0.0;
-    if (k > 0) {
-        int n_match = 0, extent = 0;
-        k = sd_lookup_draft(draft, &n_match, &extent, L->hist, L->len, LOOKUP_NGRAM, 1, k);
-        s->bucket = sd_lookup_bucket(n_match, extent, LOOKUP_NGRAM);
-        a = sd_lookup_rate(s->acc[s->bucket], s->rej[s->bucket], s->bucket, LOOKUP_NGRAM, NULL);
-    }
-    k = k > 0 ? k : 0;
+    k = k > 0 ? sd_lookup_side_draft(&s->side, draft, L->hist, L->len, k, &s->bucket, &a) : 0;
     pthread_mutex_lock(&t->lock);
     for (int sl = 0; sl < t->n_slots && n < tree_room - k; sl++) {
         const int ps = t->parent[sl], pn = ps < 0 ? -1 : node_of[ps];
@@ -246,9 +236,8 @@ static sd_status recycle_commit(const sd_drafter *d, void *state, sd_spec_loop *
         chain_acc += chain_acc == j && s->chain[i] == j + 1;
         at = i;
     }
-    if (s->chain_n > 0) { /* a run of accepted tokens, then one rejected unless all were */
-        s->acc[s->bucket] += chain_acc;
-        s->rej[s->bucket] += chain_acc < s->chain_n ? 1.0 : 0.0;
+    if (s->chain_n > 0) {
+        sd_lookup_side_count(&s->side, s->bucket, chain_acc, s->chain_n);
     }
     pthread_mutex_lock(&t->lock);
     for (int r = 0; r <= draft->n; r++) {
