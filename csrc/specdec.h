@@ -364,6 +364,11 @@ typedef struct {
      * branches of its rank were taken so far in the request (smoothed towards 0.1), times
      * a^j deeper; where nothing pays, one draft every fourth step keeps measuring. */
     int size_by_cost;
+    /* 0: off. h > 0: the drafter keeps the last h tokens (at most SD_LOOKUP_HISTORY_MAX_TOKENS,
+     * spec/lookup.h) its earlier requests generated, shared by its requests, and a step whose
+     * text has no match of two or more tokens drafts what followed the text's last 4, 3 or 2
+     * tokens there (a chain, its acceptance counted apart). */
+    int history;
 } sd_prompt_lookup;
 #define SD_LOOKUP_MAX_BRANCHES 8
 

@@ -122,6 +122,13 @@ def run(args: argparse.Namespace) -> dict:
                 k=args.k, max_ngram=args.max_ngram, min_ngram=1, verify_slope=args.verify_slope,
                 branching=args.tree_branching, size_by_cost=not args.tree_whole)
             draft_cost["lookup-tree"] = 0.0
+        elif name in ("lookup-history", "lookup-tree-history"):  # with earlier answers
+            tree = name == "lookup-tree-history"
+            methods[name] = specdec.PromptLookup(
+                k=args.k, max_ngram=args.max_ngram, min_ngram=1, verify_slope=args.verify_slope,
+                branching=args.tree_branching if tree else args.branching,
+                size_by_cost=(not args.tree_whole) if tree else None, history=args.history)
+            draft_cost[name] = 0.0
         elif name == "layerskip":
             methods["layerskip"] = specdec.LayerSkip(args.skip_layers, k=args.skip_k,
                                                      p_min=args.p_min,
@@ -179,7 +186,8 @@ def run(args: argparse.Namespace) -> dict:
             methods["medusa"] = specdec.Medusa(args.medusa)
             draft_cost["medusa"] = 0.0
         elif name and name != "plain":
-            raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, layerskip, "
+            raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, "
+                             "lookup-history, lookup-tree-history, layerskip, "
                              "draft, recycling, recycling-lookup, eagle, eagle-lookup, "
                              "eagle-tree, eagle-tree-lookup, medusa)")
     rows = load_questions(args.data, args.limit)
@@ -285,7 +293,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="Spec-Bench-format JSONL")
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--methods", default="lookup",
-                   help="comma-separated: lookup, lookup-tree, layerskip, draft, recycling, "
+                   help="comma-separated: lookup, lookup-tree, lookup-history, "
+                   "lookup-tree-history, layerskip, draft, recycling, "
                    "recycling-lookup, eagle, eagle-lookup, eagle-tree, eagle-tree-lookup, medusa")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
     p.add_argument("--eagle", help="eagle: an EAGLE head directory (default: the head shipped "
@@ -330,6 +339,8 @@ def main(argv=None) -> int:
                    help="lookup, lookup-tree, eagle-lookup, recycling-lookup (at most 32): the "
                         "most lookup drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
+    p.add_argument("--history", type=int, default=65536,
+                   help="lookup-history, lookup-tree-history: earlier answers' tokens kept")
     p.add_argument("--verify-slope", type=float, default=0.2,
                    help="adaptive draft length (0 = always draft k)")
     p.add_argument("--max-new-tokens", type=int, default=1024,

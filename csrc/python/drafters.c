@@ -50,18 +50,18 @@ PyTypeObject sd_py_DrafterType = {
     .tp_getset = drafter_getset,
 };
 
-/* prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1, size_by_cost=False)
- * -> Drafter */
+/* prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1, size_by_cost=False,
+ * history=0) -> Drafter */
 static PyObject *py_prompt_lookup(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
     static char *kwlist[] = {"k",         "max_ngram",    "min_ngram", "verify_slope",
-                             "branching", "size_by_cost", NULL};
+                             "branching", "size_by_cost", "history",   NULL};
     sd_prompt_lookup pl;
     memset(&pl, 0, sizeof(pl));
     pl.branching = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiif|ip:prompt_lookup", kwlist, &pl.k,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiif|ipi:prompt_lookup", kwlist, &pl.k,
                                      &pl.max_ngram, &pl.min_ngram, &pl.verify_slope, &pl.branching,
-                                     &pl.size_by_cost)) {
+                                     &pl.size_by_cost, &pl.history)) {
         return NULL;
     }
     sd_drafter *d = NULL;

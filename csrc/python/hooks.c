@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "spec/drafters/lookup_history.h"
 #include "spec/lookup.h"
 #include "spec/verify.h"
 #include "util/threadpool.h"
@@ -159,6 +160,75 @@ static PyObject *hook_lookup_draft(PyObject *mod, PyObject *args) {
         PyList_SET_ITEM(l, i, PyLong_FromLong(draft[i]));
     }
     return Py_BuildValue("(Nii)", l, n_match, extent);
+}
+
+/* A list of ints as int32 (a new reference to a 1-D array), or NULL with an exception. */
+static PyArrayObject *int32_array(PyObject *o) {
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(o, NPY_INT32, 1, 1, NPY_ARRAY_IN_ARRAY);
+    if (a != NULL && PyArray_DIM(a, 0) > INT32_MAX / 2) {
+        Py_DECREF(a);
+        PyErr_SetString(PyExc_ValueError, "too many tokens");
+        return NULL;
+    }
+    return a;
+}
+
+/* lookup_history_drafts(tokens, outputs, queries, k) -> [(draft, n_match)]: a history of at least
+ * `tokens` tokens (sd_lookup_history) given `outputs` one after another, then each query's draft
+ * of up to k tokens; a test hook. */
+static PyObject *hook_lookup_history_drafts(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *outputs = NULL, *queries = NULL;
+    int tokens = 0, k = 0;
+    if (!PyArg_ParseTuple(args, "iO!O!i:lookup_history_drafts", &tokens, &PyList_Type, &outputs,
+                          &PyList_Type, &queries, &k)) {
+        return NULL;
+    }
+    if (k < 1 || k > SD_MAX_DRAFT) {
+        PyErr_Format(PyExc_ValueError, "lookup_history_drafts needs 1 <= k <= %d, got %d",
+                     SD_MAX_DRAFT, k);
+        return NULL;
+    }
+    sd_lookup_history *hs = NULL;
+    const sd_status st = sd_lookup_history_create(&hs, tokens);
+    if (st != SD_OK) {
+        return sd_py_raise(st);
+    }
+    PyObject *res = PyList_New(0);
+    for (Py_ssize_t i = 0; res != NULL && i < PyList_GET_SIZE(outputs); i++) {
+        PyArrayObject *a = int32_array(PyList_GET_ITEM(outputs, i));
+        if (a == NULL) {
+            Py_CLEAR(res);
+            break;
+        }
+        sd_lookup_history_add(hs, (const int32_t *)PyArray_DATA(a), (int)PyArray_DIM(a, 0));
+        Py_DECREF(a);
+    }
+    for (Py_ssize_t i = 0; res != NULL && i < PyList_GET_SIZE(queries); i++) {
+        PyArrayObject *a = int32_array(PyList_GET_ITEM(queries, i));
+        if (a == NULL) {
+            Py_CLEAR(res);
+            break;
+        }
+        int32_t draft[SD_MAX_DRAFT];
+        int n_match = 0;
+        const int n = sd_lookup_history_draft(hs, draft, &n_match, (const int32_t *)PyArray_DATA(a),
+                                              (int)PyArray_DIM(a, 0), k);
+        Py_DECREF(a);
+        PyObject *l = PyList_New(n);
+        for (int j = 0; l != NULL && j < n; j++) {
+            PyList_SET_ITEM(l, j, PyLong_FromLong(draft[j]));
+        }
+        PyObject *item = l != NULL ? Py_BuildValue("(Ni)", l, n_match) : NULL;
+        if (item == NULL || PyList_Append(res, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(res);
+            break;
+        }
+        Py_DECREF(item);
+    }
+    sd_lookup_history_free(hs);
+    return res;
 }
 
 static PyObject *hook_kernel_names(PyObject *mod, PyObject *unused) {
@@ -584,6 +654,8 @@ PyMethodDef sd_py_hook_methods[] = {
     {"lookup_draft", hook_lookup_draft, METH_VARARGS,
      "lookup_draft(tokens, k, max_ngram, min_ngram) -> (draft, n_match, extent): the draft "
      "prompt lookup proposes after tokens (a test and research hook)"},
+    {"lookup_history_drafts", hook_lookup_history_drafts, METH_VARARGS,
+     "lookup_history_drafts(tokens, outputs, queries, k): a history's drafts (test hook)"},
     {"verify_chains", hook_verify_chains, METH_VARARGS,
      "verify_chains(p, q, drafts, u_accept, u_next) -> (n_accepted, next): the chain rule of "
      "speculative sampling over N runs (a test and research hook)"},

@@ -1,11 +1,14 @@
 /* prompt_lookup.c — the prompt-lookup drafter: the continuation of an earlier occurrence of the
  * text's last n-gram (lookup.h), as deterministic drafts, with an adaptive draft length whose
  * acceptance is counted apart for each kind of match; with branching > 1, the continuations of
- * other occurrences that start with other tokens as sibling branches of a tree. */
+ * other occurrences that start with other tokens as sibling branches of a tree; with a history,
+ * where the text has no match of two or more tokens, the continuation from earlier requests'
+ * outputs (the drafter's shared sd_lookup_history). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "spec/drafter.h"
+#include "spec/drafters/lookup_history.h"
 #include "spec/lookup.h"
 #include "spec/loop.h"
 #include "util/status.h"
@@ -33,6 +36,12 @@ typedef struct {
      * it */
     int rank[SD_LOOKUP_MAX_BRANCHES];
     double tried[SD_LOOKUP_MAX_BRANCHES], taken[SD_LOOKUP_MAX_BRANCHES];
+    /* history: the step in flight drafts from it (then bucket is unused), and the acceptance of
+     * such drafts (accepted tokens, rejected drafts); the request's loop, whose output end adds
+     * (the loop outlives the drafter's state: end comes before it frees anything) */
+    int from_history;
+    double acc_h, rej_h;
+    const sd_spec_loop *L;
 } lookup_state;
 
 /* A sibling branch's chance of being taken before any was tried: its Beta prior's mean and
@@ -64,6 +73,7 @@ static sd_status lookup_begin(const sd_drafter *d, void **state, sd_spec_loop *L
     }
     s->acc_n = counts;
     s->rej_n = counts + n_buckets;
+    s->L = L;
     *state = s;
     return SD_OK;
 }
@@ -122,7 +132,7 @@ static void sized_propose(const sd_drafter *d, lookup_state *s, sd_spec_loop *L,
     int depth_room = 0;
     const int tree_room = pl->branching > 1 ? sd_spec_tree_room(L, &depth_room) : 0;
     const int kt = k < depth_room ? k : depth_room;
-    if (pl->branching > 1 && kt >= 1) {
+    if (pl->branching > 1 && kt >= 1 && !s->from_history) {
         int32_t tree[SD_MAX_TREE_NODES];
         int tl[SD_LOOKUP_MAX_BRANCHES], n_match = 0, extent = 0, total = 0, m = 0;
         const int got = sd_lookup_branches(tree, tl, &n_match, &extent, L->hist, L->len,
@@ -194,10 +204,21 @@ static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *
     int k = room > 0 ? sd_lookup_draft(L->batch + 1, &n, &extent, L->hist, L->len, pl->max_ngram,
                                        pl->min_ngram, room)
                      : 0;
+    s->from_history = 0;
+    if (d->shared != NULL && room > 0 && n < SD_LOOKUP_HISTORY_MIN) {
+        int nh = 0;
+        const int kh = sd_lookup_history_draft(d->shared, L->batch + 1, &nh, L->hist, L->len, room);
+        if (kh > 0) { /* (a search without a match writes nothing) */
+            k = kh;
+            s->from_history = 1;
+        }
+    }
     /* the acceptance counts this draft is sized by and adds to */
     const int b = sd_lookup_bucket(n, extent, pl->max_ngram);
     double prior = 0.0;
-    const double a = sd_lookup_rate(s->acc_n[b], s->rej_n[b], b, pl->max_ngram, &prior);
+    const double a = s->from_history
+                         ? (s->acc_h + 1.0) / (s->acc_h + s->rej_h + 2.0)
+                         : sd_lookup_rate(s->acc_n[b], s->rej_n[b], b, pl->max_ngram, &prior);
     s->bucket = b;
     s->n_branches = 1;
     if (pl->size_by_cost) {
@@ -209,15 +230,17 @@ static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *
     }
     if (pl->verify_slope > 0.0f && k > 0) {
         /* a repeating text starts from the prior of a long run of accepted tokens */
-        k = sd_adaptive_k(s->acc_n[b] + prior, s->acc_n[b] + s->rej_n[b] + prior, pl->verify_slope,
-                          k, L->ss->steps);
+        const double acc = s->from_history ? s->acc_h : s->acc_n[b] + prior;
+        const double trials =
+            s->from_history ? s->acc_h + s->rej_h : s->acc_n[b] + s->rej_n[b] + prior;
+        k = sd_adaptive_k(acc, trials, pl->verify_slope, k, L->ss->steps);
     }
     s->bucket = b;
     s->n_branches = 1;
     out->n = k;
     out->tokens = L->batch + 1;
     out->parent = L->chain;
-    if (pl->branching > 1 && k > 0) {
+    if (pl->branching > 1 && k > 0 && !s->from_history) {
         branch_out(s, L, pl, k, out);
     }
     return SD_OK;
@@ -240,8 +263,10 @@ static sd_status lookup_commit(const sd_drafter *d, void *state, sd_spec_loop *L
             s->taken[s->rank[i]] += took ? 1.0 : 0.0;
         }
     }
-    s->acc_n[s->bucket] += n_acc;
-    s->rej_n[s->bucket] += n_acc < n ? 1.0 : 0.0;
+    double *acc = s->from_history ? &s->acc_h : &s->acc_n[s->bucket];
+    double *rej = s->from_history ? &s->rej_h : &s->rej_n[s->bucket];
+    *acc += n_acc;
+    *rej += n_acc < n ? 1.0 : 0.0;
     return SD_OK;
 }
 
@@ -252,12 +277,20 @@ static double lookup_cost(const sd_drafter *d, const sd_model *target) {
 }
 
 static void lookup_end(const sd_drafter *d, void *state) {
-    (void)d;
     lookup_state *s = state;
     if (s != NULL) {
+        const sd_spec_loop *L = s->L;
+        if (d->shared != NULL && L->len > L->n_prompt) { /* this request's output, for the next */
+            sd_lookup_history_add(d->shared, L->hist + L->n_prompt, L->len - L->n_prompt);
+        }
         free(s->acc_n);
         free(s);
     }
+}
+
+static void lookup_destroy(sd_drafter *d) {
+    sd_lookup_history_free(d->shared);
+    d->shared = NULL;
 }
 
 static const sd_drafter_ops lookup_ops = {
@@ -268,6 +301,7 @@ static const sd_drafter_ops lookup_ops = {
     .commit = lookup_commit,
     .cost = lookup_cost,
     .end = lookup_end,
+    .destroy = lookup_destroy,
 };
 
 sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *pl) {
@@ -296,7 +330,20 @@ sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *pl)
                             "k * branching must be <= %d (the nodes of a tree), got %d * %d",
                             SD_MAX_TREE_NODES, pl->k, pl->branching);
     }
-    SD_TRY(sd_drafter_alloc(out, &lookup_ops, pl->k * pl->branching, 0));
+    if (pl->history < 0 || pl->history > SD_LOOKUP_HISTORY_MAX_TOKENS) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "history must be in [0, %d] tokens, got %d",
+                            SD_LOOKUP_HISTORY_MAX_TOKENS, pl->history);
+    }
+    sd_lookup_history *hs = NULL;
+    if (pl->history > 0) {
+        SD_TRY(sd_lookup_history_create(&hs, pl->history));
+    }
+    const sd_status st = sd_drafter_alloc(out, &lookup_ops, pl->k * pl->branching, 0);
+    if (st != SD_OK) {
+        sd_lookup_history_free(hs);
+        return st;
+    }
     (*out)->u.lookup = *pl;
+    (*out)->shared = hs;
     return SD_OK;
 }
