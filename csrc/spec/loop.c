@@ -548,6 +548,14 @@ static sd_status keep_path(sd_spec_loop *L, const sd_fwd *f, const int32_t *path
     return compact_path(L, path, n_acc);
 }
 
+/* Row r of a tree's verify forward, processed (sd_verify_tree_rows' row provider). */
+static const float *tree_row(void *ctx, int r) {
+    sd_spec_loop *L = ctx;
+    const int V = L->m->cfg.vocab_size;
+    sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s, L->iwork);
+    return L->probs + (size_t)r * V;
+}
+
 /* After a tree's verify forward: the tree rule of verify.h, and the accepted path compacted
  * (compact_path). */
 static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr, const int *depth,
@@ -581,9 +589,6 @@ static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr,
     for (int i = 0; i < n; i++) {
         max_depth = depth[i] > max_depth ? depth[i] : max_depth;
     }
-    for (int r = 0; r <= n; r++) {
-        sd_process_logits(L->probs + (size_t)r * V, L->logits + (size_t)r * V, V, &L->s, L->iwork);
-    }
     /* a node's coin is keyed by (step, node), the emitted token by its output position */
     double ua[SD_MAX_TREE], un[SD_MAX_TREE + 1];
     const uint64_t out_pos = (uint64_t)(len - L->n_prompt);
@@ -593,8 +598,10 @@ static sd_status tree_rows(sd_spec_loop *L, const sd_fwd *f, const sd_draft *dr,
     for (int a = 0; a <= max_depth; a++) {
         un[a] = sd_rng_uniform(L->seed, SD_STREAM_EMIT, out_pos + (uint64_t)a);
     }
-    const int n_acc = sd_verify_tree(path, next_out, L->batch + 1, dr->parent, n, L->probs, dr->q,
-                                     V, ua, un, L->fwork);
+    /* only the rows the walk reaches are processed (each a softmax of the vocabulary): the
+     * root's and the accepted path's */
+    const int n_acc = sd_verify_tree_rows(path, next_out, L->batch + 1, dr->parent, n, tree_row, L,
+                                          dr->q, V, ua, un, L->fwork);
     *n_acc_out = n_acc;
     return keep_path(L, f, path, n_acc);
 }

@@ -232,12 +232,30 @@ static void tree_reject(float *cp, double *P, float *cq, double *Q, int t, int V
     *P = ps;
 }
 
+typedef struct {
+    const float *p;
+    int V;
+} rows_of_p;
+
+static const float *row_of_p(void *ctx, int r) {
+    const rows_of_p *a = ctx;
+    return a->p + (size_t)r * (size_t)a->V;
+}
+
 int sd_verify_tree(int32_t *path, int32_t *next, const int32_t *tokens, const int32_t *parent,
                    int n, const float *p, const float *q, int V, const double *u_accept,
                    const double *u_next, float *work) {
+    rows_of_p a = {p, V};
+    return sd_verify_tree_rows(path, next, tokens, parent, n, row_of_p, &a, q, V, u_accept, u_next,
+                               work);
+}
+
+int sd_verify_tree_rows(int32_t *path, int32_t *next, const int32_t *tokens, const int32_t *parent,
+                        int n, const float *(*row)(void *ctx, int r), void *ctx, const float *q,
+                        int V, const double *u_accept, const double *u_next, float *work) {
     float *cp = work, *cq = q != NULL ? work + V : NULL;
     int node = -1, n_acc = 0;
-    memcpy(cp, p, (size_t)V * sizeof(float));
+    memcpy(cp, row(ctx, 0), (size_t)V * sizeof(float));
     double P = 1.0;
     for (;;) {
         int acc = -1, first = 1;
@@ -266,7 +284,7 @@ int sd_verify_tree(int32_t *path, int32_t *next, const int32_t *tokens, const in
         }
         path[n_acc++] = acc;
         node = acc;
-        memcpy(cp, p + (size_t)(1 + acc) * (size_t)V, (size_t)V * sizeof(float));
+        memcpy(cp, row(ctx, 1 + acc), (size_t)V * sizeof(float));
         P = 1.0;
     }
 }

@@ -82,6 +82,12 @@ int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t
 int sd_verify_tree(int32_t *path, int32_t *next, const int32_t *tokens, const int32_t *parent,
                    int n, const float *p, const float *q, int V, const double *u_accept,
                    const double *u_next, float *work);
+/* sd_verify_tree with the rows of p asked for as the walk reaches them: row(ctx, r) returns
+ * processed row r (0 the root's, 1 + i node i's), so a caller can process only the rows of the
+ * accepted path and the root (all of them, as in p, give the same result). */
+int sd_verify_tree_rows(int32_t *path, int32_t *next, const int32_t *tokens, const int32_t *parent,
+                        int n, const float *(*row)(void *ctx, int r), void *ctx, const float *q,
+                        int V, const double *u_accept, const double *u_next, float *work);
 
 /* The synthetic acceptance of benchmarks (sd_bench_synthetic): the drafts a drafter accepted
  * with probability alpha each would keep, the uniforms keyed by (seed, SD_STREAM_SYNTH, output
