@@ -122,7 +122,8 @@ class PromptLookup(Speculator):
     #: requests of one speculator share it, concurrent ones too (under a lock): one request's
     #: output can shape another's drafts, never its tokens, since every draft is verified. Its
     #: memory: 36 bytes a token (2.4 MB for 65,536); a copy made by ``dataclasses.replace``
-    #: starts empty.
+    #: starts empty. Seeded sampling then repeats in distribution, not token for token: which
+    #: uniforms decide a token depends on the drafts, and so on the requests before.
     history: int = 0
     _drafter: Any = field(init=False, repr=False, compare=False)
 

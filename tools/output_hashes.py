@@ -64,6 +64,14 @@ def head_speculators() -> dict:
                                               nodes=8, size_by_cost=False)}
 
 
+def history_speculators() -> dict:
+    """Prompt lookup with a history, one speculator for all of a model's runs (made once, so
+    each run drafts from the outputs of the runs before it, in the fixed order of run_model)."""
+    return {"lookup_history": specdec.PromptLookup(history=4096),
+            "lookup_tree_history": specdec.PromptLookup(history=4096, branching=3,
+                                                        size_by_cost=False)}
+
+
 def run_model(name: str, model: specdec.Model, draft: specdec.Model, prompts, n_new: int,
               out: dict, extra=None) -> None:
     for pi, prompt in enumerate(prompts):
@@ -117,7 +125,7 @@ def main() -> int:
         long = [(7 * i * i + 3 * i + 1) % 90 + 2 for i in range(150)] + loop
         prompts = [[1, 2, 3, 4, 5, 1, 2, 3], loop, long]
         for name, m, draft in tiny_models(Path(d)):
-            run_model(name, m, draft, prompts, 48, out)
+            run_model(name, m, draft, prompts, 48, out, history_speculators())
     if not args.no_smollm2:
         from specdec import hub
 
@@ -130,7 +138,8 @@ def main() -> int:
                 f"Item {i} of the list is the number {i * i} written in words." for i in range(30))
               }],
         ]
-        run_model("smollm2", m, m, prompts, 64, out, head_speculators())
+        run_model("smollm2", m, m, prompts, 64, out, {**head_speculators(),
+                                                       **history_speculators()})
 
     if args.write:
         Path(args.write).write_text(json.dumps(out, indent=1, sort_keys=True))
