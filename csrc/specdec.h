@@ -364,11 +364,6 @@ typedef struct {
      * branches of its rank were taken so far in the request (smoothed towards 0.1), times
      * a^j deeper; where nothing pays, one draft every fourth step keeps measuring. */
     int size_by_cost;
-    /* 0: off. h > 0: the drafter keeps the last h tokens (at most SD_LOOKUP_HISTORY_MAX_TOKENS,
-     * spec/lookup.h) its earlier requests generated, shared by its requests, and a step whose
-     * text has no match of two or more tokens drafts what followed the text's last 4, 3 or 2
-     * tokens there (a chain, its acceptance counted apart). */
-    int history;
 } sd_prompt_lookup;
 #define SD_LOOKUP_MAX_BRANCHES 8
 
@@ -556,6 +551,13 @@ const char *sd_drafter_name(const sd_drafter *drafter);
  * measured elsewhere. Not while a request uses the drafter. */
 int sd_drafter_costs(const sd_drafter *drafter, int len, float *rel, int cap);
 sd_status sd_drafter_set_costs(sd_drafter *drafter, const float *rel, int n);
+/* Prompt lookup's memory of earlier requests (the lookup drafter's, and the lookup beside Token
+ * Recycling's table and an EAGLE head): tokens > 0 keeps the last `tokens` (at most 2^24) that
+ * the drafter's requests generated, shared by its requests under a lock (36 bytes a token), and
+ * a step whose text has no match of two or more tokens drafts what followed the text's last 4,
+ * 3 or 2 tokens there, up to the end of the output it came from; 0 drops it. Drafters without a
+ * lookup keep it and never read it. Not while a request uses the drafter. */
+sd_status sd_drafter_set_history(sd_drafter *drafter, int tokens);
 /* The fit the measured costs after a long text rest on: of n timings, the seconds add[i] that a
  * text of len[i] more tokens adds to a forward of T[i] tokens, fitted by least squares as
  * len * (b0 + b1 * (T - 1)), with b0 and b1 kept non-negative (b1 = 0 when one size only). */

@@ -149,12 +149,12 @@ def run(args: argparse.Namespace) -> dict:
             methods["recycling"] = specdec.TokenRecycling(nodes=args.tree_nodes, widths=widths,
                                                           adaptive=not args.tree_whole)
             draft_cost["recycling"] = 0.0
-        elif name == "recycling-lookup":  # prompt lookup's draft as one more branch
+        elif name in ("recycling-lookup", "recycling-lookup-history"):  # lookup as a branch
             widths = tuple(int(w) for w in args.tree_widths.split(","))
-            methods["recycling-lookup"] = specdec.TokenRecycling(
+            methods[name] = specdec.TokenRecycling(
                 nodes=args.tree_nodes, widths=widths, adaptive=not args.tree_whole,
-                lookup=min(args.k, 32))
-            draft_cost["recycling-lookup"] = 0.0
+                lookup=min(args.k, 32), history=args.history if name.endswith("history") else 0)
+            draft_cost[name] = 0.0
         elif name == "eagle":
             methods["eagle"] = specdec.Eagle(args.eagle or args.model, depth=args.eagle_depth,
                                              branching=args.model_branching,
@@ -167,12 +167,13 @@ def run(args: argparse.Namespace) -> dict:
                                                     size_by_cost=not args.eagle_whole,
                                                     lookup=args.k)
             draft_cost["eagle-lookup"] = 0.0
-        elif name == "eagle-tree-lookup":  # the tree with prompt lookup beside the head
-            methods["eagle-tree-lookup"] = specdec.Eagle(
+        elif name in ("eagle-tree-lookup", "eagle-tree-lookup-history"):  # lookup beside it
+            methods[name] = specdec.Eagle(
                 args.eagle or args.model, depth=args.eagle_depth,
                 branching=args.eagle_branching, nodes=args.eagle_nodes, p_min=args.p_min,
-                size_by_cost=not args.eagle_whole, lookup=args.k)
-            draft_cost["eagle-tree-lookup"] = 0.0
+                size_by_cost=not args.eagle_whole, lookup=args.k,
+                history=args.history if name.endswith("history") else 0)
+            draft_cost[name] = 0.0
         elif name == "eagle-tree":  # beside the chain in the same run
             methods["eagle-tree"] = specdec.Eagle(args.eagle or args.model,
                                                   depth=args.eagle_depth,
@@ -188,8 +189,9 @@ def run(args: argparse.Namespace) -> dict:
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, "
                              "lookup-history, lookup-tree-history, layerskip, "
-                             "draft, recycling, recycling-lookup, eagle, eagle-lookup, "
-                             "eagle-tree, eagle-tree-lookup, medusa)")
+                             "draft, recycling, recycling-lookup, recycling-lookup-history, "
+                             "eagle, eagle-lookup, eagle-tree, eagle-tree-lookup, "
+                             "eagle-tree-lookup-history, medusa)")
     rows = load_questions(args.data, args.limit)
     # One short untimed request per method first: the first request of a speculator that sizes
     # its trees by the verify cost measures that curve on the model (about a second), which
@@ -294,8 +296,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--methods", default="lookup",
                    help="comma-separated: lookup, lookup-tree, lookup-history, "
-                   "lookup-tree-history, layerskip, draft, recycling, "
-                   "recycling-lookup, eagle, eagle-lookup, eagle-tree, eagle-tree-lookup, medusa")
+                   "lookup-tree-history, layerskip, draft, recycling, recycling-lookup, "
+                   "recycling-lookup-history, eagle, eagle-lookup, eagle-tree, "
+                   "eagle-tree-lookup, eagle-tree-lookup-history, medusa")
     p.add_argument("--draft", help="draft: a model sharing the target's tokenizer")
     p.add_argument("--eagle", help="eagle: an EAGLE head directory (default: the head shipped "
                    "for --model's alias)")
@@ -340,7 +343,7 @@ def main(argv=None) -> int:
                         "most lookup drafts per step")
     p.add_argument("--max-ngram", type=int, default=4)
     p.add_argument("--history", type=int, default=65536,
-                   help="lookup-history, lookup-tree-history: earlier answers' tokens kept")
+                   help="the *-history methods: earlier answers' tokens kept")
     p.add_argument("--verify-slope", type=float, default=0.2,
                    help="adaptive draft length (0 = always draft k)")
     p.add_argument("--max-new-tokens", type=int, default=1024,

@@ -131,10 +131,12 @@ class PromptLookup(Speculator):
         branching = _int("branching", self.branching)
         sized = branching > 1 if self.size_by_cost is None else _bool("size_by_cost",
                                                                           self.size_by_cost)
+        history = _history(self.history)
         d = _core.prompt_lookup(_int("k", self.k), _int("max_ngram", self.max_ngram),
                                 _int("min_ngram", self.min_ngram),
-                                _number("verify_slope", self.verify_slope), branching, sized,
-                                _history(self.history))
+                                _number("verify_slope", self.verify_slope), branching, sized)
+        if history:
+            _core.drafter_set_history(d, history)
         object.__setattr__(self, "_drafter", d)
 
 
@@ -250,6 +252,10 @@ class Eagle(Speculator):
     then go to lookup and the rest to the head; the choice rests on earlier steps only, so the
     output stays exactly the target's. 0 (default): the head alone.
 
+    ``history``: as :class:`PromptLookup`'s, for the lookup beside the head (``lookup`` > 0):
+    where the text matches by one token or not at all, the lookup draft comes from the last
+    ``history`` tokens the speculator's earlier requests generated. 0 (default): none.
+
     ``window``: the head attends to its last ``window`` positions only (a sliding window), so
     of a long prompt only the last ``window`` rows go through the head before the first draft
     (the rest of the prompt costs the head nothing). ``None`` (default): 512 when ``path`` is
@@ -268,14 +274,18 @@ class Eagle(Speculator):
 
     def __init__(self, path: Any, depth: int = 5, branching: int = 1, nodes: int = 16,
                  p_min: float = 0.0, weights: str = "q8_0", size_by_cost: bool = True,
-                 lookup: int = 0, window: Optional[int] = None) -> None:
+                 lookup: int = 0, window: Optional[int] = None, history: int = 0) -> None:
         self.path = _head_path(path)
+        history = _history(history)
         if window is None:
             window = _SHIPPED_WINDOW if isinstance(path, str) and path in _SHIPPED_HEADS else 0
         self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
                                     _int("branching", branching), _int("nodes", nodes),
                                     _head_weights(weights), _bool("size_by_cost", size_by_cost),
                                     _int("lookup", lookup), _int("window", window))
+        if history:
+            _core.drafter_set_history(self._drafter, history)
+        self.history = history
         self.lookup = lookup
         self.window = window
         self.weights = weights
@@ -289,7 +299,7 @@ class Eagle(Speculator):
     def __repr__(self) -> str:
         return (f"Eagle({self.path!r}, depth={self.depth}, branching={self.branching}, "
                 f"nodes={self.nodes}, p_min={self.p_min}, lookup={self.lookup}, "
-                f"window={self.window})  # {self.kind}")
+                f"window={self.window}, history={self.history})  # {self.kind}")
 
     def draft_logits(self, target: "Model", tokens: Sequence[int]) -> Any:
         """The head's teacher-forced logits over ``tokens``: a float32 array
@@ -383,13 +393,16 @@ class TokenRecycling(Speculator):
     proposes the same tokens. The two cover each other's gaps: the table knows the model's
     habits, lookup the text's own repeats (quotes, names, code, translations). The adaptive cut
     weighs lookup's tokens by how often its drafts of the same kind of match were accepted so
-    far in the request."""
+    far in the request. ``history``: as :class:`PromptLookup`'s, for that branch (where the text
+    matches by one token or not at all, it comes from the last ``history`` tokens the
+    speculator's earlier requests generated); 0 (default): none."""
 
     nodes: int = 16
     widths: Tuple[int, ...] = (4, 2, 2, 1, 1, 1)
     top: int = 8
     adaptive: bool = True
     lookup: int = 0
+    history: int = 0
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -399,8 +412,11 @@ class TokenRecycling(Speculator):
         object.__setattr__(self, "widths", widths)
         if not isinstance(self.adaptive, bool):
             raise TypeError(f"adaptive must be a bool, got {self.adaptive!r}")
+        history = _history(self.history)
         d = _core.token_recycling(_int("nodes", self.nodes), list(widths), _int("top", self.top),
                                   self.adaptive, _int("lookup", self.lookup))
+        if history:
+            _core.drafter_set_history(d, history)
         object.__setattr__(self, "_drafter", d)
 
 

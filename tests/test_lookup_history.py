@@ -133,17 +133,24 @@ def test_greedy_equals_plain(model, kw):
     for s in (spec, bare):
         if kw.get("size_by_cost"):
             s.set_verify_costs(CHEAP)
+    accepted = two_rounds(model, spec, bare)
+    assert accepted["spec"] > accepted["bare"] + 40, accepted
+
+
+def two_rounds(model, spec, bare) -> dict:
+    """The same four prompts twice on spec (with a history) and bare (without): every output
+    plain decoding's; the drafts accepted in the second round, by speculator."""
     accepted = {"spec": 0, "bare": 0}
     for rnd in range(2):
         for p in prompts(4):
             plain = specdec.generate(model, p, max_new_tokens=40, stop_tokens=[])
             for name, s in (("spec", spec), ("bare", bare)):
                 g = specdec.generate(model, p, max_new_tokens=40, stop_tokens=[], speculator=s)
-                assert g.tokens == plain.tokens, (kw, rnd, name)
+                assert g.tokens == plain.tokens, (rnd, name)
                 assert g.stats.accepted + g.stats.steps == g.stats.new_tokens
                 if rnd == 1:
                     accepted[name] += g.stats.accepted
-    assert accepted["spec"] > accepted["bare"] + 40, accepted
+    return accepted
 
 
 @pytest.mark.parametrize("name", ["T1", "T0.7-topk3", "top_p0.9", "min_p0.1"])
@@ -195,3 +202,63 @@ def test_concurrent_requests_share_it(model):
     for t in threads:
         t.join()
     assert [got[i] for i in range(len(ps))] == want
+
+
+# ---- the history beside Token Recycling's table and an EAGLE head ----------------------------
+
+def test_recycling_greedy_equals_plain_and_drafts_from_it(model):
+    """TokenRecycling(lookup=8, history=h): the lookup branch comes from the history where the
+    text has no match of two or more tokens; two rounds of requests, all plain decoding's, and
+    the second round accepts more than without the history."""
+    spec = specdec.TokenRecycling(lookup=8, history=4096, adaptive=False)
+    bare = specdec.TokenRecycling(lookup=8, adaptive=False)
+    accepted = two_rounds(model, spec, bare)
+    assert accepted["spec"] > accepted["bare"], accepted
+
+
+@pytest.mark.parametrize("name", ["T1", "T0.7-topk3"])
+def test_recycling_sampled_output_is_distributed_as_the_target(tmp_path, name):
+    m, _, w, _, row = make_v5(tmp_path)
+    setting = SETTINGS[name]
+    prompt = [1, 2, 3, 4]
+    spec = specdec.TokenRecycling(nodes=6, widths=(2, 2), top=3, lookup=2, history=256,
+                                  adaptive=False)
+    assert_joint_matches(m, spec, setting, exact_joint(row, w, setting, prompt), N=100_000,
+                         prompt=prompt)
+    T, top_k, top_p, min_p = setting
+    bare = specdec.TokenRecycling(nodes=6, widths=(2, 2), top=3, lookup=2, adaptive=False)
+    drafted = [_core.joint_counts(m._core, s.drafter(), prompt, 2_000, T, top_k, top_p,
+                                  min_p)[1] for s in (spec, bare)]
+    assert drafted[0] != drafted[1]  # the history's drafts took the place of lookup's
+
+
+def test_eagle_greedy_equals_plain_with_it(tmp_path):
+    """Eagle(lookup=6, history=h) over two rounds of requests: plain decoding's output."""
+    from test_eagle import make_target, write_head, TARGET
+
+    m, _ = make_target(tmp_path / "t")
+    d, _, _ = write_head(tmp_path / "h", "eagle3", "safetensors")
+    spec = specdec.Eagle(d, depth=1, lookup=6, history=4096)
+    spec.set_verify_costs([1.0, 1.02, 1.05, 1.1, 1.15, 1.2, 1.3])
+    assert "history=4096" in repr(spec)
+    for rnd in range(2):
+        for seed in (1, 2, 3):
+            prompt = tm.random_tokens(TARGET.vocab, 9, seed=seed)
+            plain = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[])
+            got = specdec.generate(m, prompt, max_new_tokens=40, stop_tokens=[], speculator=spec)
+            assert got.tokens == plain.tokens, (rnd, seed)
+
+
+@pytest.mark.parametrize("make", [lambda h: specdec.TokenRecycling(lookup=4, history=h),
+                                  lambda h: specdec.PromptLookup(history=h)],
+                         ids=["recycling", "lookup"])
+def test_bad_history_elsewhere(make):
+    with pytest.raises(ValueError, match=r"history must be in \[0, 16777216\] tokens, got -2"):
+        make(-2)
+    with pytest.raises(TypeError, match="history"):
+        make(2.5)
+    d = specdec.PromptLookup().drafter()
+    with pytest.raises(ValueError, match=r"history must be in \[0, 16777216\] tokens, got -1"):
+        _core.drafter_set_history(d, -1)
+    _core.drafter_set_history(d, 100)
+    _core.drafter_set_history(d, 0)  # dropped again

@@ -50,18 +50,18 @@ PyTypeObject sd_py_DrafterType = {
     .tp_getset = drafter_getset,
 };
 
-/* prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1, size_by_cost=False,
- * history=0) -> Drafter */
+/* prompt_lookup(k, max_ngram, min_ngram, verify_slope, branching=1, size_by_cost=False)
+ * -> Drafter */
 static PyObject *py_prompt_lookup(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
     static char *kwlist[] = {"k",         "max_ngram",    "min_ngram", "verify_slope",
-                             "branching", "size_by_cost", "history",   NULL};
+                             "branching", "size_by_cost", NULL};
     sd_prompt_lookup pl;
     memset(&pl, 0, sizeof(pl));
     pl.branching = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiif|ipi:prompt_lookup", kwlist, &pl.k,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiif|ip:prompt_lookup", kwlist, &pl.k,
                                      &pl.max_ngram, &pl.min_ngram, &pl.verify_slope, &pl.branching,
-                                     &pl.size_by_cost, &pl.history)) {
+                                     &pl.size_by_cost)) {
         return NULL;
     }
     sd_drafter *d = NULL;
@@ -183,6 +183,21 @@ static PyObject *py_drafter_set_costs(PyObject *mod, PyObject *args) {
     Py_DECREF(seq);
     const sd_status st = sd_drafter_set_costs(((sd_py_Drafter *)obj)->drafter, rel,
                                               n > INT32_MAX ? INT32_MAX : (int)n);
+    if (st != SD_OK) {
+        return sd_py_raise(st);
+    }
+    Py_RETURN_NONE;
+}
+
+/* drafter_set_history(drafter, tokens): sd_drafter_set_history */
+static PyObject *py_drafter_set_history(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *obj = NULL;
+    int tokens = 0;
+    if (!PyArg_ParseTuple(args, "O!i:drafter_set_history", &sd_py_DrafterType, &obj, &tokens)) {
+        return NULL;
+    }
+    const sd_status st = sd_drafter_set_history(((sd_py_Drafter *)obj)->drafter, tokens);
     if (st != SD_OK) {
         return sd_py_raise(st);
     }
@@ -414,6 +429,8 @@ PyMethodDef sd_py_drafter_methods[] = {
      "trees by after a text of `length` tokens"},
     {"drafter_set_costs", (PyCFunction)py_drafter_set_costs, METH_VARARGS,
      "drafter_set_costs(drafter, costs): give them instead of measuring"},
+    {"drafter_set_history", (PyCFunction)py_drafter_set_history, METH_VARARGS,
+     "drafter_set_history(drafter, tokens): keep earlier requests' outputs for lookup (0: none)"},
     {"cost_fit", (PyCFunction)py_cost_fit, METH_O,
      "cost_fit(points) -> (b0, b1): sd_verify_cost_fit over (length, T, seconds) points"},
     {NULL, NULL, 0, NULL},

@@ -9,6 +9,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "spec/decode.h"
+#include "spec/drafters/lookup_history.h"
 #include "util/status.h"
 
 sd_status sd_drafter_alloc(sd_drafter **out, const sd_drafter_ops *ops, int max_nodes,
@@ -38,6 +39,7 @@ void sd_drafter_free(sd_drafter *d) {
     }
     if (d != NULL) {
         sd_head_free(d->head);
+        sd_lookup_history_free(d->history);
     }
     if (d != NULL && d->cost != NULL) {
         pthread_mutex_destroy(&d->cost->lock);
@@ -412,6 +414,20 @@ int sd_drafter_costs(const sd_drafter *d, int len, float *rel, int cap) {
         rel[T - 1] = c.rel[T];
     }
     return n < cap ? n : cap;
+}
+
+sd_status sd_drafter_set_history(sd_drafter *d, int tokens) {
+    if (tokens < 0 || tokens > SD_LOOKUP_HISTORY_MAX_TOKENS) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "history must be in [0, %d] tokens, got %d",
+                            SD_LOOKUP_HISTORY_MAX_TOKENS, tokens);
+    }
+    sd_lookup_history *hs = NULL;
+    if (tokens > 0) {
+        SD_TRY(sd_lookup_history_create(&hs, tokens));
+    }
+    sd_lookup_history_free(d->history);
+    d->history = hs;
+    return SD_OK;
 }
 
 sd_status sd_drafter_set_costs(sd_drafter *d, const float *rel, int n) {

@@ -101,6 +101,10 @@ struct sd_drafter {
     void *shared;        /* state every request of the drafter shares (ops->destroy frees it) */
     sd_cost_curve *cost; /* (owned) a tree drafter's verify costs, with their own lock */
     sd_head *head;       /* (owned) a learned drafter's head (EAGLE, Medusa), or NULL */
+    /* (owned) the outputs of the drafter's earlier requests, for prompt lookup's drafts where
+     * the text has no match of two or more tokens (spec/drafters/lookup_history.h), or NULL;
+     * the loop adds each request's output as it ends (sd_drafter_set_history) */
+    struct sd_lookup_history *history;
     union {
         sd_prompt_lookup lookup;
         sd_token_recycling recycling;

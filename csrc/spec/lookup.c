@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "spec/drafters/lookup_history.h"
+
 /* The length of the common suffix of h[0 .. end) and h[0 .. len), end < len, counted from n
  * (the first n tokens are known to agree) up to SD_LOOKUP_EXTENT_MAX. */
 static int extent_of(const int32_t *h, int len, int end, int n) {
@@ -110,10 +112,20 @@ double sd_lookup_rate(double accepted, double rejected, int bucket, int max_ngra
     return (accepted + w + 1.0) / (accepted + rejected + w + 2.0);
 }
 
-int sd_lookup_side_draft(const sd_lookup_side *s, int32_t *draft, const int32_t *h, int len, int k,
-                         int *bucket, double *rate) {
+int sd_lookup_side_draft(const sd_lookup_side *s, struct sd_lookup_history *hs, int32_t *draft,
+                         const int32_t *h, int len, int k, int *bucket, double *rate) {
     int n_match = 0, extent = 0;
     const int n = sd_lookup_draft(draft, &n_match, &extent, h, len, SD_LOOKUP_SIDE_NGRAM, 1, k);
+    if (hs != NULL && n_match < SD_LOOKUP_HISTORY_MIN) {
+        int nh = 0;
+        const int kh = sd_lookup_history_draft(hs, draft, &nh, h, len, k);
+        if (kh > 0) {
+            const int b = SD_LOOKUP_SIDE_HISTORY;
+            *bucket = b;
+            *rate = (s->acc[b] + 1.0) / (s->acc[b] + s->rej[b] + 2.0);
+            return kh;
+        }
+    }
     *bucket = sd_lookup_bucket(n_match, extent, SD_LOOKUP_SIDE_NGRAM);
     *rate = sd_lookup_rate(s->acc[*bucket], s->rej[*bucket], *bucket, SD_LOOKUP_SIDE_NGRAM, NULL);
     return n;

@@ -46,17 +46,23 @@ double sd_lookup_rate(double accepted, double rejected, int bucket, int max_ngra
 
 /* Prompt lookup beside another drafter (EAGLE's head, Token Recycling's table): n-grams of up
  * to SD_LOOKUP_SIDE_NGRAM tokens, and the acceptance of its drafts counted by kind of match
- * over a request. Zeroed: no counts yet. */
+ * over a request, drafts from a history of earlier requests apart (bucket
+ * SD_LOOKUP_SIDE_HISTORY). Zeroed: no counts yet. */
 #define SD_LOOKUP_SIDE_NGRAM 4
+#define SD_LOOKUP_SIDE_HISTORY (SD_LOOKUP_SIDE_NGRAM + 3)
 typedef struct {
-    double acc[SD_LOOKUP_SIDE_NGRAM + 3], rej[SD_LOOKUP_SIDE_NGRAM + 3];
+    double acc[SD_LOOKUP_SIDE_HISTORY + 1], rej[SD_LOOKUP_SIDE_HISTORY + 1];
 } sd_lookup_side;
 
+struct sd_lookup_history;
+
 /* sd_lookup_draft's draft of up to k tokens after h[0 .. len) (n-grams of 1 to
- * SD_LOOKUP_SIDE_NGRAM); returns its length (0 without a match) and sets *bucket to its kind
- * of match and *rate to the chance a draft token of that kind is accepted (sd_lookup_rate). */
-int sd_lookup_side_draft(const sd_lookup_side *s, int32_t *draft, const int32_t *h, int len, int k,
-                         int *bucket, double *rate);
+ * SD_LOOKUP_SIDE_NGRAM), or, where that matches by one token or not at all and hs (NULL: none)
+ * has a match, the history's draft (spec/drafters/lookup_history.h); returns its length (0
+ * without a match) and sets *bucket to its kind of match and *rate to the chance a draft token
+ * of that kind is accepted (sd_lookup_rate; a history draft's without a prior). */
+int sd_lookup_side_draft(const sd_lookup_side *s, struct sd_lookup_history *hs, int32_t *draft,
+                         const int32_t *h, int len, int k, int *bucket, double *rate);
 /* A verified draft of `bucket`: `drafted` tokens, the first `accepted` kept (a run of accepted
  * tokens, then one rejected unless all were). */
 void sd_lookup_side_count(sd_lookup_side *s, int bucket, int accepted, int drafted);

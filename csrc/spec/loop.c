@@ -9,6 +9,7 @@
 
 #include "cpu/ops_cpu.h"
 #include "model/forward.h"
+#include "spec/drafters/lookup_history.h"
 #include "spec/sampler.h"
 #include "util/hd.h"
 #include "util/status.h"
@@ -192,6 +193,9 @@ sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_
 #endif
     if (L->d != NULL && L->begun) {
         L->d->ops->end(L->d, L->dstate);
+        if (L->d->history != NULL && L->len > L->n_prompt) { /* for the drafter's next requests */
+            sd_lookup_history_add(L->d->history, L->hist + L->n_prompt, L->len - L->n_prompt);
+        }
     }
     sd_kv_cache_free(L->kv);
     free(L->hist);

@@ -212,8 +212,9 @@ static int lookup_instead(const sd_drafter *d, eagle_mix *x, sd_spec_loop *L, in
     int order[SD_MAX_DRAFT], b = 0;
     double a = 0.0;
     const int lim = room < d->u.m.lookup ? room : d->u.m.lookup;
-    const int k =
-        lim > 0 ? sd_lookup_side_draft(&x->side, x->tokens, L->hist, L->len, lim, &b, &a) : 0;
+    const int k = lim > 0 ? sd_lookup_side_draft(&x->side, d->history, x->tokens, L->hist, L->len,
+                                                 lim, &b, &a)
+                          : 0;
     if (k == 0 || c->max_T < 2) {
         return 0;
     }

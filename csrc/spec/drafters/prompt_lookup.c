@@ -1,9 +1,9 @@
 /* prompt_lookup.c — the prompt-lookup drafter: the continuation of an earlier occurrence of the
  * text's last n-gram (lookup.h), as deterministic drafts, with an adaptive draft length whose
  * acceptance is counted apart for each kind of match; with branching > 1, the continuations of
- * other occurrences that start with other tokens as sibling branches of a tree; with a history,
- * where the text has no match of two or more tokens, the continuation from earlier requests'
- * outputs (the drafter's shared sd_lookup_history). */
+ * other occurrences that start with other tokens as sibling branches of a tree; with a history
+ * (sd_drafter_set_history), where the text has no match of two or more tokens, the continuation
+ * from earlier requests' outputs. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,11 +37,9 @@ typedef struct {
     int rank[SD_LOOKUP_MAX_BRANCHES];
     double tried[SD_LOOKUP_MAX_BRANCHES], taken[SD_LOOKUP_MAX_BRANCHES];
     /* history: the step in flight drafts from it (then bucket is unused), and the acceptance of
-     * such drafts (accepted tokens, rejected drafts); the request's loop, whose output end adds
-     * (the loop outlives the drafter's state: end comes before it frees anything) */
+     * such drafts (accepted tokens, rejected drafts) */
     int from_history;
     double acc_h, rej_h;
-    const sd_spec_loop *L;
 } lookup_state;
 
 /* A sibling branch's chance of being taken before any was tried: its Beta prior's mean and
@@ -73,7 +71,6 @@ static sd_status lookup_begin(const sd_drafter *d, void **state, sd_spec_loop *L
     }
     s->acc_n = counts;
     s->rej_n = counts + n_buckets;
-    s->L = L;
     *state = s;
     return SD_OK;
 }
@@ -205,9 +202,10 @@ static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *
                                        pl->min_ngram, room)
                      : 0;
     s->from_history = 0;
-    if (d->shared != NULL && room > 0 && n < SD_LOOKUP_HISTORY_MIN) {
+    if (d->history != NULL && room > 0 && n < SD_LOOKUP_HISTORY_MIN) {
         int nh = 0;
-        const int kh = sd_lookup_history_draft(d->shared, L->batch + 1, &nh, L->hist, L->len, room);
+        const int kh =
+            sd_lookup_history_draft(d->history, L->batch + 1, &nh, L->hist, L->len, room);
         if (kh > 0) { /* (a search without a match writes nothing) */
             k = kh;
             s->from_history = 1;
@@ -277,20 +275,12 @@ static double lookup_cost(const sd_drafter *d, const sd_model *target) {
 }
 
 static void lookup_end(const sd_drafter *d, void *state) {
+    (void)d;
     lookup_state *s = state;
     if (s != NULL) {
-        const sd_spec_loop *L = s->L;
-        if (d->shared != NULL && L->len > L->n_prompt) { /* this request's output, for the next */
-            sd_lookup_history_add(d->shared, L->hist + L->n_prompt, L->len - L->n_prompt);
-        }
         free(s->acc_n);
         free(s);
     }
-}
-
-static void lookup_destroy(sd_drafter *d) {
-    sd_lookup_history_free(d->shared);
-    d->shared = NULL;
 }
 
 static const sd_drafter_ops lookup_ops = {
@@ -301,7 +291,6 @@ static const sd_drafter_ops lookup_ops = {
     .commit = lookup_commit,
     .cost = lookup_cost,
     .end = lookup_end,
-    .destroy = lookup_destroy,
 };
 
 sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *pl) {
@@ -330,20 +319,7 @@ sd_status sd_drafter_prompt_lookup(sd_drafter **out, const sd_prompt_lookup *pl)
                             "k * branching must be <= %d (the nodes of a tree), got %d * %d",
                             SD_MAX_TREE_NODES, pl->k, pl->branching);
     }
-    if (pl->history < 0 || pl->history > SD_LOOKUP_HISTORY_MAX_TOKENS) {
-        return sd_set_error(SD_ERR_INVALID_ARG, "history must be in [0, %d] tokens, got %d",
-                            SD_LOOKUP_HISTORY_MAX_TOKENS, pl->history);
-    }
-    sd_lookup_history *hs = NULL;
-    if (pl->history > 0) {
-        SD_TRY(sd_lookup_history_create(&hs, pl->history));
-    }
-    const sd_status st = sd_drafter_alloc(out, &lookup_ops, pl->k * pl->branching, 0);
-    if (st != SD_OK) {
-        sd_lookup_history_free(hs);
-        return st;
-    }
+    SD_TRY(sd_drafter_alloc(out, &lookup_ops, pl->k * pl->branching, 0));
     (*out)->u.lookup = *pl;
-    (*out)->shared = hs;
     return SD_OK;
 }

@@ -143,7 +143,9 @@ static sd_status recycle_propose(const sd_drafter *d, void *state, sd_spec_loop 
     int k = d->u.recycling.lookup < tree_room ? d->u.recycling.lookup : tree_room;
     k = k < depth_room ? k : depth_room;
     double a = 0.0;
-    k = k > 0 ? sd_lookup_side_draft(&s->side, draft, L->hist, L->len, k, &s->bucket, &a) : 0;
+    k = k > 0
+            ? sd_lookup_side_draft(&s->side, d->history, draft, L->hist, L->len, k, &s->bucket, &a)
+            : 0;
     pthread_mutex_lock(&t->lock);
     for (int sl = 0; sl < t->n_slots && n < tree_room - k; sl++) {
         const int ps = t->parent[sl], pn = ps < 0 ? -1 : node_of[ps];
