@@ -1,4 +1,6 @@
-/* lookup_history.h — earlier requests' outputs for prompt lookup (spec/drafters/prompt_lookup.c).
+/* lookup_history.h — earlier requests' outputs for prompt lookup (a drafter's, set by
+ * sd_drafter_set_history; read by prompt_lookup.c and by the lookup beside other drafters,
+ * sd_lookup_side_draft in spec/lookup.h; the loop adds each request's output as it ends).
  *
  * A drafter's memory of what its earlier requests generated, for the steps where the text itself
  * has no match of two or more tokens: answers to one kind of question share their phrasing
