@@ -117,13 +117,14 @@ class PromptLookup(Speculator):
     #: 0 (the default): the text alone. h > 0: keep the last h tokens (at most 2**24) that this
     #: speculator's earlier requests generated, and where the text has no match of two or more
     #: tokens, draft what followed its last 4, 3 or 2 tokens there. Answers to one kind of
-    #: request share their phrasing (a server's templated replies; on SmolLM2's Spec-Bench
-    #: answers, math_reasoning's tau 1.89 -> 2.22 in a replay, benchmarks/RESULTS.md). The
-    #: requests of one speculator share it, concurrent ones too (under a lock): one request's
-    #: output can shape another's drafts, never its tokens, since every draft is verified. Its
-    #: memory: 36 bytes a token (2.4 MB for 65,536); a copy made by ``dataclasses.replace``
-    #: starts empty. Seeded sampling then repeats in distribution, not token for token: which
-    #: uniforms decide a token depends on the drafts, and so on the requests before.
+    #: request share their phrasing (a server's templated replies; on SmolLM2's Spec-Bench dev
+    #: half, math_reasoning's tau 1.51 -> 1.71, benchmarks/RESULTS.md). The requests of one
+    #: speculator share it, concurrent ones too (under a lock): one request's output can shape
+    #: another's drafts, never its tokens' distribution, since every draft is verified. Its
+    #: memory: 36 bytes a token, h rounded up to a power of two (2.4 MB for 65,536); a copy made
+    #: by ``dataclasses.replace`` starts empty. Seeded sampling then repeats in distribution,
+    #: not token for token: which uniforms decide a token depends on the drafts, and so on the
+    #: requests before.
     history: int = 0
     _drafter: Any = field(init=False, repr=False, compare=False)
 
