@@ -458,6 +458,19 @@ static void chain_rows(sd_spec_loop *L, int k, int with_q, int *n_acc_out, int32
      * first undecided draft over the rows there are; when it rejects one, its decision is the
      * rule's over all k, and the step goes on only when all were accepted. */
     int have = 0, n_acc = 0; /* rows processed; drafts accepted */
+    if (k >= 1) {
+        /* the first draft alone, on the root's row: most often it is rejected, and then the
+         * step needs no other row (its test and residual are sd_verify_chain's first) */
+        const float *q0 = with_q ? L->q : NULL;
+        sd_process_logits(L->probs, L->logits, V, &L->s, L->iwork);
+        have = 1;
+        if (!sd_accept(L->probs, q0, L->batch[1], ua[0])) {
+            *n_acc_out = 0;
+            *next_out = sd_sample_residual(L->probs, q0, L->batch[1], V, un[0], L->fwork);
+            return;
+        }
+        n_acc = 1;
+    }
     for (;;) {
         const int want = rows_next(have, k);
         for (int r = have; r < want; r++) {
