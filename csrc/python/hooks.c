@@ -162,17 +162,6 @@ static PyObject *hook_lookup_draft(PyObject *mod, PyObject *args) {
     return Py_BuildValue("(Nii)", l, n_match, extent);
 }
 
-/* A list of ints as int32 (a new reference to a 1-D array), or NULL with an exception. */
-static PyArrayObject *int32_array(PyObject *o) {
-    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(o, NPY_INT32, 1, 1, NPY_ARRAY_IN_ARRAY);
-    if (a != NULL && PyArray_DIM(a, 0) > INT32_MAX / 2) {
-        Py_DECREF(a);
-        PyErr_SetString(PyExc_ValueError, "too many tokens");
-        return NULL;
-    }
-    return a;
-}
-
 /* lookup_history_drafts(tokens, outputs, queries, k) -> [(draft, n_match)]: a history of at least
  * `tokens` tokens (sd_lookup_history) given `outputs` one after another, then each query's draft
  * of up to k tokens; a test hook. */
@@ -196,29 +185,28 @@ static PyObject *hook_lookup_history_drafts(PyObject *mod, PyObject *args) {
     }
     PyObject *res = PyList_New(0);
     for (Py_ssize_t i = 0; res != NULL && i < PyList_GET_SIZE(outputs); i++) {
-        PyArrayObject *a = int32_array(PyList_GET_ITEM(outputs, i));
-        if (a == NULL) {
+        Py_ssize_t n = 0;
+        int32_t *t = sd_py_tokens_from(PyList_GET_ITEM(outputs, i), "an output", &n);
+        if (t == NULL) {
             Py_CLEAR(res);
             break;
         }
-        sd_lookup_history_add(hs, (const int32_t *)PyArray_DATA(a), (int)PyArray_DIM(a, 0));
-        Py_DECREF(a);
+        sd_lookup_history_add(hs, t, n < INT32_MAX ? (int)n : INT32_MAX);
+        PyMem_Free(t);
     }
     for (Py_ssize_t i = 0; res != NULL && i < PyList_GET_SIZE(queries); i++) {
-        PyArrayObject *a = int32_array(PyList_GET_ITEM(queries, i));
-        if (a == NULL) {
+        Py_ssize_t n = 0;
+        int32_t *t = sd_py_tokens_from(PyList_GET_ITEM(queries, i), "a query", &n);
+        if (t == NULL) {
             Py_CLEAR(res);
             break;
         }
         int32_t draft[SD_MAX_DRAFT];
         int n_match = 0;
-        const int n = sd_lookup_history_draft(hs, draft, &n_match, (const int32_t *)PyArray_DATA(a),
-                                              (int)PyArray_DIM(a, 0), k);
-        Py_DECREF(a);
-        PyObject *l = PyList_New(n);
-        for (int j = 0; l != NULL && j < n; j++) {
-            PyList_SET_ITEM(l, j, PyLong_FromLong(draft[j]));
-        }
+        const int got =
+            sd_lookup_history_draft(hs, draft, &n_match, t, n < INT32_MAX ? (int)n : INT32_MAX, k);
+        PyMem_Free(t);
+        PyObject *l = sd_py_token_list(draft, got);
         PyObject *item = l != NULL ? Py_BuildValue("(Ni)", l, n_match) : NULL;
         if (item == NULL || PyList_Append(res, item) < 0) {
             Py_XDECREF(item);

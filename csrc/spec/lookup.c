@@ -51,6 +51,22 @@ int sd_lookup_draft(int32_t *draft, int *n_match, int *extent, const int32_t *h,
     return 0;
 }
 
+int sd_lookup_draft_or_history(int32_t *draft, int *n_match, int *extent, int *from_history,
+                               const int32_t *h, int len, int max_ngram, int min_ngram, int k,
+                               struct sd_lookup_history *hs) {
+    const int n = sd_lookup_draft(draft, n_match, extent, h, len, max_ngram, min_ngram, k);
+    *from_history = 0;
+    if (hs != NULL && *n_match < SD_LOOKUP_HISTORY_MIN) {
+        int nh = 0;
+        const int kh = sd_lookup_history_draft(hs, draft, &nh, h, len, k);
+        if (kh > 0) { /* (a search without a match writes nothing) */
+            *from_history = 1;
+            return kh;
+        }
+    }
+    return n;
+}
+
 /* The continuation of the occurrence ending at `from` (< len), periodic past the text's end. */
 static void continuation(int32_t *draft, const int32_t *h, int len, int from, int k) {
     const int p = len - from; /* >= 1 */
@@ -114,17 +130,14 @@ double sd_lookup_rate(double accepted, double rejected, int bucket, int max_ngra
 
 int sd_lookup_side_draft(const sd_lookup_side *s, struct sd_lookup_history *hs, int32_t *draft,
                          const int32_t *h, int len, int k, int *bucket, double *rate) {
-    int n_match = 0, extent = 0;
-    const int n = sd_lookup_draft(draft, &n_match, &extent, h, len, SD_LOOKUP_SIDE_NGRAM, 1, k);
-    if (hs != NULL && n_match < SD_LOOKUP_HISTORY_MIN) {
-        int nh = 0;
-        const int kh = sd_lookup_history_draft(hs, draft, &nh, h, len, k);
-        if (kh > 0) {
-            const int b = SD_LOOKUP_SIDE_HISTORY;
-            *bucket = b;
-            *rate = (s->acc[b] + 1.0) / (s->acc[b] + s->rej[b] + 2.0);
-            return kh;
-        }
+    int n_match = 0, extent = 0, from_history = 0;
+    const int n = sd_lookup_draft_or_history(draft, &n_match, &extent, &from_history, h, len,
+                                             SD_LOOKUP_SIDE_NGRAM, 1, k, hs);
+    if (from_history) {
+        const int b = SD_LOOKUP_SIDE_HISTORY;
+        *bucket = b;
+        *rate = (s->acc[b] + 1.0) / (s->acc[b] + s->rej[b] + 2.0);
+        return n;
     }
     *bucket = sd_lookup_bucket(n_match, extent, SD_LOOKUP_SIDE_NGRAM);
     *rate = sd_lookup_rate(s->acc[*bucket], s->rej[*bucket], *bucket, SD_LOOKUP_SIDE_NGRAM, NULL);

@@ -21,6 +21,16 @@
 int sd_lookup_draft(int32_t *draft, int *n_match, int *extent, const int32_t *h, int len,
                     int max_ngram, int min_ngram, int k);
 
+struct sd_lookup_history;
+
+/* sd_lookup_draft, or, where that matches by one token or not at all and the history hs (NULL:
+ * none; spec/drafters/lookup_history.h) has a match of two or more, the history's draft of up to
+ * k tokens (then *from_history = 1 and *n_match, *extent are the text's own). Returns the
+ * draft's length. */
+int sd_lookup_draft_or_history(int32_t *draft, int *n_match, int *extent, int *from_history,
+                               const int32_t *h, int len, int max_ngram, int min_ngram, int k,
+                               struct sd_lookup_history *hs);
+
 /* Up to b drafts of up to k tokens each, for sibling branches of a tree: draft 0 is
  * sd_lookup_draft's; each next one follows the best remaining occurrence (the larger n, then the
  * longer extent, then the later) whose continuation starts with a token no earlier draft starts
@@ -53,8 +63,6 @@ double sd_lookup_rate(double accepted, double rejected, int bucket, int max_ngra
 typedef struct {
     double acc[SD_LOOKUP_SIDE_HISTORY + 1], rej[SD_LOOKUP_SIDE_HISTORY + 1];
 } sd_lookup_side;
-
-struct sd_lookup_history;
 
 /* sd_lookup_draft's draft of up to k tokens after h[0 .. len) (n-grams of 1 to
  * SD_LOOKUP_SIDE_NGRAM), or, where that matches by one token or not at all and hs (NULL: none)

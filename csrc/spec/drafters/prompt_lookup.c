@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "spec/drafter.h"
-#include "spec/drafters/lookup_history.h"
 #include "spec/lookup.h"
 #include "spec/loop.h"
 #include "util/status.h"
@@ -198,19 +197,11 @@ static sd_status lookup_propose(const sd_drafter *d, void *state, sd_spec_loop *
     lookup_state *s = state;
     int n = 0, extent = 0;
     room = room < pl->k ? room : pl->k; /* a tree's drafter has room for k * branching nodes */
-    int k = room > 0 ? sd_lookup_draft(L->batch + 1, &n, &extent, L->hist, L->len, pl->max_ngram,
-                                       pl->min_ngram, room)
-                     : 0;
     s->from_history = 0;
-    if (d->history != NULL && room > 0 && n < SD_LOOKUP_HISTORY_MIN) {
-        int nh = 0;
-        const int kh =
-            sd_lookup_history_draft(d->history, L->batch + 1, &nh, L->hist, L->len, room);
-        if (kh > 0) { /* (a search without a match writes nothing) */
-            k = kh;
-            s->from_history = 1;
-        }
-    }
+    int k = room > 0
+                ? sd_lookup_draft_or_history(L->batch + 1, &n, &extent, &s->from_history, L->hist,
+                                             L->len, pl->max_ngram, pl->min_ngram, room, d->history)
+                : 0;
     /* the acceptance counts this draft is sized by and adds to */
     const int b = sd_lookup_bucket(n, extent, pl->max_ngram);
     double prior = 0.0;
