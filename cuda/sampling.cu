@@ -142,7 +142,9 @@ __device__ int block_sample(const float *p, int V, double u) {
 /* ---- processing logits ------------------------------------------------------------------------
  */
 
-/* Row r: greedy one-hot at the argmax, or softmax(logits / T) with the normaliser in double. */
+/* Row r: greedy one-hot at the argmax, or softmax(logits / T): each exponential by
+ * sd_hd_expf (the CPU's arithmetic), the normaliser in double (summed in another order than the
+ * CPU's eight lanes, so the last bits of a probability may differ). */
 __global__ void softmax_kernel(float *probs, const float *logits, int V, float temperature) {
     __shared__ double shd[32];
     const float *l = logits + (size_t)blockIdx.x * (size_t)V;
@@ -157,12 +159,12 @@ __global__ void softmax_kernel(float *probs, const float *logits, int V, float t
     const float mx = l[best];
     double sum = 0.0;
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        sum += exp((double)(l[i] - mx) / (double)temperature);
+        sum += (double)sd_hd_expf((l[i] - mx) / temperature);
     }
     sum = sd_block_sum_d(sum, shd);
+    const float inv = (float)(1.0 / sum);
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        const double e = exp((double)(l[i] - mx) / (double)temperature);
-        p[i] = (float)((double)(float)e / sum);
+        p[i] = sd_hd_expf((l[i] - mx) / temperature) * inv;
     }
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import child_json, require_simd
 from reference import process_ref
 from specdec import _core
 from stats import chi2_critical, chi2_stat, runs_for
@@ -37,6 +38,71 @@ def test_process_logits_matches_reference(setting):
         ref = process_ref(logits, *setting)
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
         assert abs(float(got.sum()) - 1.0) < 1e-5
+
+
+def test_softmax_exponentials_are_within_a_few_ulp():
+    """The softmax's exponentials (sd_hd_expf's arithmetic, vectorised) against float64 exp over
+    the whole range: a row whose largest logit is 0 holds exp(x) times one normaliser, so each
+    probability over the largest one's is exp(x) to within 3 ulp (2 of the exponential, 1 of
+    the products) wherever the probability is a normal float; below -87.33 they are 0."""
+    x = np.concatenate([[0.0], -np.geomspace(1e-6, 87.3, 40_000), -np.linspace(0.0, 87.3, 9_999),
+                        [-87.34, -100.0, -np.inf]]).astype(np.float32)
+    p = _core.process_logits(x, 1.0, 0, 1.0, 0.0)
+    ratio = p[:-3].astype(np.float64) / np.float64(p[0])
+    want = np.exp(x[:-3].astype(np.float64))
+    live = p[:-3] >= np.finfo(np.float32).tiny  # subnormal probabilities keep fewer digits
+    assert live.sum() > 45_000
+    np.testing.assert_allclose(ratio[live], want[live], rtol=3 * 2.0**-23, atol=0)
+    assert (p[-3:] == 0).all()
+
+
+CHILD_SOFTMAX_BITS = """
+import json
+import numpy as np
+from specdec import _core
+rng = np.random.default_rng(5)
+out = []
+for V in (1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 97, 5000, 49152):
+    for T in (1.0, 0.7, 2.3, 0.05):
+        x = (rng.standard_normal(V) * 4).astype(np.float32)
+        out.append(_core.process_logits(x, T, 0, 1.0, 0.0).tobytes().hex())
+print(json.dumps([_core.simd_name(), out]))
+"""
+
+
+@pytest.mark.parametrize("simd", ["avx2", "scalar"])
+def test_softmax_has_the_same_bits_on_every_kernel(simd):
+    """Sampling's softmax (sd_softmax_exp) from the kernels this CPU does not pick by default
+    (AVX2 where AVX-512 exists, and the portable one, in child processes) has the default
+    kernels' bits at every row length (every tail of a vector) and temperature: the same seed
+    draws the same tokens whichever kernels a CPU runs."""
+    if simd == "avx2":
+        require_simd("avx2", "avx2", "this CPU has no AVX2")
+    name, got = child_json(CHILD_SOFTMAX_BITS, timeout=120, SPECDEC_SIMD=simd)
+    assert name == ("avx2+fma+f16c" if simd == "avx2" else "scalar")
+    _, want = child_json(CHILD_SOFTMAX_BITS, timeout=120)
+    assert got == want
+
+
+def test_greedy_takes_the_first_largest_logit():
+    """The argmax (sd_argmax_f32, vectorised): the lowest index among equal largest values
+    wherever they sit in the vectors and the tail, NaNs passed over, 0 when the first logit is a
+    NaN (as the scalar loop it replaced)."""
+    rng = np.random.default_rng(3)
+    for V in (1, 2, 9, 31, 32, 33, 47, 1000, 49152):
+        for first in sorted({0, V // 3, V - 1, max(V - 5, 0)}):
+            x = rng.standard_normal(V).astype(np.float32)
+            x[first:] = np.minimum(x[first:], 5.0)
+            x[first] = 9.0
+            x[-1] = 9.0  # a tie with the last: the first wins
+            if V > 2:
+                x[(first + 1) % V or 1] = np.nan
+            got = _core.process_logits(x, 0.0, 0, 1.0, 0.0)
+            assert got[first] == 1.0 and got.sum() == 1.0, (V, first)
+    x = np.array([np.nan, 1.0, 2.0], np.float32)
+    assert _core.process_logits(x, 0.0, 0, 1.0, 0.0)[0] == 1.0
+    x = np.full(50, -np.inf, np.float32)
+    assert _core.process_logits(x, 0.0, 0, 1.0, 0.0)[0] == 1.0
 
 
 @pytest.mark.parametrize("bad,match", [((-0.1, 0, 1.0, 0.0), "temperature"),

@@ -48,6 +48,8 @@ static void (*g_swiglu)(float *, const float *, const float *, int64_t) = sd_swi
 static void (*g_attend)(const sd_attn_group *, const void *, const void *, int, int, int, float,
                         float *) = sd_attend_ref;
 static void (*g_to_f16)(uint16_t *, const float *, int64_t) = sd_f32_to_f16_row_ref;
+static double (*g_softmax_exp)(float *, const float *, int64_t, float, float) = sd_softmax_exp_ref;
+static int64_t (*g_argmax_f32)(const float *, int64_t) = sd_argmax_f32_ref;
 static const char *g_simd_name = "scalar";
 
 static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
@@ -78,6 +80,8 @@ static void kernels_init_once(void) {
         g_swiglu = sd_swiglu_avx2;
         g_attend = sd_attend_avx2;
         g_to_f16 = sd_f32_to_f16_row_avx2;
+        g_softmax_exp = sd_softmax_exp_avx2;
+        g_argmax_f32 = sd_argmax_f32_avx2;
         g_simd_name = "avx2+fma+f16c";
         g_repack = 1;
         if (force == NULL || strcmp(force, "avx2") != 0) {
@@ -88,6 +92,7 @@ static void kernels_init_once(void) {
                 slot(SD_TYPE_Q5_1)->tile = sd_tile_q5_1_vnni;
                 slot(SD_TYPE_Q8_0)->tile = sd_tile_q8_0_vnni;
                 g_attend = sd_attend_avx512;
+                g_softmax_exp = sd_softmax_exp_avx512;
                 g_simd_name = "avx2+fma+f16c+avx512vnni";
                 g_repack = 2;
                 /* Sixteen rows per step halve the instructions per row, which paid on a Xeon
@@ -154,6 +159,16 @@ void sd_attend(const sd_attn_group *g, const void *k, const void *v, int kv_f16,
 
 void sd_f32_to_f16_row(uint16_t *dst, const float *x, int64_t n) {
     g_to_f16(dst, x, n);
+}
+
+double sd_softmax_exp(float *e, const float *x, int64_t n, float mx, float t) {
+    sd_kernels_init();
+    return g_softmax_exp(e, x, n, mx, t);
+}
+
+int64_t sd_argmax_f32(const float *x, int64_t n) {
+    sd_kernels_init();
+    return g_argmax_f32(x, n);
 }
 
 /* ---- repacked matrices ------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cpu/quant.h"
+#include "util/hd.h"
 
 void sd_rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps) {
     for (int t = 0; t < T; t++) {
@@ -61,6 +62,26 @@ void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+double sd_softmax_exp_ref(float *e, const float *x, int64_t n, float mx, float t) {
+    double lane[8] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        e[i] = sd_hd_expf((x[i] - mx) / t);
+        lane[i % 8] += (double)e[i];
+    }
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+           ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+int64_t sd_argmax_f32_ref(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++) {
+        if (x[i] > x[best]) {
+            best = i;
+        }
+    }
+    return best;
 }
 
 /* ---- matmul ---------------------------------------------------------------------------------- */

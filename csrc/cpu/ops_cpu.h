@@ -53,6 +53,18 @@ void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const fl
 void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
                      float eps, unsigned char *xq);
 
+/* Sampling's softmax over a row of logits: e[i] = exp((x[i] - mx) / t) for i < n (t > 0), each
+ * by sd_hd_expf's arithmetic (util/hd.h), and their sum returned in double, added in eight lanes
+ * (lane i mod 8, in order of i), then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the same
+ * bits from every kernel. e may alias x. sd_softmax_exp is this CPU's kernel, _ref the portable
+ * one. */
+double sd_softmax_exp(float *e, const float *x, int64_t n, float mx, float t);
+double sd_softmax_exp_ref(float *e, const float *x, int64_t n, float mx, float t);
+/* The index of the largest x[i], i < n (the lowest on ties, NaNs passed over; 0 when x[0] is a
+ * NaN or n < 1), the same from every kernel. */
+int64_t sd_argmax_f32(const float *x, int64_t n);
+int64_t sd_argmax_f32_ref(const float *x, int64_t n);
+
 /* out (T, F) = silu(gate) * up, elementwise; out may alias gate. sd_swiglu is this CPU's kernel
  * (cpu/dispatch.c picks it), sd_swiglu_ref the portable one. */
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);

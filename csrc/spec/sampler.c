@@ -2,6 +2,7 @@
  * the CUDA kernels draw with). */
 #include "spec/sampler.h"
 
+#include "cpu/ops_cpu.h"
 #include "util/hd.h"
 
 double sd_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
@@ -9,11 +10,5 @@ double sd_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
 }
 
 int sd_argmax(const float *logits, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++) {
-        if (logits[i] > logits[best]) {
-            best = i;
-        }
-    }
-    return best;
+    return (int)sd_argmax_f32(logits, n);
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/ops_cpu.h"
 #include "spec/sampler.h"
 #include "util/hd.h"
 #include "util/status.h"
@@ -60,16 +61,12 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
         probs[best] = 1.0f;
         return;
     }
-    /* softmax(logits / T) in double for the normaliser */
-    float mx = logits[sd_argmax(logits, V)];
-    double sum = 0.0;
+    /* softmax(logits / T), the exponentials in float (sd_hd_expf's arithmetic, vectorised), the
+     * normaliser in double */
+    const float mx = logits[sd_argmax(logits, V)];
+    const float inv = (float)(1.0 / sd_softmax_exp(probs, logits, V, mx, s->temperature));
     for (int i = 0; i < V; i++) {
-        const double e = exp((double)(logits[i] - mx) / s->temperature);
-        probs[i] = (float)e;
-        sum += e;
-    }
-    for (int i = 0; i < V; i++) {
-        probs[i] = (float)(probs[i] / sum);
+        probs[i] *= inv;
     }
     const int filter = (s->top_k > 0 && s->top_k < V) || s->top_p < 1.0f || s->min_p > 0.0f;
     if (!filter) {

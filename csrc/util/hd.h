@@ -101,6 +101,35 @@ SD_HD uint64_t sd_hd_random64(uint64_t seed, uint64_t stream, uint64_t index) {
     return sd_hd_mix64(sd_hd_mix64(sd_hd_mix64(seed) ^ stream) ^ index);
 }
 
+/* exp(x) in float, lane for lane the arithmetic of the CPU's vector exp (cpu/x86/simd_avx2.c,
+ * SD_EXP_CORE): x = n ln 2 + r with n = round(x / ln 2) and ln 2 in two parts, e^r by its Taylor
+ * series to degree 7 in fused multiply-adds, then times 2^(n - 1) and 2. Within 2 ulp of expf;
+ * below -87.33 it gives 0, above 88.72 infinity, and a NaN gives exp(-87.33) as the vector's
+ * max/min clamp does. The softmax of sampling takes its exponentials from here or from that
+ * vector code, on the CPU and the GPU alike. */
+SD_HD float sd_hd_expf(float x) {
+    if (x < -87.33f) {
+        return 0.0f;
+    }
+    if (x > 88.72f) {
+        return INFINITY;
+    }
+    const float xc = x != x ? -87.33f : x;
+    const float n = rintf(xc * 1.44269504088896341f);
+    float r = fmaf(-n, 0.693145751953125f, xc);
+    r = fmaf(-n, 1.428606765330187e-06f, r);
+    float y = 1.0f / 5040.0f;
+    y = fmaf(y, r, 1.0f / 720.0f);
+    y = fmaf(y, r, 1.0f / 120.0f);
+    y = fmaf(y, r, 1.0f / 24.0f);
+    y = fmaf(y, r, 1.0f / 6.0f);
+    y = fmaf(y, r, 0.5f);
+    y = fmaf(y, r, 1.0f);
+    y = fmaf(y, r, 1.0f);
+    const int e = (int)(n - 1.0f);
+    return y * sd_hd_from_bits((uint32_t)(e + 127) << 23) * 2.0f;
+}
+
 /* The random streams of decoding: one per use, so a draw is a pure function of (seed, stream,
  * output position) on every backend. */
 enum {
