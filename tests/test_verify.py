@@ -65,7 +65,15 @@ out = []
 for V in (1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 97, 5000, 49152):
     for T in (1.0, 0.7, 2.3, 0.05):
         x = (rng.standard_normal(V) * 4).astype(np.float32)
-        out.append(_core.process_logits(x, T, 0, 1.0, 0.0).tobytes().hex())
+        p = _core.process_logits(x, T, 0, 1.0, 0.0)
+        out.append(p.tobytes().hex())
+        # draws from it (sd_sample_probs): 200 uniforms, 2 of them a hair from a cumulative sum
+        u = rng.random((200, 1))
+        c = np.cumsum(p.astype(np.float64)) / p.astype(np.float64).sum()
+        u[:2, 0] = np.nextafter(c[V // 2], 0.0), np.nextafter(c[V // 3], 1.0)
+        nxt = _core.verify_chains(p[None], None, np.zeros((200, 0), np.int32),
+                                  np.zeros((200, 0)), u)[1]
+        out.append(nxt.tobytes().hex())
 print(json.dumps([_core.simd_name(), out]))
 """
 
@@ -74,8 +82,9 @@ print(json.dumps([_core.simd_name(), out]))
 def test_softmax_has_the_same_bits_on_every_kernel(simd):
     """Sampling's softmax (sd_softmax_exp) from the kernels this CPU does not pick by default
     (AVX2 where AVX-512 exists, and the portable one, in child processes) has the default
-    kernels' bits at every row length (every tail of a vector) and temperature: the same seed
-    draws the same tokens whichever kernels a CPU runs."""
+    kernels' bits at every row length (every tail of a vector) and temperature, and so do the
+    draws from it (sd_sample_probs adds in sd_sum_f32's lanes): the same seed draws the same
+    tokens whichever kernels a CPU runs."""
     if simd == "avx2":
         require_simd("avx2", "avx2", "this CPU has no AVX2")
     name, got = child_json(CHILD_SOFTMAX_BITS, timeout=120, SPECDEC_SIMD=simd)

@@ -50,6 +50,7 @@ static void (*g_attend)(const sd_attn_group *, const void *, const void *, int, 
 static void (*g_to_f16)(uint16_t *, const float *, int64_t) = sd_f32_to_f16_row_ref;
 static double (*g_softmax_exp)(float *, const float *, int64_t, float, float) = sd_softmax_exp_ref;
 static int64_t (*g_argmax_f32)(const float *, int64_t) = sd_argmax_f32_ref;
+static double (*g_sum_f32)(const float *, int64_t) = sd_sum_f32_ref;
 static const char *g_simd_name = "scalar";
 
 static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
@@ -82,6 +83,7 @@ static void kernels_init_once(void) {
         g_to_f16 = sd_f32_to_f16_row_avx2;
         g_softmax_exp = sd_softmax_exp_avx2;
         g_argmax_f32 = sd_argmax_f32_avx2;
+        g_sum_f32 = sd_sum_f32_avx2;
         g_simd_name = "avx2+fma+f16c";
         g_repack = 1;
         if (force == NULL || strcmp(force, "avx2") != 0) {
@@ -164,6 +166,10 @@ void sd_f32_to_f16_row(uint16_t *dst, const float *x, int64_t n) {
 double sd_softmax_exp(float *e, const float *x, int64_t n, float mx, float t) {
     sd_kernels_init();
     return g_softmax_exp(e, x, n, mx, t);
+}
+
+double sd_sum_f32(const float *x, int64_t n) {
+    return g_sum_f32(x, n); /* the same bits before sd_kernels_init as after */
 }
 
 int64_t sd_argmax_f32(const float *x, int64_t n) {

@@ -64,14 +64,20 @@ void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
     }
 }
 
-double sd_softmax_exp_ref(float *e, const float *x, int64_t n, float mx, float t) {
+double sd_sum_f32_ref(const float *x, int64_t n) {
     double lane[8] = {0};
     for (int64_t i = 0; i < n; i++) {
-        e[i] = sd_hd_expf((x[i] - mx) / t);
-        lane[i % 8] += (double)e[i];
+        lane[i % 8] += (double)x[i];
     }
     return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
            ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+double sd_softmax_exp_ref(float *e, const float *x, int64_t n, float mx, float t) {
+    for (int64_t i = 0; i < n; i++) {
+        e[i] = sd_hd_expf((x[i] - mx) / t);
+    }
+    return sd_sum_f32_ref(e, n);
 }
 
 int64_t sd_argmax_f32_ref(const float *x, int64_t n) {

@@ -60,6 +60,10 @@ void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const floa
  * one. */
 double sd_softmax_exp(float *e, const float *x, int64_t n, float mx, float t);
 double sd_softmax_exp_ref(float *e, const float *x, int64_t n, float mx, float t);
+/* The sum of x[0 .. n) in double as sd_softmax_exp adds its exponentials (eight lanes by i mod 8,
+ * then pairwise), the same bits from every kernel. */
+double sd_sum_f32(const float *x, int64_t n);
+double sd_sum_f32_ref(const float *x, int64_t n);
 /* The index of the largest x[i], i < n (the lowest on ties, NaNs passed over; 0 when x[0] is a
  * NaN or n < 1), the same from every kernel. */
 int64_t sd_argmax_f32(const float *x, int64_t n);

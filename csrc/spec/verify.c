@@ -141,23 +141,35 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
     }
 }
 
+/* Blocks of the scan below: a block whose sum takes the running sum past the target is walked
+ * token by token, the others are added whole. */
+#define SAMPLE_BLOCK 256
+
 int sd_sample_probs(const float *p, int V, double u) {
-    double acc = 0.0, total = 0.0;
-    for (int i = 0; i < V; i++) {
-        total += p[i];
-    }
-    const double target = u * total;
-    int last = 0;
-    for (int i = 0; i < V; i++) {
-        if (p[i] > 0.0f) {
-            last = i;
-            acc += p[i];
-            if (acc > target) {
-                return i;
+    const double target = u * sd_sum_f32(p, V);
+    double acc = 0.0;
+    for (int b = 0; b < V; b += SAMPLE_BLOCK) {
+        const int e = b + SAMPLE_BLOCK < V ? b + SAMPLE_BLOCK : V;
+        const double s = sd_sum_f32(p + b, e - b);
+        if (!(acc + s > target)) {
+            acc += s;
+            continue;
+        }
+        for (int i = b; i < e; i++) { /* the crossing is here, unless rounding says otherwise */
+            if (p[i] > 0.0f) {
+                acc += p[i];
+                if (acc > target) {
+                    return i;
+                }
             }
         }
     }
-    return last;
+    for (int i = V - 1; i > 0; i--) { /* none crossed: the last token of nonzero probability */
+        if (p[i] > 0.0f) {
+            return i;
+        }
+    }
+    return 0;
 }
 
 int sd_accept(const float *p, const float *q, int d, double u) {
@@ -166,17 +178,22 @@ int sd_accept(const float *p, const float *q, int d, double u) {
 }
 
 int sd_sample_residual(const float *p, const float *q, int d, int V, double u, float *work) {
-    double mass = 0.0;
-    for (int i = 0; i < V; i++) {
-        const float qi = q != NULL ? q[i] : (i == d ? 1.0f : 0.0f);
-        const float r = p[i] - qi;
-        work[i] = r > 0.0f ? r : 0.0f; /* max(0, p - q) */
-        mass += work[i];
+    int mass = 0; /* whether max(0, p - q) has any */
+    if (q != NULL) {
+        for (int i = 0; i < V; i++) {
+            const float r = p[i] - q[i];
+            work[i] = r > 0.0f ? r : 0.0f;
+            mass |= r > 0.0f;
+        }
+    } else { /* q one-hot at d: p without d */
+        for (int i = 0; i < V; i++) {
+            work[i] = p[i] > 0.0f ? p[i] : 0.0f;
+            mass |= p[i] > 0.0f && i != d;
+        }
+        const float r = p[d] - 1.0f;
+        work[d] = r > 0.0f ? r : 0.0f;
     }
-    if (!(mass > 0.0)) {
-        return sd_sample_probs(p, V, u);
-    }
-    return sd_sample_probs(work, V, u);
+    return sd_sample_probs(mass ? work : p, V, u);
 }
 
 int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t *draft, int K,

@@ -19,10 +19,12 @@ void sd_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n);
 #include "cpu/ops_cpu.h"
 void sd_attend_avx2(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
                     int Dh, float scale, float *sc);
-/* Twins of sd_softmax_exp_ref and sd_argmax_f32_ref (ops_cpu.h), the same bits. */
+/* Twins of sd_softmax_exp_ref, sd_argmax_f32_ref and sd_sum_f32_ref (ops_cpu.h), the same
+ * bits. */
 double sd_softmax_exp_avx2(float *e, const float *x, int64_t n, float mx, float t);
 double sd_softmax_exp_avx512(float *e, const float *x, int64_t n, float mx, float t);
 int64_t sd_argmax_f32_avx2(const float *x, int64_t n);
+double sd_sum_f32_avx2(const float *x, int64_t n);
 /* The same bits on AVX-512F/VL, the work shared across more queries. */
 void sd_attend_avx512(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
                       int Dh, float scale, float *sc);

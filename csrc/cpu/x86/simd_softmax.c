@@ -47,6 +47,22 @@ SD_AVX2 double sd_softmax_exp_avx2(float *e, const float *x, int64_t n, float mx
     return lanes8_sum(lo, hi);
 }
 
+SD_AVX2 double sd_sum_f32_avx2(const float *x, int64_t n) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    }
+    if (i < n) { /* the tail's lanes past the end add +0, which leaves a sum as it is */
+        const __m256 v = _mm256_maskload_ps(x + i, lanes_below((int)(n - i)));
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    }
+    return lanes8_sum(lo, hi);
+}
+
 SD_AVX2 int64_t sd_argmax_f32_avx2(const float *x, int64_t n) {
     if (n < 2 || x[0] != x[0]) {
         return 0;
