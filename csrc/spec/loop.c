@@ -768,14 +768,11 @@ sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward
 
 /* ---- drafting with a model (a draft model, or the target's first layers) ------------------- */
 
-/* The largest probability of softmax(logits): how sure a greedy draft is of its token. */
-static double top_prob(const float *logits, int V) {
+/* The largest probability of softmax(logits): how sure a greedy draft is of its token (the
+ * exponentials as sampling's softmax takes them, into work (V)). */
+static double top_prob(const float *logits, int V, float *work) {
     const float mx = logits[sd_argmax(logits, V)];
-    double sum = 0.0;
-    for (int i = 0; i < V; i++) {
-        sum += exp((double)(logits[i] - mx));
-    }
-    return 1.0 / sum;
+    return 1.0 / sd_softmax_exp(work, logits, V, mx, 1.0f);
 }
 
 #ifdef SD_WITH_CUDA
@@ -827,8 +824,8 @@ sd_status sd_spec_draft_autoregressive(sd_spec_loop *L, sd_model *dm, sd_kv_cach
         const double u = sd_rng_uniform(L->seed, SD_STREAM_DRAFT, pos + (uint64_t)i);
         const int32_t d = L->s.temperature == 0.0f ? sd_argmax(qi, V) : sd_sample_probs(qi, V, u);
         L->batch[1 + i] = d;
-        if (p_min > 0.0f &&
-            (L->s.temperature == 0.0f ? top_prob(L->dlog, V) : (double)qi[d]) < (double)p_min) {
+        if (p_min > 0.0f && (L->s.temperature == 0.0f ? top_prob(L->dlog, V, L->fwork)
+                                                      : (double)qi[d]) < (double)p_min) {
             *k = i + 1;
             break;
         }

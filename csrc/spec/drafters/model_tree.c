@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/ops_cpu.h"
 #include "spec/sampler.h"
 #include "spec/verify.h"
 #include "util/clock.h"
@@ -49,6 +50,7 @@ struct sd_model_tree {
     int V, b, sampling, max_fed;
     float *logits; /* (b, V) a draft forward's logits */
     float *qrows;  /* (max_fed, V) when sampling: fed node i's processed distribution */
+    float *ework;  /* (V) greedy: a row's softmax exponentials */
     uint8_t *mask; /* (b, capacity) a draft forward's tree mask */
     /* a step's candidates: token, parent candidate (-1: the root), depth, fed index (0: not
      * fed), path probability, the draft's probability of the token at its parent */
@@ -98,8 +100,10 @@ sd_status sd_model_tree_create(sd_model_tree **out, const sd_draft_params *dp,
     t->mask = malloc((size_t)t->b * (size_t)L->capacity);
     if (t->sampling) {
         t->qrows = malloc((size_t)t->max_fed * (size_t)t->V * sizeof(float));
+    } else {
+        t->ework = malloc((size_t)t->V * sizeof(float));
     }
-    if (t->logits == NULL || t->mask == NULL || (t->sampling && t->qrows == NULL)) {
+    if (t->logits == NULL || t->mask == NULL || (t->sampling ? t->qrows : t->ework) == NULL) {
         sd_model_tree_free(t);
         return sd_set_error(SD_ERR_NOMEM, "out of memory for a draft tree");
     }
@@ -111,6 +115,7 @@ void sd_model_tree_free(sd_model_tree *t) {
     if (t != NULL) {
         free(t->logits);
         free(t->qrows);
+        free(t->ework);
         free(t->mask);
         free(t);
     }
@@ -151,16 +156,12 @@ static void fed_rows(sd_model_tree *t, sd_spec_loop *L, int i, int node, const f
         }
         return;
     }
-    best_of(f, t->b, lg, V); /* by logit, then their softmax probabilities */
-    const float mx = f->ptop[0];
-    double sum = 0.0;
-    for (int v = 0; v < V; v++) {
-        if (lg[v] != -INFINITY) { /* a head's reduced vocabulary leaves most of them out */
-            sum += exp((double)(lg[v] - mx));
-        }
-    }
+    best_of(f, t->b, lg, V); /* by logit, then their softmax probabilities (the exponentials
+                              * as sampling's softmax takes them; -inf, outside a
+                              * head's reduced vocabulary, gives 0) */
+    const double sum = sd_softmax_exp(t->ework, lg, V, f->ptop[0], 1.0f);
     for (int j = 0; j < f->n_top; j++) {
-        f->ptop[j] = (float)(exp((double)(f->ptop[j] - mx)) / sum);
+        f->ptop[j] = (float)((double)t->ework[f->top[j]] / sum);
     }
 }
 
