@@ -38,7 +38,9 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
                        int32_t *work);
 
 /* The token the uniform u in [0, 1) selects from distribution p (V) by inverting its cumulative
- * sum; a u beyond the (rounded) total selects the last token of nonzero probability. */
+ * sum (the total and the sums of blocks of 256 added as sd_sum_f32 adds, the block where u
+ * falls token by token: the same draw from every kernel); a u beyond the (rounded) total
+ * selects the last token of nonzero probability. */
 int sd_sample_probs(const float *p, int V, double u);
 
 /* 1 if draft token d, drawn from q, is accepted against p with the uniform u: u * q[d] < p[d],
