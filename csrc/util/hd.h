@@ -101,7 +101,7 @@ SD_HD uint64_t sd_hd_random64(uint64_t seed, uint64_t stream, uint64_t index) {
     return sd_hd_mix64(sd_hd_mix64(sd_hd_mix64(seed) ^ stream) ^ index);
 }
 
-/* exp(x) in float, lane for lane the arithmetic of the CPU's vector exp (cpu/x86/simd_avx2.c,
+/* exp(x) in float, lane for lane the arithmetic of the CPU's vector exp (cpu/x86/simd_exp.h,
  * SD_EXP_CORE): x = n ln 2 + r with n = round(x / ln 2) and ln 2 in two parts, e^r by its Taylor
  * series to degree 7 in fused multiply-adds, then times 2^(n - 1) and 2. Within 2 ulp of expf;
  * below -87.33 it gives 0, above 88.72 infinity, and a NaN gives exp(-87.33) as the vector's
