@@ -214,36 +214,29 @@ int sd_verify_chain(int32_t *next, const float *p, const float *q, const int32_t
  * Q) lose t as the rule says. P and Q stay 1 until the node's first rejection, so a node's first
  * test and residual are the chain rule's to the bit (sd_accept, sd_sample_residual). */
 static void tree_reject(float *cp, double *P, float *cq, double *Q, int t, int V) {
+    const double p_sum = *P, q_sum = *Q;
     if (cq == NULL) { /* deterministic: p(t) <- 0 */
         cp[t] = 0.0f;
-    } else { /* sampled: p <- max(0, p/P - q/Q), unless that has no mass */
-        double mass = 0.0;
-        for (int i = 0; i < V; i++) {
-            mass += cp[i] / *P > cq[i] / *Q ? cp[i] / *P - cq[i] / *Q : 0.0;
+    } else { /* sampled: p <- max(0, p/P - q/Q), unless that has no mass (no p/P above q/Q) */
+        int mass = 0;
+        for (int i = 0; i < V && !mass; i++) {
+            mass = cp[i] / p_sum > cq[i] / q_sum;
         }
-        if (mass > 0.0) {
+        if (mass && p_sum == 1.0 && q_sum == 1.0) {
             for (int i = 0; i < V; i++) {
-                float r;
-                if (*P == 1.0 && *Q == 1.0) {
-                    r = cp[i] - cq[i];
-                } else {
-                    r = (float)(cp[i] / *P - cq[i] / *Q);
-                }
+                const float r = cp[i] - cq[i];
+                cp[i] = r > 0.0f ? r : 0.0f;
+            }
+        } else if (mass) {
+            for (int i = 0; i < V; i++) {
+                const float r = (float)(cp[i] / p_sum - cq[i] / q_sum);
                 cp[i] = r > 0.0f ? r : 0.0f;
             }
         }
         cq[t] = 0.0f;
-        double qs = 0.0;
-        for (int i = 0; i < V; i++) {
-            qs += cq[i];
-        }
-        *Q = qs;
+        *Q = sd_sum_f32(cq, V);
     }
-    double ps = 0.0;
-    for (int i = 0; i < V; i++) {
-        ps += cp[i];
-    }
-    *P = ps;
+    *P = sd_sum_f32(cp, V);
 }
 
 typedef struct {
