@@ -40,6 +40,19 @@ def test_process_logits_matches_reference(setting):
         assert abs(float(got.sum()) - 1.0) < 1e-5
 
 
+@pytest.mark.parametrize("setting", [(1.0, 50, 0.95, 0.0), (0.8, 20, 0.9, 0.02),
+                                     (0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.05)])
+def test_filters_over_a_flat_vocabulary(setting):
+    """A flat distribution over 49,152 tokens, where top-p alone needs thousands of them: with
+    top-k on, the head of the order is searched only as deep as the k largest (top-p and min-p
+    cut within them), and the result is still the reference's."""
+    logits = (np.random.default_rng(2).standard_normal(49_152) * 0.5).astype(np.float32)
+    got = _core.process_logits(logits, *setting)
+    ref = process_ref(logits, *setting)
+    np.testing.assert_array_equal(got > 0, ref > 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-9)
+
+
 def test_softmax_exponentials_are_within_a_few_ulp():
     """The softmax's exponentials (sd_hd_expf's arithmetic, vectorised) against float64 exp over
     the whole range: a row whose largest logit is 0 holds exp(x) times one normaliser, so each

@@ -77,20 +77,30 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
      * enough mass for top-p and enough tokens for top-k (a full sort of a 50k vocabulary per
      * token would cost more than the forward pass); every filter that is on drops the rest */
     const float pmax = probs[sd_argmax(probs, V)];
-    const int need_k = s->top_k > 0 && s->top_k < V ? s->top_k : 1;
+    const int top_k_on = s->top_k > 0 && s->top_k < V;
+    const int need_k = top_k_on ? s->top_k : 1;
     const double need_mass = s->top_p < 1.0f ? s->top_p : 0.0;
     int nc = 0;
     for (float t = pmax * 1e-3f;; t *= 1e-3f) {
         double mass = 0.0;
         nc = 0;
-        for (int i = 0; i < V; i++) {
-            if (probs[i] >= t) {
-                work[nc++] = i;
-                mass += probs[i];
+        for (int b = 0; b < V; b += 16) { /* a run of 16 with none above t is skipped */
+            const int e = b + 16 < V ? b + 16 : V;
+            int any = 0;
+            for (int i = b; i < e; i++) {
+                any |= probs[i] >= t;
+            }
+            for (int i = b; any && i < e; i++) {
+                if (probs[i] >= t) {
+                    work[nc++] = i;
+                    mass += probs[i];
+                }
             }
         }
+        /* with top-k on, top-p and min-p cut within the k largest: those are all it needs */
         const int enough =
-            nc >= need_k && mass >= need_mass && (s->min_p <= 0.0f || t <= s->min_p * pmax);
+            nc >= need_k &&
+            (top_k_on || (mass >= need_mass && (s->min_p <= 0.0f || t <= s->min_p * pmax)));
         if (enough || nc == V || t == 0.0f) {
             break;
         }
@@ -109,9 +119,7 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
                 total += probs[work[r]];
             }
         } else {
-            for (int i = 0; i < V; i++) {
-                total += probs[i];
-            }
+            total = sd_sum_f32(probs, V);
         }
         int r = 0;
         while (r < keep) {
@@ -136,8 +144,12 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
         kept += probs[work[r]];
         probs[work[r]] = -probs[work[r]]; /* mark the kept tokens */
     }
-    for (int i = 0; i < V; i++) {
-        probs[i] = probs[i] < 0.0f ? (float)(-probs[i] / kept) : 0.0f;
+    for (int i = 0; i < V; i++) { /* the rest to 0, the kept ones still marked */
+        probs[i] = probs[i] < 0.0f ? probs[i] : 0.0f;
+    }
+    for (int r = 0; r < keep; r++) {
+        const float v = probs[work[r]];
+        probs[work[r]] = v < 0.0f ? (float)(-v / kept) : 0.0f;
     }
 }
 
