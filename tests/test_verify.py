@@ -53,6 +53,21 @@ def test_filters_over_a_flat_vocabulary(setting):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("top_k", [1, 17, 40, 256, 300])
+def test_top_k_breaks_ties_by_id(top_k):
+    """Logits of a few levels, so that the k-th largest falls inside a run of equal values:
+    top-k (chosen by one pass of insertions up to 256, by a threshold search and a sort above)
+    keeps the lowest ids of the tied run, as the reference does."""
+    rng = np.random.default_rng(top_k)
+    logits = rng.choice(np.array([0.0, -0.5, -1.0, -3.0], np.float32), size=5000)
+    # (top-p 0.913: over k equal values its cut never falls on a whole number of them)
+    for setting in ((1.0, top_k, 1.0, 0.0), (0.7, top_k, 0.913, 0.0), (1.0, top_k, 1.0, 0.3)):
+        got = _core.process_logits(logits, *setting)
+        ref = process_ref(logits, *setting)
+        np.testing.assert_array_equal(got > 0, ref > 0, err_msg=str(setting))
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-9)
+
+
 def test_softmax_exponentials_are_within_a_few_ulp():
     """The softmax's exponentials (sd_hd_expf's arithmetic, vectorised) against float64 exp over
     the whole range: a row whose largest logit is 0 holds exp(x) times one normaliser, so each

@@ -51,6 +51,41 @@ static int by_prob_desc(const void *a, const void *b) {
     return i < j ? -1 : i > j;
 }
 
+/* Top-k up to this many is chosen by one pass of insertions (top_k_of); larger k by the
+ * threshold search and a sort. */
+#define TOP_K_SELECT 256
+
+/* The k largest of p (V) by decreasing value, ties to the lower id, into top[0 .. k) (k < V):
+ * one pass in order of id, each value inserted after those at least as large (all of lower
+ * id); once k are held, a run of 16 with none above the k-th is skipped. */
+static void top_k_of(int32_t *top, const float *p, int V, int k) {
+    int n = 0;
+    for (int b = 0; b < V; b += 16) {
+        const int e = b + 16 < V ? b + 16 : V;
+        if (n == k) {
+            const float kth = p[top[k - 1]];
+            int any = 0;
+            for (int i = b; i < e; i++) {
+                any |= p[i] > kth;
+            }
+            if (!any) {
+                continue;
+            }
+        }
+        for (int i = b; i < e; i++) {
+            const float x = p[i];
+            if (n == k && !(x > p[top[k - 1]])) {
+                continue;
+            }
+            int j = n < k ? n++ : k - 1;
+            for (; j > 0 && x > p[top[j - 1]]; j--) {
+                top[j] = top[j - 1];
+            }
+            top[j] = i;
+        }
+    }
+}
+
 void sd_process_logits(float *probs, const float *logits, int V, const sd_sampling *s,
                        int32_t *work) {
     if (s->temperature == 0.0f) {
@@ -81,7 +116,7 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
     const int need_k = top_k_on ? s->top_k : 1;
     const double need_mass = s->top_p < 1.0f ? s->top_p : 0.0;
     int nc = 0;
-    for (float t = pmax * 1e-3f;; t *= 1e-3f) {
+    for (float t = pmax * 1e-3f; !(top_k_on && s->top_k <= TOP_K_SELECT); t *= 1e-3f) {
         double mass = 0.0;
         nc = 0;
         for (int b = 0; b < V; b += 16) { /* a run of 16 with none above t is skipped */
@@ -105,8 +140,13 @@ void sd_process_logits(float *probs, const float *logits, int V, const sd_sampli
             break;
         }
     }
-    g_sort_p = probs;
-    qsort(work, (size_t)nc, sizeof(int32_t), by_prob_desc);
+    if (top_k_on && s->top_k <= TOP_K_SELECT) {
+        top_k_of(work, probs, V, s->top_k);
+        nc = s->top_k;
+    } else {
+        g_sort_p = probs;
+        qsort(work, (size_t)nc, sizeof(int32_t), by_prob_desc);
+    }
     int keep = nc;
     if (s->top_k > 0 && s->top_k < keep) {
         keep = s->top_k;
