@@ -16,6 +16,12 @@ SD_AVX2 static inline double lanes8_sum(__m256d lo, __m256d hi) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+/* Eight floats added to the eight double lanes (lo: lanes 0-3, hi: 4-7). */
+SD_AVX2 static inline void lanes8_add(__m256 v, __m256d *lo, __m256d *hi) {
+    *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
 /* exp((x - mx) / t) of eight logits, added to the lanes of (lo, hi); past the row's end the
  * lanes load -inf, whose exponential, 0, leaves a sum as it is. */
 SD_AVX2 static inline __attribute__((always_inline)) void
@@ -30,8 +36,7 @@ softmax_exp8(float *e, const float *x, int m, __m256 vmx, __m256 vt, __m256d *lo
     } else {
         _mm256_maskstore_ps(e, lm, y);
     }
-    *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(y)));
-    *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)));
+    lanes8_add(y, lo, hi);
 }
 
 SD_AVX2 double sd_softmax_exp_avx2(float *e, const float *x, int64_t n, float mx, float t) {
@@ -52,13 +57,11 @@ SD_AVX2 double sd_sum_f32_avx2(const float *x, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(x + i);
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        lanes8_add(v, &lo, &hi);
     }
     if (i < n) { /* the tail's lanes past the end add +0, which leaves a sum as it is */
         const __m256 v = _mm256_maskload_ps(x + i, lanes_below((int)(n - i)));
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        lanes8_add(v, &lo, &hi);
     }
     return lanes8_sum(lo, hi);
 }
