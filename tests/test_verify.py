@@ -68,6 +68,23 @@ def test_top_k_breaks_ties_by_id(top_k):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("top", [0.25, 0.7])
+def test_top_p_alone_breaks_ties_by_id(top):
+    """Top-p without top-k over logits of a few levels, the cut inside a run of equal values:
+    the candidates are ordered by a stable radix sort where they are at most half the vocabulary
+    (the two top levels 25 % of the tokens) and by qsort where they are more (70 %); both keep
+    the lowest ids of the tied run, as the reference does."""
+    rng = np.random.default_rng(int(top * 100))
+    # two levels near the top, two below a thousandth of it (the first threshold takes the two)
+    logits = rng.choice(np.array([0.0, -0.5, -8.0, -9.0], np.float32), size=20_000,
+                        p=[top / 2, top / 2, (1 - top) / 2, (1 - top) / 2])
+    for setting in ((1.0, 0, 0.3, 0.0), (1.0, 0, 0.8, 0.0), (0.9, 0, 0.913, 0.0)):
+        got = _core.process_logits(logits, *setting)
+        ref = process_ref(logits, *setting)
+        np.testing.assert_array_equal(got > 0, ref > 0, err_msg=str(setting))
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-9)
+
+
 def test_softmax_exponentials_are_within_a_few_ulp():
     """The softmax's exponentials (sd_hd_expf's arithmetic, vectorised) against float64 exp over
     the whole range: a row whose largest logit is 0 holds exp(x) times one normaliser, so each
