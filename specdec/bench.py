@@ -193,6 +193,7 @@ def run(args: argparse.Namespace) -> dict:
                              "eagle, eagle-lookup, eagle-tree, eagle-tree-lookup, "
                              "eagle-tree-lookup-history, medusa)")
     rows = load_questions(args.data, args.limit)
+    sampling = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     # One short untimed request per method first: the first request of a speculator that sizes
     # its trees by the verify cost measures that curve on the model (about a second), which
     # would otherwise land in the first question's time and its category's ratio. Its time is
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> dict:
     for name, spec in methods.items():
         t0 = time.perf_counter()
         specdec.generate(model, warm_ids, max_new_tokens=4, temperature=args.temperature,
-                         seed=args.seed, speculator=spec)
+                         seed=args.seed, speculator=spec, **sampling)
         warmup_s[name] = time.perf_counter() - t0
     results = []
     ctx = model.config.context_length
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace) -> dict:
                 t0 = time.perf_counter()
                 g = specdec.generate(model, ids, max_new_tokens=args.max_new_tokens,
                                      temperature=args.temperature, seed=args.seed,
-                                     speculator=spec)
+                                     speculator=spec, **sampling)
                 times[name].append(time.perf_counter() - t0)
                 if r > 0:
                     continue  # the same seed: the same tokens and counts every repeat
@@ -249,6 +250,7 @@ def run(args: argparse.Namespace) -> dict:
                 entry["methods"][name]["times_s"] = times[name]
         results.append(entry)
     return {"model": model.path, "threads": model.threads, "temperature": args.temperature,
+            "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
             "max_new_tokens": args.max_new_tokens, "k": args.k, "data": args.data,
             "repeats": args.repeats, "draft_cost": draft_cost, "warmup_s": warmup_s,
             "questions": results}
@@ -349,6 +351,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=1024,
                    help="Spec-Bench's own setting is 1024 (its evaluation scripts)")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature > 0 (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature > 0 (1 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="with --temperature > 0 (0 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=0, help="questions per category (0 = all)")
     p.add_argument("--repeats", type=int, default=1,
@@ -364,7 +369,11 @@ def main(argv=None) -> int:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     res = run(args)
     table = summarize(res)
-    header = (f"model {res['model']}, {res['threads']} threads, temperature {args.temperature}, "
+    filters = "".join(f", {n} {v}" for n, v, off in (("top-k", args.top_k, 0),
+                                                     ("top-p", args.top_p, 1.0),
+                                                     ("min-p", args.min_p, 0.0)) if v != off)
+    header = (f"model {res['model']}, {res['threads']} threads, temperature {args.temperature}"
+              f"{filters}, "
               f"max_new_tokens {args.max_new_tokens}, k {args.k}, "
               f"{len(res['questions'])} questions"
               + (f", median of {args.repeats} runs each" if args.repeats > 1 else "")
