@@ -63,7 +63,7 @@ class Speculator:
         """Serve one short request (16 prompt tokens, ``tokens`` new ones, greedy) with this
         speculator on ``target`` and return its seconds, so that what a first request pays once
         is paid here, before any user waits: a speculator that sizes its trees by the verify
-        cost measures that curve on the model (one to two seconds on a 2-core CPU; the model keeps
+        cost measures that curve on the model (under a second on a 2-core CPU; the model keeps
         it for later speculators with the same thread count and cache type), and the weights'
         pages are read in. Serving code calls it at start-up; ``specdec serve`` does. Token
         Recycling's table learns from this request's few verify logits, as from any other."""
