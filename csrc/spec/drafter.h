@@ -146,8 +146,8 @@ int sd_model_draft_k(const sd_draft_params *dp, const sd_spec_stats *ss, double 
 /* Measures c for forwards of up to max_T tokens (<= SD_MAX_TREE_NODES + 1) after a short prefix
  * (64 tokens), on a scratch cache: the fastest of three timed runs of each of a few sizes,
  * interpolated between them; and after longer ones (320 and 1024 tokens, where the model's
- * context allows: the short prefix's slots copied in turn, not computed) of 1, 2, 4, 8 and max_T
- * tokens, what those texts add fitted as linear in the text's length and the batch's
+ * context allows; on the CPU the short prefix's slots copied in turn, not computed) of 1, 2, 4, 8
+ * and max_T tokens, what those texts add fitted as linear in the text's length and the batch's
  * (sd_verify_cost_fit; under a second on a small CPU model).
  * Nothing is measured when c already holds a curve for this thread count and size, or one that was
  * given (sd_drafter_set_costs), or when the model keeps one measured by an earlier drafter for
