@@ -24,12 +24,14 @@ def _verify_logits(m: specdec.Model, prefix: list[int], batch: list[int], thread
     return np.array(m.forward(cache, batch), copy=True)
 
 
-@pytest.mark.parametrize("T", [1, 8, 16])
+@pytest.mark.parametrize("T", [1, 2, 4, 8, 16])
 def test_verify_logits_do_not_depend_on_the_threads_smollm2(smollm2, T):
     """SmolLM2 (repacked Q4_1 layers, Q8_0 head): the logits of a verify batch after a 64-token
     prefix are bit for bit the same on 1, 2 and 3 threads. On 2 threads the q, k, v product
     (576 + 192 + 192 rows) goes as four pieces of 240 rows, two of them across the boundary
-    between products; on 3 threads six of 160."""
+    between products; on 3 threads six of 160. (A split of the rows in which threads took 16-row
+    units from each other, tried with a claim that could take more units than were left, added
+    those twice to the accumulating products and failed here at 1, 2 and 4 tokens.)"""
     vocab = smollm2.config.vocab_size
     prefix = random_tokens(vocab, 64, seed=27)
     batch = random_tokens(vocab, T, seed=28)
