@@ -13,7 +13,11 @@ are left out of that table); medians over rounds.
     python benchmarks/ab_builds.py before/ after/ --context 1500 --attention --rounds 8
     python benchmarks/ab_builds.py before/ after/ --simd avx2 --model "$SPECDEC_GEMMA3_GGUF"
 
-"-" names the installed specdec. Use it to decide whether a kernel or scheduling change pays
+"-" names the installed specdec. BUILD@LEVEL runs that build with SPECDEC_SIMD=LEVEL (overriding
+--simd), so one build's kernel levels alternate like builds:
+
+    python benchmarks/ab_builds.py build/@avx2 build/@avxvnni build/ --tokens 1,2,4,8,16
+ Use it to decide whether a kernel or scheduling change pays
 before committing it; the ratios, not the milliseconds, carry from run to run.
 """
 
@@ -81,18 +85,20 @@ def main() -> None:
         model = hub.resolve(hub.DEFAULT_MODEL)
     tokens = [int(t) for t in a.tokens.split(",")]
     prefill = [int(t) for t in a.prefill.split(",") if t]
-    for b in a.builds:  # a path to the package itself would import the installed one instead
-        if b != "-" and not os.path.isfile(os.path.join(b, "specdec", "__init__.py")):
-            ap.error(f"{b}: no specdec/ package in it (give the directory that holds specdec/)")
+    where = {b: b.rsplit("@", 1) if "@" in b else (b, a.simd) for b in a.builds}
+    for b, (path, _) in where.items():  # a path to the package itself imports the installed one
+        if path != "-" and not os.path.isfile(os.path.join(path, "specdec", "__init__.py")):
+            ap.error(f"{path}: no specdec/ package in it (give the directory that holds specdec/)")
     res: dict = {b: [] for b in a.builds}
     for _ in range(a.rounds):
         for b in a.builds:
             env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECDEC_SIMD")}
             env.setdefault("OPENBLAS_NUM_THREADS", "1")
-            if a.simd is not None:
-                env["SPECDEC_SIMD"] = a.simd
-            if b != "-":
-                env["PYTHONPATH"] = os.path.abspath(b)
+            path, simd = where[b]
+            if simd is not None:
+                env["SPECDEC_SIMD"] = simd
+            if path != "-":
+                env["PYTHONPATH"] = os.path.abspath(path)
             r = subprocess.run([sys.executable, "-c", CHILD, model, str(a.context), str(a.reps),
                                 str(a.iters), a.tokens, a.prefill, str(int(a.attention))],
                                env=env,

@@ -8,8 +8,9 @@ specdec loaders by tests/test_tinymodels.py.
 Requirements: a test that needs something a machine may lack (a GPU, the SmolLM2 file offline,
 a SIMD level) skips with the reason through helpers.missing, or with the marker
 ``@pytest.mark.requires(name, reason)`` (an empty reason: present). SPECDEC_REQUIRE, a comma
-list of names from helpers.REQUIRABLE (cuda, smollm2, gemma3, avx2, avx512, vnni, amx), turns
-those skips into failures with the same reason, on machines that must have the thing.
+list of names from helpers.REQUIRABLE (cuda, smollm2, gemma3, avx2, avxvnni, avx512, vnni,
+amx), turns those skips into failures with the same reason, on machines that must have the
+thing.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ REQUIRABLE = {
     "gemma3": "the Gemma-3-270M Q4_K_M GGUF (cached, assembled, downloaded, or "
               "$SPECDEC_GEMMA3_GGUF)",
     "avx2": "a CPU with AVX2 (and FMA, F16C) kernels",
+    "avxvnni": "a CPU with AVX-VNNI (256-bit vpdpbusd: Intel's cores from Alder Lake on, Zen 5)",
     "avx512": "a CPU with AVX-512 kernels",
     "vnni": "a CPU with AVX512-VNNI kernels",
     "amx": "a CPU with AMX-INT8 tiles the OS lets specdec use",

@@ -11,11 +11,13 @@ with s the f16 rounding of d_true * sum(q): off from m * sum(x) by |m| (16 d_tru
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import quantref
-from helpers import require_simd
+from helpers import child_json, missing, require_simd
 from specdec import _core
 
 TYPES = sorted(quantref.FORMATS)
@@ -242,6 +244,22 @@ def test_sixteen_row_tile_gives_the_eight_row_bits(name):
         np.testing.assert_array_equal(ym[:, 8:16], y[:, :8], err_msg=f"T {T}")
 
 
+def repacked_cases(rng, batch_sizes) -> dict:
+    """Products of random repacked-format rows (Q4_0, Q4_1, Q8_0: 16-row groups, an 8-row group
+    left over, short and long rows) with batches of every size in batch_sizes, one activation
+    column large, keyed "format-rows-n-T", for child_matmuls."""
+    cases = {}
+    for name in ("Q4_0", "Q4_1", "Q8_0"):
+        type_id = quantref.BY_NAME[name]
+        for nrows, n in ((16, 512), (24, 96), (40, 1536)):
+            blocks = quantref.random_blocks(type_id, nrows * n // 32, rng)
+            for T in batch_sizes:
+                x = rng.standard_normal((T, n)).astype(np.float32)
+                x[:, 1] *= 30.0
+                cases[f"{name}-{nrows}-{n}-{T}"] = matmul_case(type_id, blocks, nrows, n, x)
+    return cases
+
+
 def test_amx_tiles_give_the_vnni_bits():
     """On CPUs with AMX-INT8, batches of repacked Q4_0/Q4_1/Q8_0 rows go through AMX tiles;
     SPECDEC_SIMD=avx512vnni keeps the VNNI tiles. Both must give the same bits for every batch
@@ -249,20 +267,52 @@ def test_amx_tiles_give_the_vnni_bits():
     exact), row count (16-row AMX groups, an 8-row group left over) and row length."""
     require_simd("amx", "amx",
                  f"this CPU has no AMX-INT8 the OS lets us use (kernels: {_core.simd_name()})")
-    rng = np.random.default_rng(5)
-    cases = {}
-    for name in ("Q4_0", "Q4_1", "Q8_0"):
-        type_id = quantref.BY_NAME[name]
-        for nrows, n in ((16, 512), (24, 96), (40, 1536)):
-            blocks = quantref.random_blocks(type_id, nrows * n // 32, rng)
-            for T in (1, 3, 4, 7, 8, 9, 16, 17, 40):
-                x = rng.standard_normal((T, n)).astype(np.float32)
-                x[:, 1] *= 30.0
-                cases[f"{name}-{nrows}-{n}-{T}"] = matmul_case(type_id, blocks, nrows, n, x)
+    cases = repacked_cases(np.random.default_rng(5), (1, 3, 4, 7, 8, 9, 16, 17, 40))
     simd, ys = child_matmuls(cases, "avx512vnni")
     assert simd == "avx2+fma+f16c+avx512vnni"
     for key, case in cases.items():
         np.testing.assert_array_equal(matmul_here(case, 0), ys[key], err_msg=key)
+
+
+CHILD_BATCH_AND_ALONE = r"""
+import json, sys
+import numpy as np
+from specdec import _core
+args = json.loads(sys.stdin.read())
+out = {"simd": _core.simd_name(), "y": {}, "alone": {}}
+for key, (type_id, data_hex, nrows, n, x) in args.items():
+    data, x = bytes.fromhex(data_hex), np.array(x, dtype=np.float32)
+    out["y"][key] = _core.matmul_rows(type_id, data, nrows, n, x, 0).tobytes().hex()
+    rows = [_core.matmul_rows(type_id, data, nrows, n, x[t:t + 1], 0) for t in range(len(x))]
+    out["alone"][key] = np.concatenate(rows).tobytes().hex()
+print(json.dumps(out))
+"""
+
+
+def test_avxvnni_tile_gives_the_vnni_bits():
+    """With AVX-VNNI (vpdpbusd on 256-bit registers, without AVX-512: Intel's client cores),
+    batches of repacked Q4_0/Q4_1/Q8_0 rows take the AVX-VNNI tile; SPECDEC_SIMD=avxvnni keeps
+    it on a CPU that has AVX-512 too. In a child capped there, for every batch size (passes of
+    up to 6 tokens, as even as can be), row count and row length: each token's row of a batch
+    has the bits of that token alone, the products agree with the portable kernel, and where
+    this CPU has AVX512-VNNI they are its tiles' bits (exact integer sums, the same float step
+    in the same order)."""
+    cases = repacked_cases(np.random.default_rng(23), (1, 2, 5, 6, 7, 8, 12, 13, 16, 17, 40))
+    out = child_json(CHILD_BATCH_AND_ALONE, stdin=json.dumps(cases), SPECDEC_SIMD="avxvnni")
+    if "avxvnni" not in out["simd"]:
+        missing("avxvnni", f"this CPU has no AVX-VNNI (kernels capped there: {out['simd']})")
+    assert out["simd"] == "avx2+fma+f16c+avxvnni"
+    vnni = "avx512vnni" in _core.simd_name()
+    for key, case in cases.items():
+        shape = (len(case[4]), case[2])
+        y = np.frombuffer(bytes.fromhex(out["y"][key]), dtype=np.float32).reshape(shape)
+        alone = np.frombuffer(bytes.fromhex(out["alone"][key]), dtype=np.float32).reshape(shape)
+        np.testing.assert_array_equal(y, alone, err_msg=f"{key}: batch against alone")
+        port = matmul_here(case, 1)
+        np.testing.assert_allclose(y, port, rtol=1e-5, atol=1e-5 * float(np.abs(port).max()),
+                                   err_msg=key)
+        if vnni:
+            np.testing.assert_array_equal(y, matmul_here(case, 0), err_msg=f"{key}: VNNI bits")
 
 
 def _activation_rows():

@@ -39,7 +39,8 @@ static void tile_bf16_avx2(SD_TILE_ARGS) {
 }
 #endif
 
-static int g_repack = 0; /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VNNI, 3 AMX */
+static int g_repack = 0;  /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VNNI, 3 AMX */
+static int g_avxvnni = 0; /* with g_repack 1: Q4_0, Q4_1 and Q8_0 copies take the AVX-VNNI tile */
 
 static float (*g_dot_f32)(const float *, const float *, int64_t) = sd_dot_f32_ref;
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = sd_axpy_f32_ref;
@@ -58,7 +59,8 @@ static pthread_once_t g_kernels_once = PTHREAD_ONCE_INIT;
 static void kernels_init_once(void) {
 #ifdef SD_HAVE_X86_SIMD
     /* SPECDEC_SIMD=scalar keeps the portable kernels, SPECDEC_SIMD=avx2 stops at AVX2,
-     * SPECDEC_SIMD=avx512vnni before AMX: the tests run every path this way. */
+     * SPECDEC_SIMD=avxvnni at AVX-VNNI (the level of Intel's client cores, which have no
+     * AVX-512), SPECDEC_SIMD=avx512vnni before AMX: the tests run every path this way. */
     const char *force = getenv("SPECDEC_SIMD");
     int want_simd = force == NULL || strcmp(force, "scalar") != 0;
     if (want_simd && sd_cpu_has_avx2_fma_f16c()) {
@@ -87,7 +89,13 @@ static void kernels_init_once(void) {
         g_simd_name = "avx2+fma+f16c";
         g_repack = 1;
         if (force == NULL || strcmp(force, "avx2") != 0) {
-            if (sd_cpu_has_avx512vnni()) {
+            if (sd_cpu_has_avxvnni()) {
+                /* the repacked Q4_0/Q4_1/Q8_0 copies go through vpdpbusd (the other formats'
+                 * copies stay with the AVX2 tile); AVX-512 below replaces it where it exists */
+                g_avxvnni = 1;
+                g_simd_name = "avx2+fma+f16c+avxvnni";
+            }
+            if ((force == NULL || strcmp(force, "avxvnni") != 0) && sd_cpu_has_avx512vnni()) {
                 slot(SD_TYPE_Q4_0)->tile = sd_tile_q4_0_vnni;
                 slot(SD_TYPE_Q4_1)->tile = sd_tile_q4_1_vnni;
                 slot(SD_TYPE_Q5_0)->tile = sd_tile_q5_0_vnni;
@@ -227,6 +235,8 @@ void sd_tile_repacked(int type, float *y, int64_t ldy, const void *packed, int64
         sd_tile_packed_amx(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
     } else if (g_repack == 2) {
         sd_tile_packed_vnni(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
+    } else if (g_avxvnni) {
+        sd_tile_packed_avxvnni(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
     } else {
         sd_tile_packed_avx2(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
     }

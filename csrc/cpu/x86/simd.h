@@ -89,6 +89,12 @@ int sd_cpu_family(void);
 /* The same over AVX2 alone. */
 void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                          const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
+/* AVX-VNNI (vpdpbusd in 256-bit VEX form, without AVX-512; simd_avxvnni_q.c): whether the CPU
+ * has it, and the tile over the repacked Q4_0, Q4_1 and Q8_0 copies with it, the bits of
+ * sd_tile_packed_vnni. */
+int sd_cpu_has_avxvnni(void);
+void sd_tile_packed_avxvnni(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
+                            const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
 
 /* AMX-INT8 (simd_amx_q.c): whether this CPU has it and the OS lets this process use it (asks
  * once), and the tile over the repacked copy for batches of tokens, with the VNNI tile's bits

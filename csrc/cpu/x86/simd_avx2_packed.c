@@ -160,10 +160,8 @@ SD_Q_AVX2 SD_INLINE void pass_chunk(const int f, const int t0, const int C, __m2
         acc[t] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++, P += bb, X += XI_BYTES) {
-        if (prefetch) { /* this block of the next 8 rows */
-            for (int o = 0; o < bb; o += 64) {
-                _mm_prefetch((const char *)P + (size_t)nb * (size_t)bb + o, _MM_HINT_T0);
-            }
+        if (prefetch) {
+            prefetch_next_group(P, nb, bb);
         }
         __m256i s32[CHUNK];
         if (f == V_Q8_0) {
@@ -206,7 +204,7 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
     const int split = f == V_Q5_0 || f == V_Q5_1 || f == V_Q5_K || f == V_Q6_K;
     const int chunk = split ? CHUNK_SPLIT : CHUNK;
     const int nc = (TT + chunk - 1) / chunk;
-    #pragma GCC unroll 4 /* chunk sizes as compile-time constants */
+#pragma GCC unroll 4 /* chunk sizes as compile-time constants */
     for (int c = 0; c < nc; c++) {
         const int t0 = c * TT / nc, C = (c + 1) * TT / nc - t0;
         pass_chunk(f, t0, C, out, P, nb, X, c == 0);

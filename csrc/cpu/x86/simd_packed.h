@@ -120,6 +120,14 @@ SD_Q_AVX2 SD_INLINE void unpack_packed_nibbles(__m256i *g, __m256 *dw, __m256 *m
     *mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + 144)));
 }
 
+/* Fetch into L1 the block at P of the next 8-row group (nb blocks of bb bytes on): the tiles
+ * do it while the first pass over a group multiplies, so the weights stream from memory once. */
+SD_Q_AVX2 SD_INLINE void prefetch_next_group(const uint8_t *P, int64_t nb, int bb) {
+    for (int o = 0; o < bb; o += 64) {
+        _mm_prefetch((const char *)P + (size_t)nb * (size_t)bb + o, _MM_HINT_T0);
+    }
+}
+
 /* The tile over repacked rows, for one instruction set. The tokens go in groups of at most TS,
  * as even as can be (17 tokens: 8 and 9, not 16 and 1: a pass of one token over the weights
  * costs nearly what a pass of many does, its sums being one dependent chain; a token's

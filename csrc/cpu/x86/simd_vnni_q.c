@@ -269,9 +269,7 @@ SD_VNNI SD_INLINE void packed8_dot(const int f, const int TT, __m256 *out, const
     for (int64_t b = 0; b < nb; b++, P += bb, X += XI_BYTES) {
         __m256i g[8];
         __m256 dw, mw;
-        for (int o = 0; o < bb; o += 64) { /* this block of the next 8 rows */
-            _mm_prefetch((const char *)P + (size_t)nb * (size_t)bb + o, _MM_HINT_T0);
-        }
+        prefetch_next_group(P, nb, bb);
         if (f == V_Q8_0) {
             for (int k = 0; k < 8; k++) {
                 g[k] = _mm256_loadu_si256((const __m256i *)(P + 32 * k));

@@ -1,0 +1,112 @@
+/* simd_avxvnni_q.c — the tile over repacked Q4_0, Q4_1 and Q8_0 copies for CPUs with AVX-VNNI
+ * and without AVX-512: Intel's client cores from Alder Lake on (and Zen 5, which has both).
+ * AVX-VNNI is vpdpbusd in the VEX encoding: 256-bit registers, sixteen of them, four unsigned
+ * weight bytes times four signed activation bytes added into each i32 lane in one instruction,
+ * where AVX2 alone needs maddubs, an add and a widening madd (simd_avx2_packed.c).
+ *
+ * Layouts, the activations' interleaving and the tile driver are simd_packed.h's. Per block the
+ * integer sums are exact in i32 whatever their order (at most 8 x 4 x 255 x 127 < 2^31), and the
+ * float step is the AVX512-VNNI tile's (simd_vnni_q.c, packed8_dot): the offset times the
+ * activation value it multiplies, then the converted sum times d_w d_x, both fused, Q8_0 as
+ * unsigned bytes (+128) with the offset -128 d_w. So every row and token gets the bits the
+ * AVX512-VNNI tiles give, for any batch (tests/test_quant.py checks both).
+ *
+ * With sixteen registers a pass over an 8-row group serves CHUNK tokens: their integer sums and
+ * float accumulators, the nibble mask and one unpacked vector pair at a time (the weights are
+ * unpacked per pass, a few instructions; larger batches pass over the group again from L1).
+ * The AVX512-VNNI tile keeps all eight unpacked vectors and sixteen accumulators in its 32
+ * registers instead; here that layout spilled the accumulators and was slower up to 8 tokens. */
+#include "cpu/x86/simd.h"
+
+#ifdef SD_HAVE_X86_SIMD
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include "cpu/x86/simd_packed.h"
+#include "cpu/x86/simd_q_common.h"
+
+#define SD_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+
+/* Tokens per pass: 2 x 6 accumulators, the mask, a packed vector and its unpacked pair make the
+ * 16 registers (on Zen 5 with SPECDEC_SIMD=avxvnni, 4, 5, 6 and 8 timed alike at 8 and 16 tokens;
+ * 6 takes a batch of 6 in one pass). */
+#define CHUNK 6
+
+int sd_cpu_has_avxvnni(void) {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    /* CPUID.(EAX=7, ECX=1):EAX bit 4; the OS's saving of YMM state is what AVX2 needs too */
+    if (!sd_cpu_has_avx2_fma_f16c() || !__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) {
+        return 0;
+    }
+    return (eax >> 4) & 1;
+}
+
+/* Tokens t0 .. t0 + C - 1 against nb blocks of 8 packed rows of format f (V_Q4_0, V_Q4_1 or
+ * V_Q8_0) from P: out[t0 + t] lane k = dot(row k, token t0 + t). */
+SD_AVXVNNI SD_INLINE void pass_chunk(const int f, const int t0, const int C, __m256 *out,
+                                     const uint8_t *P, int64_t nb, const uint8_t *X, int prefetch) {
+    const int bb = packed_bb(f);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[CHUNK];
+    for (int t = 0; t < C; t++) {
+        acc[t] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++, P += bb, X += XI_BYTES) {
+        if (prefetch) {
+            prefetch_next_group(P, nb, bb);
+        }
+        __m256i s[CHUNK];
+        for (int t = 0; t < C; t++) {
+            s[t] = _mm256_setzero_si256();
+        }
+        if (f == V_Q8_0) {
+            for (int g = 0; g < 8; g++) { /* stored + 128: unsigned as they are */
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(P + 32 * g));
+                for (int t = 0; t < C; t++) {
+                    s[t] = _mm256_dpbusd_avx_epi32(s[t], w, XIB(X, t0 + t, g));
+                }
+            }
+        } else {
+            for (int h = 0; h < 4; h++) { /* vector h: group h (low nibbles) and h + 4 (high) */
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(P + 32 * h));
+                const __m256i lo = _mm256_and_si256(v, lo4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                for (int t = 0; t < C; t++) {
+                    s[t] = _mm256_dpbusd_avx_epi32(s[t], lo, XIB(X, t0 + t, h));
+                    s[t] = _mm256_dpbusd_avx_epi32(s[t], hi, XIB(X, t0 + t, h + 4));
+                }
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + pk_d(f))));
+        const __m256 mw = f == V_Q8_0
+                              ? _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f))
+                              : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + pk_m(f))));
+        for (int t = 0; t < C; t++) {
+            acc[t] = _mm256_fmadd_ps(mw, XIO(X, t0 + t), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(dw, XID(X, t0 + t)),
+                                     acc[t]);
+        }
+    }
+    for (int t = 0; t < C; t++) {
+        out[t0 + t] = acc[t];
+    }
+}
+
+/* Eight packed rows against TT <= 16 tokens, in chunks of at most CHUNK as even as can be, each
+ * a pass over the group's blocks (the first from memory, prefetching the next group; the rest
+ * from L1). */
+SD_AVXVNNI SD_INLINE void packed8_dot_avxvnni(const int f, const int TT, __m256 *out,
+                                              const uint8_t *P, int64_t nb, const uint8_t *X) {
+    const int nc = (TT + CHUNK - 1) / CHUNK;
+#pragma GCC unroll 4 /* chunk sizes as compile-time constants */
+    for (int c = 0; c < nc; c++) {
+        const int t0 = c * TT / nc, C = (c + 1) * TT / nc - t0;
+        pass_chunk(f, t0, C, out, P, nb, X, c == 0);
+    }
+}
+
+PACKED_TILE(sd_tile_packed_avxvnni, SD_AVXVNNI, packed8_dot_avxvnni, 16, PACKED_NARROW,
+            PACKED_DISPATCH)
+
+#endif /* SD_HAVE_X86_SIMD */
