@@ -4,16 +4,17 @@ the dequantized weights and the dequantized activations up to float32 rounding; 
 does not depend on its batch; and Gemma-3-270M (Q5_0, Q4_K, Q6_K and Q8_0 matrices) gives the
 same logits on 1, 2 and 3 threads, a verify batch's rows those of one-token steps.
 
-These copies exist on the AVX2 path alone (the AVX512-VNNI and AMX paths keep their tiles), so
-every check runs in a child process with SPECDEC_SIMD=avx2.
+These copies exist on the AVX2 and AVX-VNNI paths alone (the AVX512-VNNI and AMX paths keep
+their tiles), so every check runs in a child process with SPECDEC_SIMD=avx2 (or avxvnni).
 
 The tolerance: per block the tile's integer sum is exact (16-bit partial sums stay below 32767,
 the 32-bit ones below 2^24), then one product d_w * d_x, one fused multiply-add per block and
 the offset's; the float32 error of a row over n / 32 blocks is below (n / 32 + 4) * 2^-24 of
 sum |w| |x| (plus |m| |s| for the offsets), 4e-6 of it for n = 512 here. The offsets of Q5_1,
 Q4_K and Q5_K (the min; -dmin * min) multiply s, llama.cpp's f16 rounding of the activation
-block's sum, as the kernels over rows as stored and Q4_1's tiles do: the reference says so. A swapped nibble or a wrong scale is off by about d_w |x|, orders of magnitude
-above that (test_tolerance_catches_a_broken_layout)."""
+block's sum, as the kernels over rows as stored and Q4_1's tiles do: the reference says so. A
+swapped nibble or a wrong scale is off by about d_w |x|, orders of magnitude above that
+(test_tolerance_catches_a_broken_layout)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 import quantref
-from helpers import child_json, require_simd
+from helpers import child_json, missing, require_simd
 from specdec import _core
 
 NAMES = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
@@ -46,12 +47,14 @@ print(json.dumps(out))
 """
 
 
-def avx2_products(cases: dict) -> dict:
-    """The forward kernel's products under SPECDEC_SIMD=avx2 (the repacked copies): per case
-    {"1-t": token t alone (1, nrows), "T": the first T tokens (T, nrows)}."""
+def avx2_products(cases: dict, level: str = "avx2") -> dict:
+    """The forward kernel's products under SPECDEC_SIMD=level (avx2 or avxvnni: the repacked
+    copies): per case {"1-t": token t alone (1, nrows), "T": the first T tokens (T, nrows)}."""
     require_simd("avx2", "avx2", "this CPU has no AVX2")
-    out = child_json(CHILD_PRODUCTS, stdin=json.dumps(cases), SPECDEC_SIMD="avx2")
-    assert out["simd"] == "avx2+fma+f16c"
+    out = child_json(CHILD_PRODUCTS, stdin=json.dumps(cases), SPECDEC_SIMD=level)
+    if level == "avxvnni" and "avxvnni" not in out["simd"]:
+        missing("avxvnni", f"this CPU has no AVX-VNNI (kernels capped there: {out['simd']})")
+    assert out["simd"] == {"avx2": "avx2+fma+f16c", "avxvnni": "avx2+fma+f16c+avxvnni"}[level]
     return {key: {k: np.frombuffer(bytes.fromhex(h), np.float32).reshape(-1, cases[key][2])
                   for k, h in ys.items()} for key, ys in out["y"].items()}
 
@@ -113,12 +116,18 @@ def reference(type_id: int, blocks: np.ndarray, x: np.ndarray):
 
 
 @pytest.fixture(scope="module")
-def products():
+def product_cases():
     cases, inputs = {}, {}
     for i, name in enumerate(NAMES):
         type_id, blocks, x = case(name, seed=60 + i)
         cases[name] = (type_id, blocks.tobytes().hex(), ROWS, N, x.tolist(), BATCHES)
         inputs[name] = (type_id, blocks, x)
+    return cases, inputs
+
+
+@pytest.fixture(scope="module")
+def products(product_cases):
+    cases, inputs = product_cases
     return avx2_products(cases), inputs
 
 
@@ -147,6 +156,20 @@ def test_batch_rows_have_the_bits_of_single_tokens(products, name):
         for t in range(T):
             np.testing.assert_array_equal(ys[name][str(T)][t], ys[name][f"1-{t}"][0],
                                           err_msg=f"{name} T {T} t {t}")
+
+
+def test_avxvnni_tile_gives_the_avx2_bits(product_cases, products):
+    """With AVX-VNNI (SPECDEC_SIMD=avxvnni in a child) the same copies go through vpdpbusd: one
+    instruction for four byte products and their sum where AVX2 takes maddubs, 16-bit adds and a
+    widening madd, then the rows' integer scales by a 32-bit multiply. The integer sums are the
+    same exact integers, the float step the same, so every product of every batch size has the
+    AVX2 tile's bits (which the tests above hold to the reference and to single tokens)."""
+    cases, _ = product_cases
+    vnni = avx2_products(cases, "avxvnni")
+    ys, _ = products
+    for name in NAMES:
+        for k, y in ys[name].items():
+            np.testing.assert_array_equal(vnni[name][k], y, err_msg=f"{name} {k}")
 
 
 def test_tolerance_catches_a_broken_layout():
@@ -203,13 +226,17 @@ print(json.dumps(out))
 """
 
 
-def test_gemma3_verify_batches_do_not_depend_on_threads_or_batch(gemma3_path):
-    """Gemma-3-270M on the AVX2 path (its Q5_0, Q4_K and Q6_K matrices repacked): the logits of
-    batches of 8 and 16 after a 64-token prefix are bit for bit the same on 1, 2 and 3 threads,
-    and row t of the 16-token batch (2 threads) is token t decoded alone."""
+@pytest.mark.parametrize("level", ["avx2", "avxvnni"])
+def test_gemma3_verify_batches_do_not_depend_on_threads_or_batch(gemma3_path, level):
+    """Gemma-3-270M on the AVX2 path and on the AVX-VNNI one (its Q5_0, Q4_K and Q6_K matrices
+    repacked): the logits of batches of 8 and 16 after a 64-token prefix are bit for bit the
+    same on 1, 2 and 3 threads, and row t of the 16-token batch (2 threads) is token t decoded
+    alone."""
     require_simd("avx2", "avx2", "this CPU has no AVX2")
-    out = child_json(CHILD_GEMMA, gemma3_path, timeout=600, SPECDEC_SIMD="avx2")
-    assert out["simd"] == "avx2+fma+f16c"
+    out = child_json(CHILD_GEMMA, gemma3_path, timeout=600, SPECDEC_SIMD=level)
+    if level == "avxvnni" and "avxvnni" not in out["simd"]:
+        missing("avxvnni", f"this CPU has no AVX-VNNI (kernels capped there: {out['simd']})")
+    assert out["simd"] == {"avx2": "avx2+fma+f16c", "avxvnni": "avx2+fma+f16c+avxvnni"}[level]
     for T, same in out["threads"].items():
         assert same == [True, True], f"T {T}: threads 2, 3 equal to 1: {same}"
     assert out["steps"] == [True] * 16, out["steps"]

@@ -40,7 +40,7 @@ static void tile_bf16_avx2(SD_TILE_ARGS) {
 #endif
 
 static int g_repack = 0;  /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VNNI, 3 AMX */
-static int g_avxvnni = 0; /* with g_repack 1: Q4_0, Q4_1 and Q8_0 copies take the AVX-VNNI tile */
+static int g_avxvnni = 0; /* with g_repack 1: the copies go through the AVX-VNNI tile */
 
 static float (*g_dot_f32)(const float *, const float *, int64_t) = sd_dot_f32_ref;
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = sd_axpy_f32_ref;
@@ -90,12 +90,13 @@ static void kernels_init_once(void) {
         g_repack = 1;
         if (force == NULL || strcmp(force, "avx2") != 0) {
             if (sd_cpu_has_avxvnni()) {
-                /* the repacked Q4_0/Q4_1/Q8_0 copies go through vpdpbusd (the other formats'
-                 * copies stay with the AVX2 tile); AVX-512 below replaces it where it exists */
+                /* the repacked copies go through vpdpbusd; AVX-512 below replaces it where it
+                 * exists */
                 g_avxvnni = 1;
                 g_simd_name = "avx2+fma+f16c+avxvnni";
             }
             if ((force == NULL || strcmp(force, "avxvnni") != 0) && sd_cpu_has_avx512vnni()) {
+                g_avxvnni = 0; /* its tiles in place (over fewer copies) */
                 slot(SD_TYPE_Q4_0)->tile = sd_tile_q4_0_vnni;
                 slot(SD_TYPE_Q4_1)->tile = sd_tile_q4_1_vnni;
                 slot(SD_TYPE_Q5_0)->tile = sd_tile_q5_0_vnni;
@@ -229,11 +230,10 @@ void sd_tile_repacked(int type, float *y, int64_t ldy, const void *packed, int64
 #ifdef SD_HAVE_X86_SIMD
     const size_t group = sd_packed_bytes(type, 8, n);
     const void *p = (const unsigned char *)packed + (size_t)(r0 / 8) * group;
-    if (!repacked_on_every_path(type)) {
-        sd_tile_packed_avx2(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
-    } else if (g_repack == 3) {
+    const int every = repacked_on_every_path(type);
+    if (every && g_repack == 3) {
         sd_tile_packed_amx(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
-    } else if (g_repack == 2) {
+    } else if (every && g_repack == 2) {
         sd_tile_packed_vnni(type, y, ldy, p, nrows, a, T, n, bias, accumulate);
     } else if (g_avxvnni) {
         sd_tile_packed_avxvnni(type, y, ldy, p, nrows, a, T, n, bias, accumulate);

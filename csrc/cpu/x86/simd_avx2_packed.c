@@ -211,22 +211,7 @@ SD_Q_AVX2 SD_INLINE void packed8_dot_avx2(const int f, const int TT, __m256 *out
     }
 }
 
-/* PACKED_DISPATCH with the formats only this tile reads. */
-#define PACKED_DISPATCH_AVX2(dot, f, tt, ...)                                                      \
-    do {                                                                                           \
-        switch (f) {                                                                               \
-        case V_Q4_0: PACKED_TT(dot, V_Q4_0, tt, __VA_ARGS__); break;                               \
-        case V_Q4_1: PACKED_TT(dot, V_Q4_1, tt, __VA_ARGS__); break;                               \
-        case V_Q5_0: PACKED_TT(dot, V_Q5_0, tt, __VA_ARGS__); break;                               \
-        case V_Q5_1: PACKED_TT(dot, V_Q5_1, tt, __VA_ARGS__); break;                               \
-        case V_Q4_K: PACKED_TT(dot, V_Q4_K, tt, __VA_ARGS__); break;                               \
-        case V_Q5_K: PACKED_TT(dot, V_Q5_K, tt, __VA_ARGS__); break;                               \
-        case V_Q6_K: PACKED_TT(dot, V_Q6_K, tt, __VA_ARGS__); break;                               \
-        default: PACKED_TT(dot, V_Q8_0, tt, __VA_ARGS__); break;                                   \
-        }                                                                                          \
-    } while (0)
-
 PACKED_TILE(sd_tile_packed_avx2, SD_Q_AVX2, packed8_dot_avx2, 16, PACKED_NARROW,
-            PACKED_DISPATCH_AVX2)
+            PACKED_DISPATCH_ALL)
 
 #endif /* SD_HAVE_X86_SIMD */

@@ -32,6 +32,10 @@
  * 16 registers (on Zen 5 with SPECDEC_SIMD=avxvnni, 4, 5, 6 and 8 timed alike at 8 and 16 tokens;
  * 6 takes a batch of 6 in one pass). */
 #define CHUNK 6
+/* Q5 formats: the fifth bits and their mask take two more. */
+#define CHUNK_FIVE 5
+/* Q6_K: the sums of a half block apart from the block's, 3 x 4. */
+#define CHUNK_SPLIT 4
 
 int sd_cpu_has_avxvnni(void) {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -42,12 +46,84 @@ int sd_cpu_has_avxvnni(void) {
     return (eax >> 4) & 1;
 }
 
-/* Tokens t0 .. t0 + C - 1 against nb blocks of 8 packed rows of format f (V_Q4_0, V_Q4_1 or
- * V_Q8_0) from P: out[t0 + t] lane k = dot(row k, token t0 + t). */
+/* The rows' integer scales of a K-quant block as i32 lanes (lane k = row k's; simd_packed.h
+ * stores each twice, at bytes 2k and 2k + 1): u8 for Q4_K and Q5_K, i8 for Q6_K. */
+SD_AVXVNNI SD_INLINE __m256i row_scales(const int f, const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m256i w16 = f == V_Q6_K ? _mm256_cvtepi8_epi16(b) : _mm256_cvtepu8_epi16(b);
+    return _mm256_srai_epi32(_mm256_slli_epi32(w16, 16), 16);
+}
+
+/* s[t] += the exact integer sums of one block of 8 packed rows (P) of format f and tokens
+ * t0 .. t0 + C - 1 (X), times the rows' integer scales where the format has them: the integers
+ * simd_avx2_packed.c's sums give (and for Q8_0, as unsigned bytes, the AVX512-VNNI tile's). */
+SD_AVXVNNI SD_INLINE void block_sums(const int f, const int t0, const int C, __m256i *s,
+                                     const uint8_t *P, const uint8_t *X) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int t = 0; t < C; t++) {
+        s[t] = _mm256_setzero_si256();
+    }
+    if (f == V_Q8_0) {
+        for (int g = 0; g < 8; g++) { /* stored + 128: unsigned as they are */
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(P + 32 * g));
+            for (int t = 0; t < C; t++) {
+                s[t] = _mm256_dpbusd_avx_epi32(s[t], w, XIB(X, t0 + t, g));
+            }
+        }
+    } else if (f == V_Q6_K) { /* signed: |w| times x with w's sign, a scale per half block */
+        const int so = pk_sc(V_Q6_K);
+        for (int half = 0; half < 2; half++) {
+            __m256i h[CHUNK_SPLIT];
+            for (int t = 0; t < C; t++) {
+                h[t] = _mm256_setzero_si256();
+            }
+            for (int j = 0; j < 4; j++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(P + 128 * half + 32 * j));
+                const __m256i u = _mm256_sign_epi8(w, w);
+                for (int t = 0; t < C; t++) {
+                    const __m256i x = _mm256_sign_epi8(XIB(X, t0 + t, 4 * half + j), w);
+                    h[t] = _mm256_dpbusd_avx_epi32(h[t], u, x);
+                }
+            }
+            const __m256i k = row_scales(V_Q6_K, P + so + 16 * half);
+            for (int t = 0; t < C; t++) {
+                s[t] = _mm256_add_epi32(s[t], _mm256_mullo_epi32(h[t], k));
+            }
+        }
+    } else {
+        const int five = f == V_Q5_0 || f == V_Q5_1 || f == V_Q5_K;
+        const __m256i bit4 = _mm256_set1_epi8(0x10);
+        const __m256i H = five ? _mm256_loadu_si256((const __m256i *)(P + 128)) : lo4;
+        for (int h = 0; h < 4; h++) { /* vector h: group h (low nibbles) and h + 4 (high) */
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(P + 32 * h));
+            __m256i lo = _mm256_and_si256(v, lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+            if (five) { /* bit h of H to bit 4 of group h, bit h + 4 to bit 4 of group h + 4 */
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(H, 4 - h), bit4));
+                hi = _mm256_or_si256(hi,
+                                     _mm256_and_si256(h == 0 ? H : _mm256_srli_epi16(H, h), bit4));
+            }
+            for (int t = 0; t < C; t++) {
+                s[t] = _mm256_dpbusd_avx_epi32(s[t], lo, XIB(X, t0 + t, h));
+                s[t] = _mm256_dpbusd_avx_epi32(s[t], hi, XIB(X, t0 + t, h + 4));
+            }
+        }
+        if (f == V_Q4_K || f == V_Q5_K) {
+            const __m256i k = row_scales(f, P + pk_sc(f));
+            for (int t = 0; t < C; t++) {
+                s[t] = _mm256_mullo_epi32(s[t], k);
+            }
+        }
+    }
+}
+
+/* Tokens t0 .. t0 + C - 1 against nb blocks of 8 packed rows of format f from P: out[t0 + t]
+ * lane k = dot(row k, token t0 + t). Per block the exact integer sums, then the float step of
+ * both other tiles: the offset times the activation value it multiplies (none for Q6_K), then
+ * the converted sum times d_w d_x, both fused. */
 SD_AVXVNNI SD_INLINE void pass_chunk(const int f, const int t0, const int C, __m256 *out,
                                      const uint8_t *P, int64_t nb, const uint8_t *X, int prefetch) {
     const int bb = packed_bb(f);
-    const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256 acc[CHUNK];
     for (int t = 0; t < C; t++) {
         acc[t] = _mm256_setzero_ps();
@@ -57,33 +133,20 @@ SD_AVXVNNI SD_INLINE void pass_chunk(const int f, const int t0, const int C, __m
             prefetch_next_group(P, nb, bb);
         }
         __m256i s[CHUNK];
-        for (int t = 0; t < C; t++) {
-            s[t] = _mm256_setzero_si256();
-        }
-        if (f == V_Q8_0) {
-            for (int g = 0; g < 8; g++) { /* stored + 128: unsigned as they are */
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(P + 32 * g));
-                for (int t = 0; t < C; t++) {
-                    s[t] = _mm256_dpbusd_avx_epi32(s[t], w, XIB(X, t0 + t, g));
-                }
-            }
-        } else {
-            for (int h = 0; h < 4; h++) { /* vector h: group h (low nibbles) and h + 4 (high) */
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(P + 32 * h));
-                const __m256i lo = _mm256_and_si256(v, lo4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
-                for (int t = 0; t < C; t++) {
-                    s[t] = _mm256_dpbusd_avx_epi32(s[t], lo, XIB(X, t0 + t, h));
-                    s[t] = _mm256_dpbusd_avx_epi32(s[t], hi, XIB(X, t0 + t, h + 4));
-                }
-            }
-        }
+        block_sums(f, t0, C, s, P, X);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + pk_d(f))));
-        const __m256 mw = f == V_Q8_0
-                              ? _mm256_mul_ps(dw, _mm256_set1_ps(-128.0f))
-                              : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + pk_m(f))));
+        __m256 mw = _mm256_setzero_ps();
+        if (f == V_Q8_0 || f == V_Q5_0) {
+            mw = _mm256_mul_ps(dw, _mm256_set1_ps(f == V_Q8_0 ? -128.0f : -16.0f));
+        } else if (f == V_Q4_K || f == V_Q5_K) {
+            mw = _mm256_loadu_ps((const float *)(P + pk_m(f)));
+        } else if (f != V_Q6_K) {
+            mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(P + pk_m(f))));
+        }
         for (int t = 0; t < C; t++) {
-            acc[t] = _mm256_fmadd_ps(mw, XIO(X, t0 + t), acc[t]);
+            if (f != V_Q6_K) {
+                acc[t] = _mm256_fmadd_ps(mw, XIO(X, t0 + t), acc[t]);
+            }
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), _mm256_mul_ps(dw, XID(X, t0 + t)),
                                      acc[t]);
         }
@@ -93,12 +156,15 @@ SD_AVXVNNI SD_INLINE void pass_chunk(const int f, const int t0, const int C, __m
     }
 }
 
-/* Eight packed rows against TT <= 16 tokens, in chunks of at most CHUNK as even as can be, each
- * a pass over the group's blocks (the first from memory, prefetching the next group; the rest
- * from L1). */
+/* Eight packed rows against TT <= 16 tokens, in chunks as even as can be of at most CHUNK
+ * (Q5: CHUNK_FIVE, which holds the fifth bits too; Q6_K: CHUNK_SPLIT, its halves' sums apart),
+ * each a pass over the group's blocks (the first from memory, prefetching the next group; the
+ * rest from L1). */
 SD_AVXVNNI SD_INLINE void packed8_dot_avxvnni(const int f, const int TT, __m256 *out,
                                               const uint8_t *P, int64_t nb, const uint8_t *X) {
-    const int nc = (TT + CHUNK - 1) / CHUNK;
+    const int five = f == V_Q5_0 || f == V_Q5_1 || f == V_Q5_K;
+    const int chunk = f == V_Q6_K ? CHUNK_SPLIT : five ? CHUNK_FIVE : CHUNK;
+    const int nc = (TT + chunk - 1) / chunk;
 #pragma GCC unroll 4 /* chunk sizes as compile-time constants */
     for (int c = 0; c < nc; c++) {
         const int t0 = c * TT / nc, C = (c + 1) * TT / nc - t0;
@@ -107,6 +173,6 @@ SD_AVXVNNI SD_INLINE void packed8_dot_avxvnni(const int f, const int TT, __m256 
 }
 
 PACKED_TILE(sd_tile_packed_avxvnni, SD_AVXVNNI, packed8_dot_avxvnni, 16, PACKED_NARROW,
-            PACKED_DISPATCH)
+            PACKED_DISPATCH_ALL)
 
 #endif /* SD_HAVE_X86_SIMD */

@@ -195,6 +195,20 @@ SD_Q_AVX2 SD_INLINE void prefetch_next_group(const uint8_t *P, int64_t nb, int b
             PACKED_TT(dot, V_Q8_0, tt, __VA_ARGS__);                                               \
         }                                                                                          \
     } while (0)
+/* PACKED_DISPATCH with the formats only the AVX2 and AVX-VNNI tiles read too. */
+#define PACKED_DISPATCH_ALL(dot, f, tt, ...)                                                       \
+    do {                                                                                           \
+        switch (f) {                                                                               \
+        case V_Q4_0: PACKED_TT(dot, V_Q4_0, tt, __VA_ARGS__); break;                               \
+        case V_Q4_1: PACKED_TT(dot, V_Q4_1, tt, __VA_ARGS__); break;                               \
+        case V_Q5_0: PACKED_TT(dot, V_Q5_0, tt, __VA_ARGS__); break;                               \
+        case V_Q5_1: PACKED_TT(dot, V_Q5_1, tt, __VA_ARGS__); break;                               \
+        case V_Q4_K: PACKED_TT(dot, V_Q4_K, tt, __VA_ARGS__); break;                               \
+        case V_Q5_K: PACKED_TT(dot, V_Q5_K, tt, __VA_ARGS__); break;                               \
+        case V_Q6_K: PACKED_TT(dot, V_Q6_K, tt, __VA_ARGS__); break;                               \
+        default: PACKED_TT(dot, V_Q8_0, tt, __VA_ARGS__); break;                                   \
+        }                                                                                          \
+    } while (0)
 #define PACKED_TT(dot, F, tt, ...)                                                                 \
     switch (tt) {                                                                                  \
     case 16: dot(F, 16, __VA_ARGS__); break;                                                       \
