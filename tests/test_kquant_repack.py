@@ -4,8 +4,8 @@ the dequantized weights and the dequantized activations up to float32 rounding; 
 does not depend on its batch; and Gemma-3-270M (Q5_0, Q4_K, Q6_K and Q8_0 matrices) gives the
 same logits on 1, 2 and 3 threads, a verify batch's rows those of one-token steps.
 
-These copies exist on the AVX2 and AVX-VNNI paths alone (the AVX512-VNNI and AMX paths keep
-their tiles), so every check runs in a child process with SPECDEC_SIMD=avx2 (or avxvnni).
+These copies go through the AVX2 tile, or the AVX-VNNI one where the CPU has it (with or without
+AVX-512); every check runs in a child process with SPECDEC_SIMD=avx2 (or avxvnni).
 
 The tolerance: per block the tile's integer sum is exact (16-bit partial sums stay below 32767,
 the 32-bit ones below 2^24), then one product d_w * d_x, one fused multiply-add per block and

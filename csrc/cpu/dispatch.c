@@ -40,7 +40,7 @@ static void tile_bf16_avx2(SD_TILE_ARGS) {
 #endif
 
 static int g_repack = 0;  /* the repacked tiles are selected: 1 AVX2, 2 AVX512-VNNI, 3 AMX */
-static int g_avxvnni = 0; /* with g_repack 1: the copies go through the AVX-VNNI tile */
+static int g_avxvnni = 0; /* the copies that no wider tile takes go through the AVX-VNNI one */
 
 static float (*g_dot_f32)(const float *, const float *, int64_t) = sd_dot_f32_ref;
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = sd_axpy_f32_ref;
@@ -90,13 +90,12 @@ static void kernels_init_once(void) {
         g_repack = 1;
         if (force == NULL || strcmp(force, "avx2") != 0) {
             if (sd_cpu_has_avxvnni()) {
-                /* the repacked copies go through vpdpbusd; AVX-512 below replaces it where it
-                 * exists */
+                /* the repacked copies go through vpdpbusd; with AVX-512 below, the Q4_0, Q4_1
+                 * and Q8_0 ones go through its tiles instead */
                 g_avxvnni = 1;
                 g_simd_name = "avx2+fma+f16c+avxvnni";
             }
             if ((force == NULL || strcmp(force, "avxvnni") != 0) && sd_cpu_has_avx512vnni()) {
-                g_avxvnni = 0; /* its tiles in place (over fewer copies) */
                 slot(SD_TYPE_Q4_0)->tile = sd_tile_q4_0_vnni;
                 slot(SD_TYPE_Q4_1)->tile = sd_tile_q4_1_vnni;
                 slot(SD_TYPE_Q5_0)->tile = sd_tile_q5_0_vnni;
@@ -189,9 +188,10 @@ int64_t sd_argmax_f32(const float *x, int64_t n) {
 /* ---- repacked matrices ------------------------------------------------------------------------
  */
 
-/* Q4_0, Q4_1 and Q8_0 are repacked for every tile over the copy; Q5_0, Q5_1 and the K-quants
- * for the AVX2 one alone (the AVX512-VNNI and AMX paths keep their tiles over rows as stored,
- * and their bits). */
+/* Q4_0, Q4_1 and Q8_0 copies go through the best tile over the copy; Q5_0, Q5_1 and the
+ * K-quants have only the AVX-VNNI and AVX2 ones, which serve them at every level (over rows as
+ * stored, the AVX2 tiles took a third longer for one Gemma-3 token on Zen 5, and the VNNI tiles
+ * of Q5_0/Q5_1 do not unpack a block once for a batch: benchmarks/RESULTS.md). */
 static int repacked_on_every_path(int type) {
     return type == SD_TYPE_Q4_0 || type == SD_TYPE_Q4_1 || type == SD_TYPE_Q8_0;
 }
@@ -199,7 +199,7 @@ static int repacked_on_every_path(int type) {
 size_t sd_repack_bytes(int type, int64_t rows, int64_t cols) {
     sd_kernels_init();
 #ifdef SD_HAVE_X86_SIMD
-    if (g_repack == 0 || (g_repack != 1 && !repacked_on_every_path(type))) {
+    if (g_repack == 0) {
         return 0;
     }
     return sd_packed_bytes(type, rows, cols);

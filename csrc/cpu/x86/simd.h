@@ -70,7 +70,7 @@ SD_DECLARE_VNNI_QTILE(q8_0)
 /* Repacked matrices (simd_vnni_q.c): bytes of the 8-row interleaved copy (0 when the matrix
  * cannot be repacked: other type, rows % 8, row too long), filling it, and the tile over it
  * (nrows a multiple of 8, `packed` at the first of them). Q4_0, Q4_1 and Q8_0 copies serve every
- * tile below; Q5_0, Q5_1, Q4_K, Q5_K and Q6_K copies the AVX2 one alone. */
+ * tile below; Q5_0, Q5_1, Q4_K, Q5_K and Q6_K copies the AVX2 and AVX-VNNI ones alone. */
 size_t sd_packed_bytes(int type, int64_t rows, int64_t cols);
 int sd_pack_rows8(void *dst, int type, const void *w, size_t row_bytes, int64_t rows, int64_t cols);
 /* The copies of Q5_0, Q5_1 and the K-quants (simd_kpack.c): format f of simd_packed.h, rows a

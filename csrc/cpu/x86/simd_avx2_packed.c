@@ -1,7 +1,8 @@
 /* simd_avx2_packed.c — AVX2 tiles over the repacked 8-row copies of Q4_0, Q4_1, Q8_0, Q5_0,
  * Q5_1, Q4_K, Q5_K and Q6_K matrices (simd_vnni_q.c and simd_kpack.c make them; simd_packed.h
- * has the layouts and the tile driver), for CPUs without AVX512-VNNI: up to 16 tokens per pass
- * over each weight block.
+ * has the layouts and the tile driver), for CPUs without AVX-VNNI (and for the formats other
+ * than Q4_0, Q4_1 and Q8_0 where AVX-512 exists without it): up to 16 tokens per pass over each
+ * weight block.
  *
  * maddubs multiplies 32 unsigned weight bytes by 32 signed activation bytes into 16 sums of
  * pairs; on Zen 2 it shares one pipe with madd (i16 pairs -> i32), so those two are what a

@@ -14,7 +14,7 @@
 
 /* The 32-element formats of the 8-row kernels, and the formats of the repacked copies: V_Q4_0,
  * V_Q4_1 and V_Q8_0 for every tile over the copy; V_Q5_0, V_Q5_1 and the K-quants (32-element
- * sub-blocks) for the AVX2 tile alone (simd_kpack.c makes those copies). */
+ * sub-blocks) for the AVX2 and AVX-VNNI tiles alone (simd_kpack.c makes those copies). */
 enum { V_Q4_0, V_Q4_1, V_Q5_0, V_Q5_1, V_Q8_0, V_Q4_K, V_Q5_K, V_Q6_K };
 
 /* The repacked format of a ggml type, or -1. */

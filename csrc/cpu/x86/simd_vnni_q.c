@@ -197,7 +197,8 @@ SD_VNNI_TILE(q8_0, V_Q8_0)
  *   Q8_0 (272 bytes): 8 x 32 bytes, vector g byte 4k + e = element 4g + e of row k, + 128;
  *     then f16 d[8].
  * Same size as the file's blocks: a token still reads each weight byte once. Q5_0, Q5_1 and the
- * K-quants are repacked by simd_kpack.c, for the AVX2 tile (layouts in simd_packed.h). */
+ * K-quants are repacked by simd_kpack.c, for the AVX2 and AVX-VNNI tiles (layouts in
+ * simd_packed.h), which serve them on every path. */
 
 size_t sd_packed_bytes(int type, int64_t rows, int64_t cols) {
     const int f = packed_format(type);
