@@ -67,6 +67,29 @@ def test_hf_dir_matches_transformers(hf_dirs, name):
     assert rel_err(got, c["logits"]) <= TOL
 
 
+SCALAR_CHILD = r"""
+import json, sys
+import specdec
+out = {"simd": specdec._core.simd_name()}
+for path, tokens in json.loads(sys.stdin.read()).items():
+    out[path] = specdec.load(path, kv_dtype="f32", threads=2).logits(tokens).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_gemma_portable_kernels_match_transformers(hf_dirs):
+    """SPECDEC_SIMD=scalar (in a child): Gemma's GeGLU through the portable twin of the vector
+    kernel, its soft-caps and norms, within the same tolerance of transformers."""
+    from helpers import child_json
+
+    names = ["gemma3", "gemma2"]
+    cases = {str(hf_dirs[n]): case(n)["tokens"] for n in names}
+    out = child_json(SCALAR_CHILD, stdin=json.dumps(cases), SPECDEC_SIMD="scalar")
+    assert out["simd"] == "scalar"
+    for n in names:
+        assert rel_err(np.asarray(out[str(hf_dirs[n])]), case(n)["logits"]) <= TOL, n
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_llamacpp_gguf_matches_transformers(name):
     """llama.cpp's converter writes llama3 scaling as rope_freqs.weight, linear as

@@ -46,6 +46,7 @@ static float (*g_dot_f32)(const float *, const float *, int64_t) = sd_dot_f32_re
 static void (*g_axpy_f32)(float *, float, const float *, int64_t) = sd_axpy_f32_ref;
 static sd_quantize_q8_fn g_quantize_q8 = sd_quantize_q8_ref;
 static void (*g_swiglu)(float *, const float *, const float *, int64_t) = sd_swiglu_ref;
+static void (*g_geglu)(float *, const float *, const float *, int64_t) = sd_geglu_ref;
 static void (*g_attend)(const sd_attn_group *, const void *, const void *, int, int, int, float,
                         float *) = sd_attend_ref;
 static void (*g_to_f16)(uint16_t *, const float *, int64_t) = sd_f32_to_f16_row_ref;
@@ -81,6 +82,7 @@ static void kernels_init_once(void) {
         g_axpy_f32 = sd_axpy_f32_avx2;
         g_quantize_q8 = sd_quantize_q8_avx2;
         g_swiglu = sd_swiglu_avx2;
+        g_geglu = sd_geglu_avx2;
         g_attend = sd_attend_avx2;
         g_to_f16 = sd_f32_to_f16_row_avx2;
         g_softmax_exp = sd_softmax_exp_avx2;
@@ -159,6 +161,10 @@ int sd_kernels_want_scalars(int T) {
 
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n) {
     g_swiglu(out, gate, up, n);
+}
+
+void sd_geglu(float *out, const float *gate, const float *up, int64_t n) {
+    g_geglu(out, gate, up, n);
 }
 
 void sd_attend(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn, int Dh,

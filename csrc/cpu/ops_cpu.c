@@ -64,6 +64,14 @@ void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n) {
     }
 }
 
+void sd_geglu_ref(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        const float inner = fmaf(SD_GELU_CUBIC, g * g * g, g);
+        out[i] = g / (1.0f + expf(-SD_GELU_2C * inner)) * up[i];
+    }
+}
+
 double sd_sum_f32_ref(const float *x, int64_t n) {
     double lane[8] = {0};
     for (int64_t i = 0; i < n; i++) {
@@ -268,6 +276,7 @@ typedef struct {
     int64_t n;
     float eps;
     q8_out q; /* the output rows quantized here too, when q.xq is not NULL */
+    int gelu; /* the gated unit's activation: 0 SiLU, 1 GELU (tanh form) */
 } rows_ctx;
 
 static void quant_task(void *ctx, int task, int thread) {
@@ -278,7 +287,7 @@ static void quant_task(void *ctx, int task, int thread) {
 }
 
 void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, const float *x, int T, int64_t n) {
-    rows_ctx c = {NULL, x, NULL, T, 0, n, 0.0f, q8_out_at(xq, T, n)};
+    rows_ctx c = {NULL, x, NULL, T, 0, n, 0.0f, q8_out_at(xq, T, n), 0};
     c.per = rows_per_task(pool, T, n, &c.q);
     sd_threadpool_run(pool, quant_task, &c, (T + c.per - 1) / c.per);
 }
@@ -288,17 +297,28 @@ static void swiglu_task(void *ctx, int task, int thread) {
     const rows_ctx *c = (const rows_ctx *)ctx;
     const int t1 = (task + 1) * c->per < c->T ? (task + 1) * c->per : c->T;
     const size_t o = (size_t)task * (size_t)c->per * (size_t)c->n;
-    sd_swiglu(c->out + o, c->a + o, c->b + o, (int64_t)(t1 - task * c->per) * c->n);
+    (c->gelu ? sd_geglu : sd_swiglu)(c->out + o, c->a + o, c->b + o,
+                                     (int64_t)(t1 - task * c->per) * c->n);
     if (c->q.xq != NULL) {
         quantize_range(&c->q, c->out, task * c->per, t1, c->n);
     }
 }
 
-void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
-                    int64_t n, unsigned char *xq) {
-    rows_ctx c = {out, gate, up, T, 0, n, 0.0f, q8_out_at(xq, T, n)};
+static void glu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
+                     int64_t n, unsigned char *xq, int gelu) {
+    rows_ctx c = {out, gate, up, T, 0, n, 0.0f, q8_out_at(xq, T, n), gelu};
     c.per = rows_per_task(pool, T, n, &c.q);
     sd_threadpool_run(pool, swiglu_task, &c, (T + c.per - 1) / c.per);
+}
+
+void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
+                    int64_t n, unsigned char *xq) {
+    glu_rows(pool, out, gate, up, T, n, xq, 0);
+}
+
+void sd_geglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
+                   int64_t n, unsigned char *xq) {
+    glu_rows(pool, out, gate, up, T, n, xq, 1);
 }
 
 static void rmsnorm_task(void *ctx, int task, int thread) {
@@ -314,7 +334,7 @@ static void rmsnorm_task(void *ctx, int task, int thread) {
 
 void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
                      float eps, unsigned char *xq) {
-    rows_ctx c = {out, x, w, T, 0, n, eps, q8_out_at(xq, T, n)};
+    rows_ctx c = {out, x, w, T, 0, n, eps, q8_out_at(xq, T, n), 0};
     c.per = rows_per_task(pool, T, n, &c.q);
     sd_threadpool_run(pool, rmsnorm_task, &c, (T + c.per - 1) / c.per);
 }

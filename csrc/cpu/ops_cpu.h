@@ -50,6 +50,8 @@ void sd_quantize_rows(sd_threadpool *pool, unsigned char *xq, const float *x, in
  * the matmul that reads it a dispatch. */
 void sd_swiglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
                     int64_t n, unsigned char *xq);
+void sd_geglu_rows(sd_threadpool *pool, float *out, const float *gate, const float *up, int T,
+                   int64_t n, unsigned char *xq);
 void sd_rmsnorm_rows(sd_threadpool *pool, float *out, const float *x, const float *w, int T, int n,
                      float eps, unsigned char *xq);
 
@@ -73,6 +75,14 @@ int64_t sd_argmax_f32_ref(const float *x, int64_t n);
  * (cpu/dispatch.c picks it), sd_swiglu_ref the portable one. */
 void sd_swiglu(float *out, const float *gate, const float *up, int64_t n);
 void sd_swiglu_ref(float *out, const float *gate, const float *up, int64_t n);
+/* GeGLU's constants: 0.044715, and 2 sqrt(2 / pi) in float. */
+#define SD_GELU_CUBIC 0.044715f
+#define SD_GELU_2C 1.5957691216057308f
+/* out = gelu(gate) * up with GELU's tanh form (Gemma's GeGLU), 0.5 x (1 + tanh(c (x + 0.044715
+ * x^3))), c = sqrt(2 / pi), computed as x / (1 + exp(-2 c (x + 0.044715 x^3))), the same
+ * function; out may alias gate. Kernel and portable twin as for swiglu. */
+void sd_geglu(float *out, const float *gate, const float *up, int64_t n);
+void sd_geglu_ref(float *out, const float *gate, const float *up, int64_t n);
 
 /* Queries that attend over the same keys and values (heads sharing a KV head, tokens of a
  * batch), up to SD_ATTN_GROUP of them. */

@@ -178,16 +178,6 @@ static void rope_angles(float *cs, const int32_t *pos, int T, int Dh, const doub
     }
 }
 
-/* out = gelu(gate) * up (Gemma's GeGLU) with GELU's tanh form,
- * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
-static void geglu(float *out, const float *gate, const float *up, size_t n) {
-    const double k = 0.79788456080286535588; /* sqrt(2/pi) */
-    for (size_t i = 0; i < n; i++) {
-        const double x = gate[i];
-        out[i] = (float)(0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x))) * up[i]);
-    }
-}
-
 /* x (T, D) += rmsnorm(y) * w: a block's output through its post-norm (Gemma's sandwich). */
 static void add_post_normed(float *x, float *y, const float *w, int T, int D, float eps) {
     sd_rmsnorm(y, y, w, T, D, eps);
@@ -484,14 +474,12 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
         sd_rmsnorm_rows(m->pool, s->xb, s->x, L->ffn_norm, T, D, c->rms_eps, q_gu ? s->xq : NULL);
         sd_matmul(m->pool, T, gu, 2, s->xq, q_gu);
         sd_matmul_job down = {gemma ? s->xo : s->x, s->hb, &L->w_down, NULL, !gemma};
+        const int q_down = sd_matmul_wants_q8(&down, 1);
+        (gemma ? sd_geglu_rows : sd_swiglu_rows)(m->pool, s->hb, s->hb, s->hb2, T, F,
+                                                 q_down ? s->xq : NULL);
+        sd_matmul(m->pool, T, &down, 1, s->xq, q_down);
         if (gemma) {
-            geglu(s->hb, s->hb, s->hb2, (size_t)T * (size_t)F);
-            sd_matmul(m->pool, T, &down, 1, s->xq, 0);
             add_post_normed(s->x, s->xo, L->ffn_post_norm, T, D, c->rms_eps);
-        } else {
-            const int q_down = sd_matmul_wants_q8(&down, 1);
-            sd_swiglu_rows(m->pool, s->hb, s->hb, s->hb2, T, F, q_down ? s->xq : NULL);
-            sd_matmul(m->pool, T, &down, 1, s->xq, q_down);
         }
     }
     capture_aux(jobs, n, sg, n_layers, s->x, D);

@@ -14,8 +14,9 @@ float sd_dot_f32_avx2(const float *a, const float *b, int64_t n);
 void sd_f16_to_f32_avx2(float *dst, const void *src, int64_t n);
 void sd_bf16_to_f32_avx2(float *dst, const void *src, int64_t n);
 void sd_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
-/* Twins of sd_swiglu_ref and sd_attend_ref (ops_cpu.h). */
+/* Twins of sd_swiglu_ref, sd_geglu_ref and sd_attend_ref (ops_cpu.h). */
 void sd_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n);
+void sd_geglu_avx2(float *out, const float *gate, const float *up, int64_t n);
 #include "cpu/ops_cpu.h"
 void sd_attend_avx2(const sd_attn_group *g, const void *k, const void *v, int kv_f16, int n_attn,
                     int Dh, float scale, float *sc);

@@ -121,18 +121,33 @@ SD_AVX2 static inline __m256 swiglu8(__m256 g, __m256 u) {
     return _mm256_mul_ps(_mm256_div_ps(g, den), u);
 }
 
+/* gelu(g) u in sd_geglu_ref's form: g / (1 + exp(-2c (g + 0.044715 g^3))) u. */
+SD_AVX2 static inline __m256 geglu8(__m256 g, __m256 u) {
+    const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_set1_ps(SD_GELU_CUBIC), g3, g);
+    const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f),
+                                     exp256(_mm256_mul_ps(_mm256_set1_ps(-SD_GELU_2C), inner)));
+    return _mm256_mul_ps(_mm256_div_ps(g, den), u);
+}
+
 /* Every element takes the same vector path (the tail through masked loads), so a value does not
  * depend on where a row starts or how many rows a call covers. */
-SD_AVX2 void sd_swiglu_avx2(float *out, const float *gate, const float *up, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+#define SD_GLU_ROW(unit)                                                                           \
+    int64_t i = 0;                                                                                 \
+    for (; i + 8 <= n; i += 8) {                                                                   \
+        _mm256_storeu_ps(out + i, unit(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));       \
+    }                                                                                              \
+    if (i < n) {                                                                                   \
+        const __m256i lm = lanes_below((int)(n - i));                                              \
+        _mm256_maskstore_ps(                                                                       \
+            out + i, lm, unit(_mm256_maskload_ps(gate + i, lm), _mm256_maskload_ps(up + i, lm)));  \
     }
-    if (i < n) {
-        const __m256i lm = lanes_below((int)(n - i));
-        _mm256_maskstore_ps(
-            out + i, lm, swiglu8(_mm256_maskload_ps(gate + i, lm), _mm256_maskload_ps(up + i, lm)));
-    }
+
+SD_AVX2 void sd_swiglu_avx2(float *out, const float *gate, const float *up,
+                            int64_t n){SD_GLU_ROW(swiglu8)}
+
+SD_AVX2 void sd_geglu_avx2(float *out, const float *gate, const float *up, int64_t n) {
+    SD_GLU_ROW(geglu8)
 }
 
 /* The KV cache holds f32 or IEEE halves (F16 = 1, a compile-time constant in the kernels
