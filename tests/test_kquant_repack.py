@@ -172,6 +172,23 @@ def test_avxvnni_tile_gives_the_avx2_bits(product_cases, products):
             np.testing.assert_array_equal(vnni[name][k], y, err_msg=f"{name} {k}")
 
 
+def test_default_kernels_give_the_avx2_bits(product_cases, products):
+    """With this CPU's own kernels (AVX-512 or AMX where it has them) the Q5 and K-quant copies
+    go through the AVX-VNNI or AVX2 tile all the same: every product has the AVX2 tile's bits,
+    computed here in this process for every batch size and for each token alone."""
+    cases, _ = product_cases
+    ys, _ = products
+    for name in NAMES:
+        type_id, data_hex, nrows, n, x, batches = cases[name]
+        data, x = bytes.fromhex(data_hex), np.array(x, dtype=np.float32)
+        for t in range(len(x)):
+            got = _core.matmul_rows(type_id, data, nrows, n, x[t:t + 1], 0)
+            np.testing.assert_array_equal(got, ys[name][f"1-{t}"], err_msg=f"{name} 1-{t}")
+        for T in batches:
+            got = _core.matmul_rows(type_id, data, nrows, n, x[:T], 0)
+            np.testing.assert_array_equal(got, ys[name][str(T)], err_msg=f"{name} {T}")
+
+
 def test_tolerance_catches_a_broken_layout():
     """The tolerance has power: a copy that took a block's high nibbles for its low ones (the
     swap done to the stored blocks here), or a K-quant sub-block's scale from its neighbour, is
