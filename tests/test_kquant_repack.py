@@ -243,17 +243,18 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("level", ["avx2", "avxvnni"])
+@pytest.mark.parametrize("level", ["avx2", "avxvnni", ""])
 def test_gemma3_verify_batches_do_not_depend_on_threads_or_batch(gemma3_path, level):
-    """Gemma-3-270M on the AVX2 path and on the AVX-VNNI one (its Q5_0, Q4_K and Q6_K matrices
-    repacked): the logits of batches of 8 and 16 after a 64-token prefix are bit for bit the
-    same on 1, 2 and 3 threads, and row t of the 16-token batch (2 threads) is token t decoded
-    alone."""
+    """Gemma-3-270M on the AVX2 path, on the AVX-VNNI one and with this CPU's own kernels ("":
+    no cap; its Q5_0, Q4_K and Q6_K matrices repacked on all three): the logits of batches of 8
+    and 16 after a 64-token prefix are bit for bit the same on 1, 2 and 3 threads, and row t of
+    the 16-token batch (2 threads) is token t decoded alone."""
     require_simd("avx2", "avx2", "this CPU has no AVX2")
     out = child_json(CHILD_GEMMA, gemma3_path, timeout=600, SPECDEC_SIMD=level)
     if level == "avxvnni" and "avxvnni" not in out["simd"]:
         missing("avxvnni", f"this CPU has no AVX-VNNI (kernels capped there: {out['simd']})")
-    assert out["simd"] == {"avx2": "avx2+fma+f16c", "avxvnni": "avx2+fma+f16c+avxvnni"}[level]
+    want = {"avx2": "avx2+fma+f16c", "avxvnni": "avx2+fma+f16c+avxvnni", "": _core.simd_name()}
+    assert out["simd"] == want[level]
     for T, same in out["threads"].items():
         assert same == [True, True], f"T {T}: threads 2, 3 equal to 1: {same}"
     assert out["steps"] == [True] * 16, out["steps"]
