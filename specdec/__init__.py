@@ -28,3 +28,21 @@ __all__ = ["AsyncStream", "DraftModel", "Eagle", "Generation", "KVCache", "Layer
            "Model", "ModelConfig", "PromptLookup", "SpecStats", "Speculator", "TokenRecycling",
            "agenerate", "astream", "dummy_model", "generate", "load", "stream"]
 __version__ = "0.1.0"
+
+#: the values of the SPECDEC_SIMD environment variable, which caps the CPU kernels (README,
+#: "Install"); the C core reads it once, at the first model load
+SIMD_LEVELS = ("scalar", "avx2", "avxvnni", "avx512vnni")
+
+
+def _check_simd_env() -> None:
+    import os
+    import warnings
+
+    v = os.environ.get("SPECDEC_SIMD")
+    if v and v not in SIMD_LEVELS:
+        warnings.warn(f"SPECDEC_SIMD={v!r} is not a kernel level ({', '.join(SIMD_LEVELS)}): "
+                      "it is ignored and the CPU's best kernels run", RuntimeWarning,
+                      stacklevel=3)
+
+
+_check_simd_env()

@@ -173,3 +173,25 @@ def test_model_ranges_are_the_cores(model, tmp_path):
         model.logits([])
     with pytest.raises(ValueError, match="beyond the context length 64"):
         model.logits([1] * 65)
+
+
+@pytest.mark.parametrize("value,warns", [("avx512", True), ("AVX2", True), ("avx2", False),
+                                         ("avxvnni", False), ("", False)])
+def test_an_unknown_simd_level_warns_at_import(value, warns):
+    """SPECDEC_SIMD caps the CPU kernels; a value that is not a level (a typo, the wrong case)
+    would be ignored silently by the core, so the import says so (RuntimeWarning naming it and
+    the levels) and the kernels stay the CPU's best."""
+    import subprocess
+    import sys
+
+    from helpers import child_env
+
+    code = "import specdec; print(specdec._core.simd_name())"
+    res = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code],
+                         env=child_env(SPECDEC_SIMD=value), capture_output=True, text=True)
+    if warns:
+        assert res.returncode != 0
+        assert f"SPECDEC_SIMD={value!r} is not a kernel level" in res.stderr, res.stderr
+        assert "avxvnni" in res.stderr
+    else:
+        assert res.returncode == 0, res.stderr
