@@ -90,9 +90,9 @@ int sd_cpu_family(void);
 /* The same over AVX2 alone. */
 void sd_tile_packed_avx2(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                          const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);
-/* AVX-VNNI (vpdpbusd in 256-bit VEX form, without AVX-512; simd_avxvnni_q.c): whether the CPU
- * has it, and the tile over the repacked Q4_0, Q4_1 and Q8_0 copies with it, the bits of
- * sd_tile_packed_vnni. */
+/* AVX-VNNI (vpdpbusd in 256-bit VEX form; simd_avxvnni_q.c): whether the CPU has it, and the
+ * tile over every repacked copy with it: the bits of sd_tile_packed_vnni for Q4_0, Q4_1 and Q8_0,
+ * of sd_tile_packed_avx2 for the others. */
 int sd_cpu_has_avxvnni(void);
 void sd_tile_packed_avxvnni(int type, float *y, int64_t ldy, const void *packed, int64_t nrows,
                             const sd_acts *a, int T, int64_t n, const float *bias, int accumulate);

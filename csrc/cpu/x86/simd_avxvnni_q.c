@@ -1,15 +1,18 @@
-/* simd_avxvnni_q.c — the tile over repacked Q4_0, Q4_1 and Q8_0 copies for CPUs with AVX-VNNI
- * and without AVX-512: Intel's client cores from Alder Lake on (and Zen 5, which has both).
- * AVX-VNNI is vpdpbusd in the VEX encoding: 256-bit registers, sixteen of them, four unsigned
- * weight bytes times four signed activation bytes added into each i32 lane in one instruction,
- * where AVX2 alone needs maddubs, an add and a widening madd (simd_avx2_packed.c).
+/* simd_avxvnni_q.c — the tile over the repacked copies (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K,
+ * Q5_K, Q6_K) for CPUs with AVX-VNNI: all of them where AVX-512 is absent (Intel's client cores
+ * from Alder Lake on), the formats the AVX-512 tiles do not take where it is present (Zen 5,
+ * Intel's servers from Sapphire Rapids on). AVX-VNNI is vpdpbusd in the VEX encoding: 256-bit
+ * registers, sixteen of them, four unsigned weight bytes times four signed activation bytes
+ * added into each i32 lane in one instruction, where AVX2 alone needs maddubs, an add and a
+ * widening madd (simd_avx2_packed.c).
  *
  * Layouts, the activations' interleaving and the tile driver are simd_packed.h's. Per block the
- * integer sums are exact in i32 whatever their order (at most 8 x 4 x 255 x 127 < 2^31), and the
- * float step is the AVX512-VNNI tile's (simd_vnni_q.c, packed8_dot): the offset times the
- * activation value it multiplies, then the converted sum times d_w d_x, both fused, Q8_0 as
- * unsigned bytes (+128) with the offset -128 d_w. So every row and token gets the bits the
- * AVX512-VNNI tiles give, for any batch (tests/test_quant.py checks both).
+ * integer sums are exact in i32 whatever their order (at most 8 x 4 x 255 x 127 < 2^31 before a
+ * K-quant's scale, below 2^24 after it, as simd_avx2_packed.c bounds them), and the float step
+ * is that of both other tiles: the offset times the activation value it multiplies, then the
+ * converted sum times d_w d_x, both fused. Q4_0, Q4_1 and Q8_0 (as unsigned bytes, +128, with
+ * the offset -128 d_w) get the bits of the AVX512-VNNI tiles; the other formats, whose sums are
+ * the AVX2 tile's integers, get its bits (tests/test_quant.py, tests/test_kquant_repack.py).
  *
  * With sixteen registers a pass over an 8-row group serves CHUNK tokens: their integer sums and
  * float accumulators, the nibble mask and one unpacked vector pair at a time (the weights are
@@ -54,7 +57,7 @@ SD_AVXVNNI SD_INLINE __m256i row_scales(const int f, const uint8_t *p) {
     return _mm256_srai_epi32(_mm256_slli_epi32(w16, 16), 16);
 }
 
-/* s[t] += the exact integer sums of one block of 8 packed rows (P) of format f and tokens
+/* s[t] = the exact integer sums of one block of 8 packed rows (P) of format f and tokens
  * t0 .. t0 + C - 1 (X), times the rows' integer scales where the format has them: the integers
  * simd_avx2_packed.c's sums give (and for Q8_0, as unsigned bytes, the AVX512-VNNI tile's). */
 SD_AVXVNNI SD_INLINE void block_sums(const int f, const int t0, const int C, __m256i *s,
