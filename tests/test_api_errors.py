@@ -184,11 +184,12 @@ def test_an_unknown_simd_level_warns_at_import(value, warns):
     import subprocess
     import sys
 
-    from helpers import child_env
+    from helpers import HERE, child_env
 
     code = "import specdec; print(specdec._core.simd_name())"
     res = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code],
-                         env=child_env(SPECDEC_SIMD=value), capture_output=True, text=True)
+                         env=child_env(SPECDEC_SIMD=value), capture_output=True, text=True,
+                         cwd=HERE)  # not the source tree's specdec/, which may not be built
     if warns:
         assert res.returncode != 0
         assert f"SPECDEC_SIMD={value!r} is not a kernel level" in res.stderr, res.stderr
