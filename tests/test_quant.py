@@ -317,7 +317,7 @@ def test_avxvnni_tile_gives_the_vnni_bits():
 
 def _activation_rows():
     """Rows that probe the quantizer: scales from tiny to large, exact ties (x / d = k + 0.5),
-    zero blocks, one huge outlier."""
+    zero blocks, one huge outlier, block counts from 1 to 23."""
     rng = np.random.default_rng(11)
     rows = [rng.standard_normal(512).astype(np.float32) * s for s in (1e-30, 1e-6, 1.0, 300.0, 3e4)]
     ties = np.tile(np.float32([127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 63.5, -126.5]), 64)
@@ -326,6 +326,13 @@ def _activation_rows():
     z[32:96] = 0.0
     z[200] = 1e5
     rows.append(z)
+    # block counts that are not multiples of 8 (the SIMD quantizer takes eight blocks at a time,
+    # then the rest one by one), with a zero block among the eight
+    for nb in (1, 3, 9, 18, 23):
+        r = rng.standard_normal(32 * nb).astype(np.float32) * np.float32(10.0) ** rng.integers(
+            -3, 4, 32 * nb).astype(np.float32)
+        r[32 * (nb // 2):32 * (nb // 2 + 1)] = 0.0
+        rows.append(r)
     return rows
 
 

@@ -204,39 +204,100 @@ SD_AVX2_QTILE(q6_K, F_Q6_K, 256, 210)
 
 /* ---- activation quantization ------------------------------------------------------------------
  * The twin of sd_quantize_q8_ref, byte for byte: the same IEEE divisions and products, rounding
- * to nearest even (cvtps_epi32 under the default MXCSR, as nearbyintf), f16 rounding by F16C. */
+ * to nearest even (cvtps_epi32 under the default MXCSR, as nearbyintf), f16 rounding by F16C.
+ * Eight blocks at a time: their largest magnitudes and their sums gathered into one vector each
+ * (max and integer sums are exact in any order), so the two divisions, the f16 roundings and
+ * the stores serve eight blocks, and the blocks' chains of dependent steps overlap. */
+
+/* Lane b of the result: the largest lane of m[b]. */
+SD_AVX2 SD_INLINE __m256 lanes_max8(const __m256 *m) {
+    __m256 p[4], r[2];
+    for (int i = 0; i < 4; i++) { /* lanes: m[2i], m[2i+1] alternating, halves of each lane */
+        p[i] = _mm256_max_ps(_mm256_unpacklo_ps(m[2 * i], m[2 * i + 1]),
+                             _mm256_unpackhi_ps(m[2 * i], m[2 * i + 1]));
+    }
+    for (int i = 0; i < 2; i++) { /* m[4i .. 4i+3] in each 128-bit half */
+        const __m256d a = _mm256_castps_pd(p[2 * i]), b = _mm256_castps_pd(p[2 * i + 1]);
+        r[i] = _mm256_max_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+    }
+    return _mm256_max_ps(_mm256_permute2f128_ps(r[0], r[1], 0x20),
+                         _mm256_permute2f128_ps(r[0], r[1], 0x31));
+}
+
+/* Lane b of the result: the sum of the lanes of m[b]. */
+SD_AVX2 SD_INLINE __m256i lanes_sum8(const __m256i *m) {
+    __m256i p[4], r[2];
+    for (int i = 0; i < 4; i++) {
+        p[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(m[2 * i], m[2 * i + 1]),
+                                _mm256_unpackhi_epi32(m[2 * i], m[2 * i + 1]));
+    }
+    for (int i = 0; i < 2; i++) {
+        r[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(p[2 * i], p[2 * i + 1]),
+                                _mm256_unpackhi_epi64(p[2 * i], p[2 * i + 1]));
+    }
+    return _mm256_add_epi32(_mm256_permute2x128_si256(r[0], r[1], 0x20),
+                            _mm256_permute2x128_si256(r[0], r[1], 0x31));
+}
+
+/* 32 quants of block xb scaled by iv (broadcast), in element order; *sum: their 8 partial sums. */
+SD_AVX2 SD_INLINE void quantize_block(int8_t *q, __m256i *sum, const float *xb, __m256 iv) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb), iv));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8), iv));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 16), iv));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 24), iv));
+    *sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    /* packs work within 128-bit lanes: 32-bit groups come out as 0 2 4 6 1 3 5 7 (in units of
+     * four elements); the permutation restores element order */
+    const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p8, order));
+}
+
+SD_AVX2 SD_INLINE __m256 abs_max32(const float *xb) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    return _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb), absmask),
+                                       _mm256_and_ps(_mm256_loadu_ps(xb + 8), absmask)),
+                         _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + 16), absmask),
+                                       _mm256_and_ps(_mm256_loadu_ps(xb + 24), absmask)));
+}
+
 SD_AVX2 void sd_quantize_q8_avx2(int8_t *q, float *d, float *s, float *e, const float *x,
                                  int64_t nb) {
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + 32 * b;
-        const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
-        const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-        __m256 mx =
-            _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
-                          _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+    int64_t b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) {
+        const float *xb = x + 32 * b0;
+        __m256 mx[8];
+        __m256i sums[8];
+        for (int b = 0; b < 8; b++) {
+            mx[b] = abs_max32(xb + 32 * b);
+        }
+        const __m256 db = _mm256_div_ps(lanes_max8(mx), _mm256_set1_ps(127.0f));
+        const __m256 id = _mm256_and_ps(_mm256_cmp_ps(db, _mm256_setzero_ps(), _CMP_NEQ_OQ),
+                                        _mm256_div_ps(_mm256_set1_ps(1.0f), db));
+        for (int b = 0; b < 8; b++) {
+            quantize_block(q + 32 * (b0 + b), &sums[b], xb + 32 * b,
+                           _mm256_permutevar8x32_ps(id, _mm256_set1_epi32(b)));
+        }
+        const __m256 sf = _mm256_cvtepi32_ps(lanes_sum8(sums));
+        const __m256 dh = _mm256_cvtph_ps(_mm256_cvtps_ph(db, 0));
+        _mm256_storeu_ps(d + b0, dh);
+        _mm256_storeu_ps(s + b0, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(db, sf), 0)));
+        _mm256_storeu_ps(e + b0, _mm256_mul_ps(dh, sf));
+    }
+    for (int64_t b = b0; b < nb; b++) { /* the last nb % 8 blocks, one at a time */
+        const __m256 mx = abs_max32(x + 32 * b);
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
-        const float db = amax / 127.0f;
+        const float db = _mm_cvtss_f32(m4) / 127.0f;
         const float id = db != 0.0f ? 1.0f / db : 0.0f;
-        const __m256 iv = _mm256_set1_ps(id);
-        const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, iv));
-        const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, iv));
-        const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, iv));
-        const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, iv));
-        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m256i sum;
+        quantize_block(q + 32 * b, &sum, x + 32 * b, _mm256_set1_ps(id));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
         const int isum = _mm_cvtsi128_si32(s4);
-        /* packs work within 128-bit lanes: 32-bit groups come out as 0 2 4 6 1 3 5 7 (in units
-         * of four elements); the permutation restores element order */
-        const __m256i p16a = _mm256_packs_epi32(i0, i1), p16b = _mm256_packs_epi32(i2, i3);
-        const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-        _mm256_storeu_si256((__m256i *)(q + 32 * b), _mm256_permutevar8x32_epi32(p8, order));
         d[b] = _cvtsh_ss(_cvtss_sh(db, 0));
         s[b] = _cvtsh_ss(_cvtss_sh(db * (float)isum, 0));
         e[b] = d[b] * (float)isum;
