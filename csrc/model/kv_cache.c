@@ -7,6 +7,7 @@
 
 #include "model/model.h"
 #include "cpu/ops_cpu.h"
+#include "util/mapfile.h"
 #include "util/status.h"
 #ifdef SD_WITH_CUDA
 #include "../cuda/sd_cuda.h"
@@ -47,8 +48,9 @@ sd_status sd_kv_cache_create(sd_kv_cache **out, const sd_model *m, int n_slots) 
 #endif
     /* zeroed: a slot never written (attended only by a caller's mask) holds finite values */
     kv->f16 = m->kv_f16;
-    kv->k = calloc(n, sd_kv_elt(kv));
-    kv->v = calloc(n, sd_kv_elt(kv));
+    kv->bytes = n * sd_kv_elt(kv);
+    kv->k = sd_alloc_zeroed(kv->bytes);
+    kv->v = sd_alloc_zeroed(kv->bytes);
     if (kv->k == NULL || kv->v == NULL || kv->pos == NULL) {
         sd_kv_cache_free(kv);
         return sd_set_error(SD_ERR_NOMEM,
@@ -67,8 +69,8 @@ void sd_kv_cache_free(sd_kv_cache *kv) {
 #ifdef SD_WITH_CUDA
     sd_cuda_cache_free(kv->cuda);
 #endif
-    free(kv->k);
-    free(kv->v);
+    sd_free_zeroed(kv->k, kv->bytes);
+    sd_free_zeroed(kv->v, kv->bytes);
     free(kv->pos);
     free(kv);
 }

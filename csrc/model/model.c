@@ -397,7 +397,7 @@ static sd_status repack_weights(sd_model *m) {
     for (int i = 0; i < n; i++) {
         total += sd_repack_bytes(mats[i]->type, mats[i]->rows, mats[i]->cols);
     }
-    m->packed = total > 0 ? malloc(total) : NULL;
+    m->packed = total > 0 ? sd_alloc_streamed(total) : NULL;
     unsigned char *p = (unsigned char *)m->packed;
     for (int i = 0; p != NULL && i < n; i++) {
         sd_mat *w = mats[i];

@@ -121,6 +121,7 @@ struct sd_kv_cache {
      * them; the keys in tiles of SD_KV_TILE slots (sd_key_at, ops_cpu.h), the values in rows */
     void *k;      /* post-RoPE keys (NULL for a CUDA model's cache: they live on the device) */
     void *v;      /* values (likewise) */
+    size_t bytes; /* of k and of v each (sd_alloc_zeroed) */
     int32_t *pos; /* (capacity) RoPE position of each slot, on the host for every backend */
     struct sd_cuda_cache *cuda; /* a CUDA model's keys and values, or NULL */
 };
