@@ -273,7 +273,8 @@ SD_AVX2 void sd_quantize_q8_avx2(int8_t *q, float *d, float *s, float *e, const 
             mx[b] = abs_max32(xb + 32 * b);
         }
         const __m256 db = _mm256_div_ps(lanes_max8(mx), _mm256_set1_ps(127.0f));
-        const __m256 id = _mm256_and_ps(_mm256_cmp_ps(db, _mm256_setzero_ps(), _CMP_NEQ_OQ),
+        /* db != 0 as C has it (true for a NaN, as the one-block path below) */
+        const __m256 id = _mm256_and_ps(_mm256_cmp_ps(db, _mm256_setzero_ps(), _CMP_NEQ_UQ),
                                         _mm256_div_ps(_mm256_set1_ps(1.0f), db));
         for (int b = 0; b < 8; b++) {
             quantize_block(q + 32 * (b0 + b), &sums[b], xb + 32 * b,
