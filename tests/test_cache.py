@@ -349,6 +349,23 @@ def test_batch_rows_equal_one_token_steps_bitwise_smollm2(smollm2_path, P, B):
     np.testing.assert_array_equal(together, apart)
 
 
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_a_cache_on_huge_pages_gives_a_small_caches_bits_smollm2(smollm2_path, kv_dtype):
+    """Caches of 4 MiB or more are anonymous mappings advised onto 2 MiB pages, smaller ones come
+    from calloc: the same tokens through a 100-slot cache (1.2 MB of keys at f16) and a 3,000-slot
+    one (35 MB) give the same logits bit for bit, written in two forwards (the second at slots the
+    first did not touch), and both caches free without harm, again and again."""
+    m = specdec.load(smollm2_path)
+    m.kv_dtype = kv_dtype
+    seq = random_tokens(49152, 90, seed=3)
+    for _ in range(3):
+        small, large = m.new_cache(100), m.new_cache(3000)
+        a = np.concatenate([m.forward(small, seq[:70]), m.forward(small, seq[70:])])
+        b = np.concatenate([m.forward(large, seq[:70]), m.forward(large, seq[70:])])
+        np.testing.assert_array_equal(a, b)
+        del small, large
+
+
 def test_kv_dtype(llama_gguf, ref_logits):
     """The CPU cache keeps halves by default and f32 on request; each cache keeps the type it
     was made with; both match the reference over their own rounding, and speculative decoding
