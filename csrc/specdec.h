@@ -33,7 +33,8 @@ typedef enum {
     SD_ERR_IO = 4,          /* the operating system refused (open, stat, mmap, read)           */
     SD_ERR_NOMEM = 5,       /* an allocation failed                                            */
     SD_ERR_INTERNAL = 6,    /* a broken invariant inside specdec: a bug, please report it      */
-    SD_ERR_CUDA = 7         /* the CUDA runtime or cuBLAS reported an error                    */
+    SD_ERR_CUDA = 7,        /* the CUDA runtime or cuBLAS reported an error                    */
+    SD_ERR_NUMERIC = 8      /* the model's numbers left the finite range (a NaN or infinity)   */
 } sd_status;
 
 /* Message of the last failure on this thread ("" if none). Valid until the next failing call. */

@@ -226,6 +226,14 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
     together share one forward (continuous batching; :attr:`Model.scheduler_stats` counts),
     each request keeping its own cache, sampling and stop rules, and its output the same as
     alone. :attr:`Model.max_sequences` bounds how many decode at once; more wait their turn.
+
+    Raises:
+        ValueError: an argument out of its range (the message names it), a prompt and
+            ``max_new_tokens`` beyond the context length, text for a model without a tokenizer.
+        TypeError: an argument of the wrong type.
+        FloatingPointError: the model's hidden state left the finite range (NaN or infinity) on
+            the CPU, so its logits mean nothing: the model's arithmetic overflows (a corrupt or
+            wrongly scaled file).
     """
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")

@@ -302,8 +302,9 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
     Raises:
         FileNotFoundError: ``path`` does not exist and is no alias.
         OSError: an alias's model could not be downloaded.
-        ValueError: the file is malformed, truncated, of an unsupported architecture or type;
-            an unknown device or kv_dtype; ``device="cuda"`` in a build without the CUDA
+        ValueError: the file is malformed, truncated, of an unsupported architecture or type,
+            or holds a NaN or infinite weight (the message names the tensor); an unknown device
+            or kv_dtype; ``device="cuda"`` in a build without the CUDA
             backend, or with ``kv_dtype="f16"``.
         RuntimeError: no usable GPU (the message names the failed CUDA call), or not enough
             GPU memory.

@@ -4,6 +4,7 @@
 #include "format/types.h"
 
 #include <stdio.h>
+#include <string.h>
 
 static const sd_type_info g_info[40] = {
     [SD_TYPE_F32] = {"F32", 1, 4},
@@ -52,4 +53,61 @@ const char *sd_type_name(int type) {
     }
     snprintf(buf, sizeof(buf), "type#%d", type);
     return buf;
+}
+
+/* An IEEE half, bfloat16 or single is finite unless all its exponent bits are set. */
+static int f16_bad(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (h & 0x7C00u) == 0x7C00u;
+}
+
+int64_t sd_first_nonfinite(int type, const void *data, int64_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    switch (type) {
+    case SD_TYPE_F32:
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * i, 4);
+            if ((u & 0x7F800000u) == 0x7F800000u) {
+                return i;
+            }
+        }
+        return -1;
+    case SD_TYPE_F16:
+    case SD_TYPE_BF16: {
+        const uint16_t e = type == SD_TYPE_F16 ? 0x7C00u : 0x7F80u;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            if ((h & e) == e) {
+                return i;
+            }
+        }
+        return -1;
+    }
+    default: break;
+    }
+    /* block types: the offsets of their f16 scales (ggml-common.h) */
+    int off[2], n_off;
+    switch (type) {
+    case SD_TYPE_Q4_0:
+    case SD_TYPE_Q5_0:
+    case SD_TYPE_Q8_0: off[0] = 0, n_off = 1; break; /* d */
+    case SD_TYPE_Q4_1:
+    case SD_TYPE_Q5_1:
+    case SD_TYPE_Q4_K:
+    case SD_TYPE_Q5_K: off[0] = 0, off[1] = 2, n_off = 2; break; /* d, m (dmin) */
+    case SD_TYPE_Q6_K: off[0] = 208, n_off = 1; break;         /* ql, qh, scales, then d */
+    default: return -1;
+    }
+    const sd_type_info *t = sd_type_info_get(type);
+    const int64_t blocks = n / t->block_size;
+    for (int64_t b = 0; b < blocks; b++) {
+        const unsigned char *blk = p + (size_t)b * (size_t)t->type_size;
+        if (f16_bad(blk + off[0]) || (n_off > 1 && f16_bad(blk + off[1]))) {
+            return b * t->block_size;
+        }
+    }
+    return -1;
 }

@@ -20,4 +20,10 @@ const sd_type_info *sd_type_info_get(int type);
 /* Bytes of a row of n elements (n % block_size == 0), 0 on unknown types. */
 size_t sd_row_bytes(int type, int64_t n);
 
+/* The first element of n (n % block_size == 0) of type `type` at data whose value is not
+ * finite: a NaN or infinite float, or the first element of a block whose float scale (d, m,
+ * dmin) is; -1 when all are finite, or the type has no float field this knows (the integer
+ * quants of a block are always finite). */
+int64_t sd_first_nonfinite(int type, const void *data, int64_t n);
+
 #endif /* SD_TYPES_H */

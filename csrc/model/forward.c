@@ -1,6 +1,7 @@
 /* forward.c — one forward pass of a llama/qwen2/qwen3/gemma2/gemma3 decoder over a batch of T
  * tokens at given positions, writing K/V into given cache slots and attending through an explicit
  * mask, so one call serves prefill, single-token decode and the scoring of a whole draft tree. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,6 +293,23 @@ static void embed_rows(const sd_model *m, float *rows, const int32_t *tokens, in
     }
 }
 
+/* 1 + the first of the T rows of x (T, D) holding a NaN or an infinity, or 0. A NaN anywhere
+ * upstream (a corrupt weight, an overflowing f16 cache entry) reaches every row after it
+ * through the attention and the norms, so the rows that get logits are the ones to check. */
+static int first_nonfinite_row(const float *x, int T, int D) {
+    for (int t = 0; t < T; t++) {
+        const float *r = x + (size_t)t * (size_t)D;
+        int bad = 0;
+        for (int i = 0; i < D; i++) {
+            bad |= !(fabsf(r[i]) <= FLT_MAX); /* false for a NaN, and for +-inf */
+        }
+        if (bad) {
+            return t + 1;
+        }
+    }
+    return 0;
+}
+
 /* out (T, D) = the final norm of x, or x itself for a head without one (EAGLE-1/2). */
 static void final_norm(const sd_model *m, float *out, const float *x, int T) {
     const int D = m->cfg.hidden_size;
@@ -329,7 +347,7 @@ static void head_input(sd_model *m, const sd_fwd *jobs, int n, const segment *sg
  * rows of all of them (the weights are read once), and each request's tokens attend to their own
  * cache through their own mask. A row's arithmetic does not depend on the others (the kernels
  * are batch-invariant), so each request gets the bits of its own forward. */
-static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg, int T,
+static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int T,
                              int max_attn) {
     const sd_config *c = &m->cfg;
     SD_TRY(sd_scratch_reserve(m, T, max_attn));
@@ -492,6 +510,7 @@ static sd_status forward_cpu(sd_model *m, const sd_fwd *jobs, int n, segment *sg
         const int nl = jobs[j].b.n_logits, first = sg[j].t0 + jobs[j].b.n_tokens - nl;
         float *normed = s->xb + (size_t)n_rows * (size_t)D;
         final_norm(m, normed, s->x + (size_t)first * (size_t)D, nl);
+        jobs[j].nonfinite = first_nonfinite_row(normed, nl, D);
         if (jobs[j].b.hidden != NULL) { /* every row's, the same norm row by row */
             const int T0 = jobs[j].b.n_tokens - nl;
             final_norm(m, jobs[j].b.hidden, s->x + (size_t)sg[j].t0 * (size_t)D, T0);
@@ -550,13 +569,16 @@ static sd_status check_job(const sd_model *m, const sd_fwd *jobs, int j, int *ne
     return validate(m, f->kv, &f->b, 0, new_len);
 }
 
-sd_status sd_forward_multi(sd_model *m, const sd_fwd *jobs, int n) {
+sd_status sd_forward_multi(sd_model *m, sd_fwd *jobs, int n) {
     if (n < 1 || jobs == NULL) {
         return sd_set_error(SD_ERR_INVALID_ARG, "a combined forward needs at least one batch");
     }
     segment one, *sg = n == 1 ? &one : calloc((size_t)n, sizeof(segment));
     if (sg == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory in forward");
+    }
+    for (int j = 0; j < n; j++) {
+        jobs[j].nonfinite = 0; /* the CPU forward checks its rows; a CUDA model's are not */
     }
     sd_status st = SD_OK;
     int T = 0, max_attn = 0;
@@ -602,8 +624,9 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
         if (tokens_dev != NULL) {
             return sd_set_error(SD_ERR_INTERNAL, "device token ids given to a CPU model");
         }
-        sd_fwd job = {kv, *b, logits, 0.0, 0};
-        return sd_forward_multi(m, &job, 1); /* which checks the rest */
+        sd_fwd job = {kv, *b, logits, 0.0, 0, 0};
+        SD_TRY(sd_forward_multi(m, &job, 1)); /* which checks the rest */
+        return sd_fwd_finite(&job);
     }
 #ifdef SD_WITH_CUDA
     int new_len = 0;

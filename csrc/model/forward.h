@@ -15,8 +15,10 @@ sd_status sd_forward_ex(sd_model *m, sd_kv_cache *kv, const sd_batch *b, float *
 /* The forward of n requests' batches at once: one pass of the weights for all their rows, each
  * request's tokens attending only to its own cache (the caches distinct, the layer counts
  * equal). Every batch is checked before any cache changes; a request gets the bits of its own
- * sd_forward. A CUDA model runs the batches one after the other. */
-sd_status sd_forward_multi(sd_model *m, const sd_fwd *jobs, int n);
+ * sd_forward. A CUDA model runs the batches one after the other. On the CPU each batch's
+ * `nonfinite` tells whether its rows of logits came from a finite hidden state: the caller
+ * decides whose request that fails (sd_fwd_finite). */
+sd_status sd_forward_multi(sd_model *m, sd_fwd *jobs, int n);
 
 /* SD_ERR_INVALID_ARG unless 0 <= tok < the vocabulary size (index: where it stands, for the
  * message): the one check of a token id. */

@@ -80,6 +80,19 @@ static void record(sd_sched_job *j, sd_status st) {
     }
 }
 
+sd_status sd_fwd_finite(const sd_fwd *f) {
+    if (f->nonfinite == 0) {
+        return SD_OK;
+    }
+    const int r = f->nonfinite - 1, t = f->b.n_tokens - f->b.n_logits + r;
+    return sd_set_error(SD_ERR_NUMERIC,
+                        "the model's hidden state is not finite (NaN or infinity) at row %d of "
+                        "the batch (token id %d), so its logits mean nothing: the model's "
+                        "arithmetic overflows the float range (a corrupt or wrongly converted "
+                        "file?)",
+                        t, f->b.tokens != NULL ? (int)f->b.tokens[t] : -1);
+}
+
 /* One forward for the steps jobs[0 .. n) (fw: room for n batches), each step's forward status
  * into its job; a batch the combined forward refuses is run alone, so that one request's bad
  * batch fails that request only (a refused batch changes no cache). Returns its seconds. */
@@ -96,6 +109,9 @@ static double forward_group(sd_model *m, sd_forward_fn forward, sd_sched_job **j
         jobs[i]->forward = st;
         if (st == SD_ERR_INVALID_ARG && n > 1) {
             jobs[i]->forward = forward(m, &fw[i], 1);
+        }
+        if (jobs[i]->forward == SD_OK) { /* a request whose rows are not finite fails alone */
+            jobs[i]->forward = sd_fwd_finite(&fw[i]);
         }
         record(jobs[i], jobs[i]->forward);
     }

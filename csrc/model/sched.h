@@ -36,11 +36,21 @@ typedef struct {
     /* set by the scheduler after the forward: its seconds and all its tokens */
     double seconds;
     int n_all;
+    /* set by the CPU forward: 1 + the first of the n_logits rows whose hidden state before the
+     * output matrix is not finite (a NaN or an infinity), 0 when all are (sd_fwd_finite); a
+     * CUDA model's rows are not checked */
+    int nonfinite;
 } sd_fwd;
+
+/* SD_OK, or SD_ERR_NUMERIC naming the row and its token when the forward of f found a hidden
+ * state that is not finite: the loader refuses NaN and infinite weights, but finite ones can
+ * still overflow (a corrupt or wrongly scaled file). Its logits mean nothing then (argmax and
+ * sampling would still pick a token), so no caller goes on with them. */
+sd_status sd_fwd_finite(const sd_fwd *f);
 
 /* How the scheduler runs a combined forward: sd_forward_multi (given by the caller, as the
  * forward lies above the scheduler). */
-typedef sd_status (*sd_forward_fn)(sd_model *m, const sd_fwd *jobs, int n);
+typedef sd_status (*sd_forward_fn)(sd_model *m, sd_fwd *jobs, int n);
 
 /* One step of one request. */
 typedef struct sd_sched_job {

@@ -17,6 +17,7 @@ PyObject *sd_py_raise(sd_status st) {
     case SD_ERR_UNSUPPORTED: type = PyExc_ValueError; break;
     case SD_ERR_IO: type = PyExc_OSError; break;
     case SD_ERR_NOMEM: type = PyExc_MemoryError; break;
+    case SD_ERR_NUMERIC: type = PyExc_FloatingPointError; break;
     default: type = PyExc_RuntimeError; break;
     }
     const char *msg = sd_last_error();

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "format/types.h"
 #include "spec/drafters/lookup_history.h"
 #include "spec/lookup.h"
 #include "spec/verify.h"
@@ -287,6 +288,31 @@ static PyObject *hook_dequantize(PyObject *mod, PyObject *args) {
 done:
     PyBuffer_Release(&buf);
     return (PyObject *)out;
+}
+
+/* first_nonfinite(type, data: bytes, n) -> the first of n elements that is not finite, or of a
+ * block whose scale is not (sd_first_nonfinite, the model loader's check), or -1 */
+static PyObject *hook_first_nonfinite(PyObject *mod, PyObject *args) {
+    (void)mod;
+    int type = 0;
+    long long n = 0;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "iy*L:first_nonfinite", &type, &buf, &n)) {
+        return NULL;
+    }
+    PyObject *out = NULL;
+    const sd_type_info *t = sd_type_info_get(type);
+    if (t == NULL || n <= 0 || n % t->block_size != 0) {
+        PyErr_Format(PyExc_ValueError, "n = %lld is not a positive number of whole blocks of "
+                     "type %d", n, type);
+    } else if ((size_t)buf.len != sd_row_bytes(type, (int64_t)n)) {
+        PyErr_Format(PyExc_ValueError, "%lld elements of type %s take %zu bytes, got %zd", n,
+                     t->name, sd_row_bytes(type, (int64_t)n), buf.len);
+    } else {
+        out = PyLong_FromLongLong((long long)sd_first_nonfinite(type, buf.buf, (int64_t)n));
+    }
+    PyBuffer_Release(&buf);
+    return out;
 }
 
 /* matmul_rows(type, w: bytes, nrows, n, x: float32 (T, n), kernel) -> float32 (T, nrows);
@@ -654,6 +680,9 @@ PyMethodDef sd_py_hook_methods[] = {
      "quantize_q8(x) -> bytes: one float32 row quantized as the integer kernels' activations"},
     {"dequantize", hook_dequantize, METH_VARARGS,
      "dequantize(type, data, n) -> float32 array: the row kernels' f32 values of n elements"},
+    {"first_nonfinite", hook_first_nonfinite, METH_VARARGS,
+     "first_nonfinite(type, data, n) -> the first element (of a block) whose value or scale is "
+     "a NaN or an infinity, or -1: the model loader's check"},
     {"matmul_rows", hook_matmul_rows, METH_VARARGS,
      "matmul_rows(type, w, nrows, n, x, kernel) -> float32 (T, nrows) = x . W^T; kernel 0: the "
      "forward pass's, 1: portable, 2: SIMD without repacking"},

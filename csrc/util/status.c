@@ -49,6 +49,7 @@ const char *sd_status_name(sd_status st) {
     case SD_ERR_NOMEM: return "SD_ERR_NOMEM";
     case SD_ERR_INTERNAL: return "SD_ERR_INTERNAL";
     case SD_ERR_CUDA: return "SD_ERR_CUDA";
+    case SD_ERR_NUMERIC: return "SD_ERR_NUMERIC";
     }
     return "SD_ERR_UNKNOWN";
 }
