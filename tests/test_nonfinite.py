@@ -102,16 +102,25 @@ def test_a_file_with_a_nan_or_infinite_weight_is_refused_naming_it(tmp_path, dty
         specdec.load(write(tmp_path, w, dtype, fmt), threads=1)
 
 
-@pytest.fixture(scope="module")
-def overflowing(tmp_path_factory):
-    """Finite F32 weights whose second layer's FFN output overflows to infinity."""
+# Finite F32 weights whose second layer's FFN output is infinite ("inf": about 1e20 * 1e20
+# each), or finite but so large (about 1e37) that the final norm's sum of squares overflows
+# and the norm gives zeros, and every logit 0 ("huge")
+OVERFLOWS = {"inf": {"up_proj": 1e20, "down_proj": 1e20}, "huge": {"down_proj": 3e37}}
+
+
+def overflow_model(tmp_path, kind):
     w = tm.make_weights(CFG, 1)
-    for name in ("up_proj", "down_proj"):  # about 1e20 * 1e20 each
-        w[f"model.layers.1.mlp.{name}.weight"] *= np.float32(1e20)
+    for name, scale in OVERFLOWS[kind].items():
+        w[f"model.layers.1.mlp.{name}.weight"] *= np.float32(scale)
         assert np.isfinite(w[f"model.layers.1.mlp.{name}.weight"]).all()
-    path = str(tmp_path_factory.mktemp("nonfinite") / "overflow.gguf")
+    path = str(tmp_path / f"overflow_{kind}.gguf")
     testing.write_gguf(path, CFG, w)
     return specdec.load(path, threads=2)
+
+
+@pytest.fixture(scope="module", params=sorted(OVERFLOWS))
+def overflowing(request, tmp_path_factory):
+    return overflow_model(tmp_path_factory.mktemp("nonfinite"), request.param)
 
 
 def test_the_unscaled_model_is_finite(tmp_path):

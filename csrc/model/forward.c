@@ -293,17 +293,19 @@ static void embed_rows(const sd_model *m, float *rows, const int32_t *tokens, in
     }
 }
 
-/* 1 + the first of the T rows of x (T, D) holding a NaN or an infinity, or 0. A NaN anywhere
- * upstream (a corrupt weight, an overflowing f16 cache entry) reaches every row after it
- * through the attention and the norms, so the rows that get logits are the ones to check. */
+/* 1 + the first of the T rows of x (T, D) whose sum of squares is not finite, or 0: a row
+ * holding a NaN or an infinity, or values so large that the final RMS norm's sum overflows and
+ * the norm gives zeros (finite logits that mean nothing as well). A NaN or an overflow upstream
+ * reaches every later row through the attention, so the rows that get logits are the ones to
+ * check, before their norm. */
 static int first_nonfinite_row(const float *x, int T, int D) {
     for (int t = 0; t < T; t++) {
         const float *r = x + (size_t)t * (size_t)D;
-        int bad = 0;
+        float ss = 0.0f;
         for (int i = 0; i < D; i++) {
-            bad |= !(fabsf(r[i]) <= FLT_MAX); /* false for a NaN, and for +-inf */
+            ss += r[i] * r[i];
         }
-        if (bad) {
+        if (!(ss <= FLT_MAX)) { /* true for a NaN and for +inf */
             return t + 1;
         }
     }
@@ -509,8 +511,8 @@ static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int 
     for (int j = 0; j < n; j++) {
         const int nl = jobs[j].b.n_logits, first = sg[j].t0 + jobs[j].b.n_tokens - nl;
         float *normed = s->xb + (size_t)n_rows * (size_t)D;
+        jobs[j].nonfinite = first_nonfinite_row(s->x + (size_t)first * (size_t)D, nl, D);
         final_norm(m, normed, s->x + (size_t)first * (size_t)D, nl);
-        jobs[j].nonfinite = first_nonfinite_row(normed, nl, D);
         if (jobs[j].b.hidden != NULL) { /* every row's, the same norm row by row */
             const int T0 = jobs[j].b.n_tokens - nl;
             final_norm(m, jobs[j].b.hidden, s->x + (size_t)sg[j].t0 * (size_t)D, T0);

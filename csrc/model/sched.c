@@ -86,10 +86,10 @@ sd_status sd_fwd_finite(const sd_fwd *f) {
     }
     const int r = f->nonfinite - 1, t = f->b.n_tokens - f->b.n_logits + r;
     return sd_set_error(SD_ERR_NUMERIC,
-                        "the model's hidden state is not finite (NaN or infinity) at row %d of "
-                        "the batch (token id %d), so its logits mean nothing: the model's "
-                        "arithmetic overflows the float range (a corrupt or wrongly converted "
-                        "file?)",
+                        "the model's hidden state is not finite (a NaN, an infinity, or a sum "
+                        "of squares beyond the float range) at row %d of the batch (token id "
+                        "%d), so its logits mean nothing: the model's arithmetic overflows (a "
+                        "corrupt or wrongly converted file?)",
                         t, f->b.tokens != NULL ? (int)f->b.tokens[t] : -1);
 }
 

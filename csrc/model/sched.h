@@ -37,8 +37,9 @@ typedef struct {
     double seconds;
     int n_all;
     /* set by the CPU forward: 1 + the first of the n_logits rows whose hidden state before the
-     * output matrix is not finite (a NaN or an infinity), 0 when all are (sd_fwd_finite); a
-     * CUDA model's rows are not checked */
+     * final norm is not finite (a NaN or an infinity, or a sum of squares that overflows, which
+     * the norm turns into zeros), 0 when all are (sd_fwd_finite); a CUDA model's rows are not
+     * checked */
     int nonfinite;
 } sd_fwd;
 
