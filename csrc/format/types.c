@@ -55,7 +55,7 @@ const char *sd_type_name(int type) {
     return buf;
 }
 
-/* An IEEE half, bfloat16 or single is finite unless all its exponent bits are set. */
+/* An IEEE half is finite unless all its exponent bits are set (so are bfloat16 and single). */
 static int f16_bad(const unsigned char *p) {
     uint16_t h;
     memcpy(&h, p, 2);
