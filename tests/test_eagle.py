@@ -329,6 +329,46 @@ def test_a_wrong_rule_fails_the_reference(tmp_path, target):
     assert np.abs(got3[fin] - bad[fin]).max() > 1e-2
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+@pytest.mark.parametrize("weights", ["float", "q8_0"])
+def test_a_head_holding_a_nan_or_infinite_weight_is_refused_naming_it(tmp_path, fmt, weights):
+    """As the target's loader does: a NaN or an infinity in a head's tensor is a corrupt file,
+    named with the tensor and where (the forward would make drafts of NaN logits)."""
+    for i, (name, at, v, where) in enumerate([
+            ("fc.weight", (3, 5), np.nan, "value at row 3, column 5"),
+            ("midlayer.mlp.down_proj.weight", (0, 11), -np.inf, "value at row 0, column 11"),
+            ("norm.weight", (7,), np.inf, "value at element 7")]):
+        d = tmp_path / f"h{i}"
+        d.mkdir()
+        w = head_weights("eagle3", False, 3)
+        w[name][at] = v
+        (d / "config.json").write_text(json.dumps(head_config("eagle3")))
+        if fmt == "safetensors":
+            write_safetensors(d / "model.safetensors", w)
+        else:
+            write_bin(d / "pytorch_model.bin", w)
+        with pytest.raises(ValueError, match=f"'{name}' holds a NaN or infinite {where}: the "
+                           "file is corrupt"):
+            specdec.Eagle(d, weights=weights)
+
+
+@pytest.mark.parametrize("blocks,nbytes", [("q8_0", 34), ("q4_1", 20), ("q4_0", 18)])
+def test_a_packed_head_with_a_nan_scale_is_refused_naming_it(tmp_path, blocks, nbytes):
+    d, _, _ = write_head(tmp_path / "h", "eagle3", "safetensors")
+    pack_head.pack(d, tmp_path / "p", blocks=blocks)
+    packed = pack_head.read_safetensors(tmp_path / "p" / "model.safetensors")
+    assert specdec.Eagle(tmp_path / "p").kind == "eagle3"  # as packed: finite
+    name = "midlayer.self_attn.q_proj.weight"  # (48, 96): three blocks a row
+    packed[name] = packed[name].copy()  # read back as a read-only view of the file
+    q = packed[name].reshape(48, 3, nbytes)
+    assert np.shares_memory(q, packed[name])
+    q[5, 2, 0:2] = np.frombuffer(np.uint16(0x7E00).tobytes(), np.uint8)  # d: a NaN half
+    write_safetensors(tmp_path / "p" / "model.safetensors", packed)
+    with pytest.raises(ValueError, match=f"'{name}' holds a NaN or infinite block scale at "
+                       "row 5, column 64"):
+        specdec.Eagle(tmp_path / "p")
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_draft_logits_with_a_window_match_the_reference(tmp_path, target, kind):
     """Eagle(window=w): the head attends to its last w rows, in draft_logits as when drafting."""

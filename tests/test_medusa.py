@@ -181,6 +181,14 @@ def test_bad_files_and_mismatches(tmp_path, target, tiny):
     write_safetensors(d / "medusa_lm_head.safetensors", w2)
     with pytest.raises(ValueError, match="tensor '1.0.linear.bias' has 1 dimensions"):
         specdec.Medusa(d)
+    # a NaN or an infinity is a corrupt file, named with the tensor and where
+    for name, at, where in [("1.1.weight", (30, 2), "row 30, column 2"),
+                            ("0.0.linear.bias", (9,), "element 9")]:
+        w2 = {k: v.copy() for k, v in w.items()}
+        w2[name][at] = np.nan
+        write_safetensors(d / "medusa_lm_head.safetensors", w2)
+        with pytest.raises(ValueError, match=f"'{name}' holds a NaN or infinite value at {where}"):
+            specdec.Medusa(d)
     # an EAGLE head is not Medusa's, and Medusa's is not EAGLE's
     e, _, _ = write_head(tmp_path / "e", "eagle", "safetensors")
     with pytest.raises(ValueError, match="needs Medusa heads"):
