@@ -149,7 +149,7 @@ def test_generation_raises_instead_of_picking_tokens(overflowing, spec, temperat
 
 def test_requests_at_once_each_raise(overflowing):
     """Through the step scheduler, which combines the requests' forwards: each request gets the
-    error, and the model serves the next request."""
+    error, and no sequence is left open (the next request runs, and fails the same way)."""
     errors, barrier = [], threading.Barrier(3)
 
     def work(i):
@@ -168,3 +168,49 @@ def test_requests_at_once_each_raise(overflowing):
     assert overflowing.open_sequences == 0
     with pytest.raises(FloatingPointError):
         specdec.generate(overflowing, PROMPT, max_new_tokens=2)
+
+
+def test_a_request_whose_row_overflows_fails_alone(tmp_path):
+    """One token's embedding row is finite but so large (about 1e20) that the final norm's sum
+    of squares overflows on the rows of that token (a token the other requests never read or
+    write). Requests stepped together share forwards: the request whose prompt ends with it
+    fails, the others get their output of alone, the same as on the model without the row."""
+    good = [PROMPT, PROMPT[2:], PROMPT[::-1]]
+    w = tm.make_weights(CFG, 1)
+    clean = specdec.load(write(tmp_path, w), threads=1)
+    want = [specdec.generate(clean, p, max_new_tokens=24, stop_tokens=[]).tokens for p in good]
+    bad = max(set(range(CFG.vocab)) - {t for r in good + want for t in r})
+    w["model.embed_tokens.weight"][bad] *= np.float32(1e20)
+    path = str(tmp_path / "poison.gguf")
+    testing.write_gguf(path, CFG, w)
+    m = specdec.load(path, threads=2)
+    m.prefix_cache = 0
+    with pytest.raises(FloatingPointError, match=rf"token id {bad}\)"):
+        specdec.generate(m, PROMPT + [bad], max_new_tokens=24, stop_tokens=[])
+    prompts = [good[0], PROMPT + [bad], good[1], good[2]]
+    seqs = [m._core.sequence(p, max_new_tokens=24, stop_ids=[], drafter=None) for p in prompts]
+    s0, f0 = m.scheduler_stats["steps"], m.scheduler_stats["forwards"]
+    out, barrier = [None] * 4, threading.Barrier(4)
+
+    def step(i):
+        barrier.wait()
+        try:
+            while not seqs[i].done:
+                seqs[i].step()
+            out[i] = list(seqs[i].tokens)
+        except FloatingPointError as e:
+            out[i] = str(e)
+        finally:
+            seqs[i].close()
+
+    threads = [threading.Thread(target=step, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    steps = m.scheduler_stats["steps"] - s0
+    forwards = m.scheduler_stats["forwards"] - f0
+    assert forwards < steps, (steps, forwards)  # the requests' steps shared forwards
+    assert [out[0], out[2], out[3]] == want
+    assert isinstance(out[1], str) and f"token id {bad})" in out[1], out[1]
+    assert m.open_sequences == 0
