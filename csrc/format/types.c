@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "util/status.h"
+
 static const sd_type_info g_info[40] = {
     [SD_TYPE_F32] = {"F32", 1, 4},
     [SD_TYPE_F16] = {"F16", 1, 2},
@@ -110,4 +112,24 @@ int64_t sd_first_nonfinite(int type, const void *data, int64_t n) {
         }
     }
     return -1;
+}
+
+sd_status sd_check_finite(const char *file, const char *name, int type, const void *data,
+                          int64_t n, int64_t cols) {
+    const int64_t i = data != NULL ? sd_first_nonfinite(type, data, n) : -1;
+    if (i < 0) {
+        return SD_OK;
+    }
+    const sd_type_info *t = sd_type_info_get(type);
+    const char *what = t != NULL && t->block_size > 1 ? "block scale" : "value";
+    char at[64];
+    if (cols > 0) {
+        snprintf(at, sizeof(at), "row %lld, column %lld", (long long)(i / cols),
+                 (long long)(i % cols));
+    } else {
+        snprintf(at, sizeof(at), "element %lld", (long long)i);
+    }
+    return sd_set_error(SD_ERR_FORMAT, "%s%stensor '%s' holds a NaN or infinite %s at %s: the "
+                        "file is corrupt", file != NULL ? file : "", file != NULL ? ": " : "",
+                        name, what, at);
 }

@@ -26,4 +26,11 @@ size_t sd_row_bytes(int type, int64_t n);
  * quants of a block are always finite). */
 int64_t sd_first_nonfinite(int type, const void *data, int64_t n);
 
+/* SD_OK, or SD_ERR_FORMAT naming the tensor `name` (of the file `file`, or NULL) and where, when
+ * one of its n elements of type `type` at data (rows of `cols`; 0: a vector), or a block's
+ * scale, is a NaN or an infinity: a file holding one is corrupt, and a forward would turn it
+ * into logits that mean nothing. NULL data (a matrix a GPU fills) is not read. */
+sd_status sd_check_finite(const char *file, const char *name, int type, const void *data,
+                          int64_t n, int64_t cols);
+
 #endif /* SD_TYPES_H */

@@ -108,28 +108,6 @@ static int64_t cols_of(const sd_tensor_info *t) {
     return t->n_dims == 3 ? t->shape[1] * 32 : t->shape[1] / 34 * 32;
 }
 
-/* SD_ERR_FORMAT naming the tensor and where when one of its n elements (rows of cols; 0: a
- * vector), or a block's scale, of type `type` is a NaN or an infinity (the target's loader
- * checks its tensors the same way). */
-static sd_status head_finite(const sd_head *h, const sd_tensor_info *t, int type, int64_t n,
-                        int64_t cols) {
-    const int64_t i = sd_first_nonfinite(type, t->data, n);
-    if (i < 0) {
-        return SD_OK;
-    }
-    if (cols == 0) {
-        return sd_set_error(SD_ERR_FORMAT,
-                            "%s: tensor '%s' holds a NaN or infinite value at element %lld: the "
-                            "file is corrupt", h->file, t->name, (long long)i);
-    }
-    return sd_set_error(SD_ERR_FORMAT,
-                        "%s: tensor '%s' holds a NaN or infinite %s at row %lld, column %lld: "
-                        "the file is corrupt", h->file, t->name,
-                        type == t->type && sd_type_info_get(type)->block_size == 1 ? "value"
-                                                                                   : "block scale",
-                        (long long)(i / cols), (long long)(i % cols));
-}
-
 /* The tensor prefix+name, which must be a float tensor of the given shape (cols 0: a vector),
  * or a matrix in blocks (block_type); every value (scale) finite. */
 static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *prefix,
@@ -140,7 +118,7 @@ static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *
     }
     const int dims = cols > 0 ? 2 : 1;
     if (dims == 2 && block_type(t) >= 0 && t->shape[0] == rows && cols_of(t) == cols) {
-        SD_TRY(head_finite(h, t, block_type(t), rows * cols, cols));
+        SD_TRY(sd_check_finite(h->file, t->name, block_type(t), t->data, rows * cols, cols));
         *out = t;
         return SD_OK;
     }
@@ -158,7 +136,8 @@ static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *
                             "BF16)",
                             h->file, t->name, t->type_name);
     }
-    SD_TRY(head_finite(h, t, t->type, dims == 2 ? rows * cols : rows, dims == 2 ? cols : 0));
+    SD_TRY(sd_check_finite(h->file, t->name, t->type, t->data, dims == 2 ? rows * cols : rows,
+                           dims == 2 ? cols : 0));
     *out = t;
     return SD_OK;
 }

@@ -167,30 +167,6 @@ static void shape_str(char *buf, size_t n, const sd_tensor_info *t) {
     }
 }
 
-/* SD_ERR_FORMAT naming the tensor and where, when one of its n values (rows of `cols`; 0: a
- * vector) is a NaN or an infinity, or the scale of a block is: a file holding one is corrupt,
- * and the forward would turn it into logits that mean nothing. */
-static sd_status check_finite(const char *name, const sd_tensor_info *t, int64_t n,
-                              int64_t cols) {
-    if (t->data == NULL) {
-        return SD_OK; /* a dummy model's matrix that the GPU fills */
-    }
-    const int64_t i = sd_first_nonfinite(t->type, t->data, n);
-    if (i < 0) {
-        return SD_OK;
-    }
-    const sd_type_info *ti = sd_type_info_get(t->type);
-    const char *what = ti != NULL && ti->block_size > 1 ? "block scale" : "value";
-    if (cols == 0) {
-        return sd_set_error(SD_ERR_FORMAT,
-                            "tensor '%s' holds a NaN or infinite %s at element %lld: the file "
-                            "is corrupt", name, what, (long long)i);
-    }
-    return sd_set_error(SD_ERR_FORMAT,
-                        "tensor '%s' holds a NaN or infinite %s at row %lld, column %lld: the "
-                        "file is corrupt", name, what, (long long)(i / cols), (long long)(i % cols));
-}
-
 /* Look up a matrix (rows, cols). `required` = 0 lets a missing tensor leave out->data NULL. */
 static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t rows, int64_t cols,
                          int required) {
@@ -218,7 +194,7 @@ static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t row
                             "Q5_K, Q6_K)",
                             name, t->type_name);
     }
-    SD_TRY(check_finite(name, t, rows * cols, cols));
+    SD_TRY(sd_check_finite(NULL, name, t->type, t->data, rows * cols, cols));
     out->data = t->data;
     out->type = t->type;
     out->rows = rows;
@@ -261,7 +237,7 @@ static sd_status get_vec(const float **out, builder *b, role r, int layer, int64
     if (b->vec_used + (size_t)n > b->vec_cap) {
         return sd_set_error(SD_ERR_INTERNAL, "vector store too small for '%s'", name);
     }
-    SD_TRY(check_finite(name, t, n, 0));
+    SD_TRY(sd_check_finite(NULL, name, t->type, t->data, n, 0));
     float *dst = b->m->vectors + b->vec_used;
     tr->to_float(dst, t->data, n);
     const int norm = r == R_ATTN_NORM || r == R_FFN_NORM || r == R_OUT_NORM || r == R_Q_NORM ||
