@@ -57,7 +57,8 @@ const char *sd_type_name(int type) {
     return buf;
 }
 
-/* An IEEE half is finite unless all its exponent bits are set (so are bfloat16 and single). */
+/* An IEEE half is finite unless all its exponent bits are set (the rule of bfloat16 and of
+ * single floats too, with their own exponent fields). */
 static int f16_bad(const unsigned char *p) {
     uint16_t h;
     memcpy(&h, p, 2);
