@@ -13,8 +13,14 @@ of the dev half (two per category): each speculator answers every question twice
 second pass is counted (its table learnt in the first); every answer is checked against plain
 decoding's.
 
+`split`: where the steps of a `python -m specdec.bench --json` run went, per method: tokens
+per step, nodes verified per step, and the milliseconds of a step spent drafting and verifying
+(verify forward, the rows' processing, acceptance, the drafter's commit), each also in plain
+decoding's tokens (its time after the prefill, per token, in the same run).
+
     python benchmarks/tree_steps.py costs --data ../shared/eval/spec_bench_dev.jsonl
     python benchmarks/tree_steps.py tau --data ../shared/eval/spec_bench_dev.jsonl
+    python benchmarks/tree_steps.py split --json RUN.json [RUN2.json ...]
 """
 
 from __future__ import annotations
@@ -96,15 +102,53 @@ def tau(m, prompts):
         print(f"| {n} | {cut} | {lookup} | {t:.2f} | {k:.2f} |")
 
 
+def split(paths):
+    print("| run | method | steps | tau | nodes/step | draft ms/step | verify ms/step "
+          "| draft, plain tokens | verify, plain tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            qs = json.load(f)["questions"]
+        sums = {}
+        for q in qs:
+            for name, r in q["methods"].items():
+                s = sums.setdefault(name, dict.fromkeys(
+                    ("decode", "tokens", "steps", "nodes", "draft", "verify"), 0.0))
+                s["decode"] += r["time_s"] - q["prefill_s"]
+                s["tokens"] += r["new_tokens"]
+                if "steps" in r:
+                    s["steps"] += r["steps"]
+                    s["nodes"] += sum(int(k) * v for k, v in r["steps_by_nodes"].items())
+                    s["draft"] += r.get("time_draft_s", float("nan"))
+                    s["verify"] += r.get("time_verify_s", float("nan"))
+        plain = sums.pop("plain")
+        token_ms = 1e3 * plain["decode"] / plain["tokens"]
+        print(f"| {path} | plain | | | | | {token_ms:.3f} a token | | |")
+        for name, s in sums.items():
+            n = max(s["steps"], 1)
+            d, v = 1e3 * s["draft"] / n, 1e3 * s["verify"] / n
+            print(f"| {path} | {name} | {s['steps']:.0f} | {s['tokens'] / n:.2f} "
+                  f"| {s['nodes'] / n:.2f} | {d:.3f} | {v:.3f} | {d / token_ms:.3f} "
+                  f"| {v / token_ms:.3f} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["costs", "tau"])
-    p.add_argument("--data", required=True, help="Spec-Bench-format JSONL")
+    p.add_argument("what", choices=["costs", "tau", "split"])
+    p.add_argument("--data", help="Spec-Bench-format JSONL (costs, tau)")
+    p.add_argument("--json", nargs="+", help="split: JSON files of python -m specdec.bench")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--per", type=int, default=2, help="questions per category")
     p.add_argument("--rounds", type=int, default=2, help="costs: passes over the questions")
     a = p.parse_args()
+    if a.what == "split":
+        if not a.json:
+            p.error("split needs --json")
+        split(a.json)
+        return
+    if not a.data:
+        p.error(f"{a.what} needs --data")
     m = specdec.load(a.model, threads=a.threads)
     m.prefix_cache = 0
     tok = m.require_tokenizer()

@@ -242,7 +242,10 @@ def run(args: argparse.Namespace) -> dict:
                     m["loop_tokens"] = trailing_loop(list(g.tokens))
                 if g.stats is not None:
                     m.update(steps=g.stats.steps, drafted=g.stats.drafted,
-                             accepted=g.stats.accepted, steps_by_nodes=g.stats.steps_by_nodes)
+                             accepted=g.stats.accepted, steps_by_nodes=g.stats.steps_by_nodes,
+                             time_draft_s=g.stats.time_draft_s,
+                             time_verify_s=g.stats.time_verify_s,
+                             time_loop_s=g.stats.time_total_s)
                 entry["methods"][name] = m
         for name in names:
             entry["methods"][name]["time_s"] = median(times[name])

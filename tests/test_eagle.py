@@ -902,6 +902,36 @@ def test_smollm2_greedy_equals_plain(tmp_path, smollm2_path, depth, branching, n
         assert got.stats.drafted > got.stats.steps
 
 
+def test_the_shipped_head_drafts_its_best_token_at_every_step(smollm2_path):
+    """A greedy chain one deep with the shipped head (a draft vocabulary of 4,096 spread over
+    SmolLM2's 49,152 ids): each step drafts the target id whose logit is the largest in the
+    head's row for the next token, as draft_logits states it (the lower id on ties). Replaying
+    the output against draft_logits gives every step's draft, and so the count of accepted
+    drafts, which must be the one generate reports. A tree that read the draft's rows under the
+    wrong target ids, or not the best of them, would accept far fewer."""
+    spec = specdec.Eagle("smollm2-135m-instruct", depth=1, size_by_cost=False)
+    m = specdec.load(smollm2_path)
+    tok = m.require_tokenizer()
+    total = 0
+    for q in ("What are three good habits for studying?", "How do I boil an egg?"):
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
+        got = specdec.generate(m, ids, max_new_tokens=48, speculator=spec)
+        text = list(ids) + list(got.tokens)
+        rows = spec.draft_logits(m, text)  # row t: the head's logits for token t + 2
+        # the prefill stops before the prompt's last token: the first step feeds it and drafts
+        # token len(ids), from the head's row of position len(ids) - 2
+        at, steps, accepted = len(ids), 0, 0
+        while at < len(text):
+            # no room for a draft before the last token the limit allows
+            hit = at + 1 < len(ids) + 48 and int(np.argmax(rows[at - 2])) == text[at]
+            accepted += hit
+            at += 1 + hit
+            steps += 1
+        assert (got.stats.steps, got.stats.accepted) == (steps, accepted), q
+        total += accepted
+    assert total > 10, total
+
+
 def test_the_shipped_smollm2_head(smollm2_path):
     """specdec.Eagle("smollm2-135m-instruct"): the EAGLE-3 head shipped in the package (4-bit
     blocks, a draft vocabulary of 4,096) loads for SmolLM2, greedy output with it is the plain

@@ -342,18 +342,9 @@ void sd_top_ids(int32_t *best, int top, const float *row, int V) {
     float val[SD_RECYCLE_MAX_TOP];
     int n = 0;
     for (int i = 0; i < V; i++) {
-        if (n == top && (i & 31) == 0 && i + 32 <= V) {
-            /* a block of 32 with no value above the last kept one changes nothing: one
-             * vectorised test for all (a maximum of the comparisons) instead of 32 branches */
-            const float thr = val[top - 1];
-            int any = 0;
-            for (int l = 0; l < 32; l++) {
-                any |= row[i + l] > thr;
-            }
-            if (!any) {
-                i += 31;
-                continue;
-            }
+        if (n == top && (i & 31) == 0 && i + 32 <= V && !sd_any_above32(row + i, val[top - 1])) {
+            i += 31; /* nothing above the last kept value: the block changes nothing */
+            continue;
         }
         const float x = row[i];
         if (n == top && !(x > val[top - 1])) {

@@ -135,6 +135,17 @@ const int32_t *sd_spec_row_top(const sd_spec_loop *L, int r, int top, int32_t *b
 /* The same over one row of V values (the CPU's computation, and the twin of the device's). */
 void sd_top_ids(int32_t *best, int top, const float *row, int V);
 
+/* Whether any of x[0 .. 32) is above thr (a NaN is not): a scan for a row's largest values
+ * passes such a block at once, one vectorised test in place of 32 branches, when nothing in it
+ * could enter. */
+static inline int sd_any_above32(const float *x, float thr) {
+    int any = 0;
+    for (int l = 0; l < 32; l++) {
+        any |= x[l] > thr;
+    }
+    return any;
+}
+
 /* Drafts up to *k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all)
  * over the cache dkv, which holds a prefix of hist (at most all but the last token): the first
  * forward feeds the rest of hist in one batch (the tokens the draft has not seen), the others

@@ -221,7 +221,18 @@ SD_AVX2 static void softmax_open(float *sc, int n_attn, float mx, float *st) {
      * at a time: there a slot's rank is the slot, so lane j adds the exponentials of slots j,
      * j + 8, ... in that order, as the loop below would; the rest (the tree's own slots, and
      * the run's last < 8) one by one. */
-    int run = 0;
+    int run = 0; /* the first shut slot, found eight slots at a time */
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    int shut = 0;
+    for (; run + 8 <= n_attn; run += 8) {
+        shut = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(sc + run), ninf, _CMP_EQ_OQ));
+        if (shut != 0) {
+            break;
+        }
+    }
+    if (shut != 0) {
+        run += __builtin_ctz((unsigned)shut);
+    }
     while (run < n_attn && sc[run] != -INFINITY) {
         run++;
     }

@@ -44,13 +44,15 @@ typedef struct {
     sd_model_tree *tree; /* the step's tree */
     sd_spec_loop *L;
     int D, V, Vd;
-    float *out;  /* (FED_MAX, D) the head's output at each fed node (0: the root) */
-    float *x;    /* (rows, D) rows entering the head's layer */
-    float *f;    /* (rows, W) their features */
-    float *last; /* (rows, D) the head's outputs of a forward (its aux layer 1) */
-    float *raw;  /* (rows, V) logits before their spreading to the target's ids */
-    int rows;    /* the rows x, f, last and raw hold */
-    int prefix;  /* the text's rows the head held after the last step's root */
+    float *out;         /* (FED_MAX, D) the head's output at each fed node (0: the root) */
+    float *x;           /* (rows, D) rows entering the head's layer */
+    float *f;           /* (rows, W) their features */
+    float *last;        /* (rows, D) the head's outputs of a forward (its aux layer 1) */
+    float *raw;         /* (rows, V) logits before their spreading to the target's ids */
+    int rows;           /* the rows x, f, last and raw hold */
+    const int32_t *ids; /* greedy with a reduced vocabulary: (Vd) target id of each draft id,
+                         * the tree's rows then left over the Vd (model_tree.h); else NULL */
+    int prefix;         /* the text's rows the head held after the last step's root */
     eagle_mix mix;
 } eagle_state;
 
@@ -75,13 +77,17 @@ static sd_status grow_rows(eagle_state *s, int T, int W) {
 }
 
 /* The head's forward over b (its rows x already in s->x): logits of its last n_logits rows
- * into logits (n_logits, V, the target's ids), every row's output into s->last. */
+ * into logits (n_logits, V, the target's ids; with s->ids, Vd, the draft's), every row's
+ * output into s->last. */
 static sd_status head_forward(eagle_state *s, sd_batch *b, float *logits) {
     static const int32_t after_layer[1] = {1};
     b->embd = s->x;
     b->aux_layers = after_layer;
     b->n_aux = 1;
     b->aux = s->last;
+    if (s->ids != NULL) {
+        return sd_forward(s->hm, s->hkv, b, logits);
+    }
     SD_TRY(sd_forward(s->hm, s->hkv, b, s->raw));
     return sd_head_map_logits(s->head, s->V, s->raw, b->n_logits, logits);
 }
@@ -187,6 +193,9 @@ static sd_status eagle_begin(const sd_drafter *d, void **state, sd_spec_loop *L)
     s->D = L->m->cfg.hidden_size;
     s->V = L->m->cfg.vocab_size;
     s->Vd = sd_head_vocab(s->head, L->m);
+    /* greedy trees read a row's best tokens and softmax: over the draft's vocabulary alone,
+     * not spread over the target's (sampled trees keep whole rows: the verify reads q there) */
+    s->ids = L->s.temperature == 0.0f ? sd_head_target_ids(s->head) : NULL;
     s->out = malloc((size_t)FED_MAX * (size_t)s->D * sizeof(float));
     if (s->out == NULL) {
         return sd_set_error(SD_ERR_NOMEM, "out of memory");
@@ -250,7 +259,7 @@ static sd_status eagle_propose(const sd_drafter *d, void *state, sd_spec_loop *L
     eagle_state *s = state;
     eagle_mix *x = &s->mix;
     s->L = L;
-    const sd_tree_feeder fd = {feed_root, feed_nodes, s};
+    const sd_tree_feeder fd = {feed_root, feed_nodes, s, s->ids, s->Vd};
     const sd_draft_params dp = tree_params(d);
     sd_cost_curve buf;
     const sd_cost_curve *cost = NULL;

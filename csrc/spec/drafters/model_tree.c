@@ -126,6 +126,10 @@ void sd_model_tree_free(sd_model_tree *t) {
 static void best_of(fed_node *f, int b, const float *row, int V) {
     int n = 0;
     for (int i = 0; i < V; i++) {
+        if (n == b && (i & 31) == 0 && i + 32 <= V && !sd_any_above32(row + i, f->ptop[b - 1])) {
+            i += 31; /* nothing above the last kept value: the block changes nothing */
+            continue;
+        }
         const float x = row[i];
         if (n == b && !(x > f->ptop[b - 1])) {
             continue;
@@ -141,12 +145,53 @@ static void best_of(fed_node *f, int b, const float *row, int V) {
     f->n_top = n;
 }
 
-/* Fed node i's rows from its logits lg (V): its processed q when sampling, its best tokens. */
-static void fed_rows(sd_model_tree *t, sd_spec_loop *L, int i, int node, const float *lg) {
+/* best_of over a row of n entries of a reduced vocabulary, entry d the logit of target id
+ * ids[d]: the same order (by value, the lower target id first on ties); at[j] receives the
+ * entry of top[j]. */
+static void best_of_ids(fed_node *f, int b, const float *row, const int32_t *ids, int n, int *at) {
+    int m = 0;
+    for (int d = 0; d < n; d++) {
+        const float x = row[d];
+        const int32_t id = ids[d];
+        if (m == b && !(x > f->ptop[b - 1] || (x == f->ptop[b - 1] && id < f->top[b - 1]))) {
+            continue;
+        }
+        int j = m < b ? m++ : b - 1;
+        for (; j > 0 && (x > f->ptop[j - 1] || (x == f->ptop[j - 1] && id < f->top[j - 1])); j--) {
+            f->ptop[j] = f->ptop[j - 1];
+            f->top[j] = f->top[j - 1];
+            at[j] = at[j - 1];
+        }
+        f->ptop[j] = x;
+        f->top[j] = id;
+        at[j] = d;
+    }
+    f->n_top = m;
+}
+
+/* The entries of a fed node's logits row: V, or the feeder's reduced vocabulary at
+ * temperature 0. */
+static int row_width(const sd_model_tree *t, const sd_tree_feeder *fd) {
+    return fd != NULL && fd->ids != NULL && !t->sampling ? fd->n_ids : t->V;
+}
+
+/* Fed node i's rows from its logits lg (row_width entries): its processed q when sampling, its
+ * best tokens. */
+static void fed_rows(sd_model_tree *t, sd_spec_loop *L, int i, int node, const float *lg,
+                     const sd_tree_feeder *fd) {
     fed_node *f = &t->fn[i];
     const int V = t->V;
     f->node = node;
     f->drawn = 0;
+    if (row_width(t, fd) != V) { /* greedy over a reduced vocabulary: its entries alone */
+        int at[B_MAX];
+        best_of_ids(f, t->b, lg, fd->ids, fd->n_ids, at);
+        const double sum = sd_softmax_exp(t->ework, lg, fd->n_ids, f->ptop[0], 1.0f);
+        for (int j = 0; j < f->n_top; j++) {
+            f->ptop[j] = (float)((double)t->ework[at[j]] / sum);
+        }
+        return;
+    }
     if (t->sampling) {
         float *q = t->qrows + (size_t)i * (size_t)V;
         sd_process_logits(q, lg, V, &L->s, L->iwork);
@@ -253,8 +298,9 @@ static sd_status feed(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cac
     } else {
         SD_TRY(sd_forward(dm, dkv, &bt, t->logits));
     }
+    const int w = row_width(t, fd);
     for (int j = 0; j < np; j++) {
-        fed_rows(t, L, t->n_fed + j, pick[j], t->logits + (size_t)j * (size_t)t->V);
+        fed_rows(t, L, t->n_fed + j, pick[j], t->logits + (size_t)j * (size_t)w, fd);
     }
     t->n_fed += np;
     return SD_OK;
@@ -420,7 +466,7 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
         SD_TRY(sd_forward(dm, dkv, &bt, t->logits));
         t->prefix = len;
     }
-    fed_rows(t, L, 0, -1, t->logits);
+    fed_rows(t, L, 0, -1, t->logits, fd);
     t->n_fed = 1;
     /* draws keyed by (output position, draw): never one twice */
     const uint64_t key0 = (uint64_t)(len - L->n_prompt) << 12;

@@ -21,6 +21,12 @@ typedef struct {
     sd_status (*nodes)(void *ctx, const sd_batch *b, const int *parent_fed, int first,
                        float *logits);
     void *ctx;
+    /* A draft over a reduced vocabulary (an EAGLE-3 head's) at temperature 0, or NULL: both
+     * callbacks then write rows of n_ids logits, entry d the logit of target id ids[d], instead
+     * of V (the tree reads a row's best tokens and softmax over its n_ids entries alone; the
+     * target ids outside it would be -inf). When sampling the rows are always V wide. */
+    const int32_t *ids;
+    int n_ids;
 } sd_tree_feeder;
 
 /* A request's tree drafting: buffers sized for the sequence L (its vocabulary, sampling and
