@@ -932,6 +932,57 @@ def test_the_shipped_head_drafts_its_best_token_at_every_step(smollm2_path):
     assert total > 10, total
 
 
+def _shipped_head_in_order(d, order, full: bool):
+    """The shipped head written to d with its draft vocabulary in another order: draft id i
+    holds what the shipped head's draft id order[i] held (its lm_head row, its target id).
+    full: the draft vocabulary widened to all 49,152 target ids, the ids it lacked given rows
+    of zero blocks (logit 0), before the order is applied; the head then computes another
+    function, the same for every order."""
+    src = Path(specdec.Eagle("smollm2-135m-instruct").path)
+    w = pack_head.read_safetensors(src / "model.safetensors")
+    cfg = json.loads((src / "config.json").read_text())
+    head, ids = w["lm_head.weight"], np.arange(len(w["d2t"])) + w["d2t"]
+    if full:
+        V = cfg["vocab_size"]
+        wide = np.zeros((V,) + head.shape[1:], head.dtype)
+        wide[ids] = head
+        head, ids = wide, np.arange(V)
+        cfg["draft_vocab_size"] = V
+        w["t2d"] = np.ones(V, np.bool_)
+    order = np.asarray(order)
+    w["lm_head.weight"] = np.ascontiguousarray(head[order])
+    w["d2t"] = (ids[order] - np.arange(len(order))).astype(np.int64)
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    write_safetensors(d / "model.safetensors", w)
+    return d
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_draft_vocabulary_in_another_order_drafts_the_same(tmp_path, smollm2_path, full):
+    """The same head with its draft vocabulary in two orders (ascending target ids, and
+    shuffled) drafts the same tokens at temperature 0: each step's chain, 3 deep, follows the
+    largest logit by target id whatever the draft id, so the steps and the accepted drafts are
+    the same. Also with a draft vocabulary as large as the target's, whose rows are in the
+    draft's order too: read as the target's ids, the shuffled head's drafts would be others."""
+    n = 49152 if full else 4096
+    order = np.random.default_rng(5).permutation(n)
+    m = specdec.load(smollm2_path)
+    tok = m.require_tokenizer()
+    got = []
+    for name, o in (("sorted", np.arange(n)), ("shuffled", order)):
+        d = _shipped_head_in_order(tmp_path / name, o, full)
+        spec = specdec.Eagle(d, depth=3, size_by_cost=False)
+        runs = []
+        for q in ("What are three good habits for studying?", "Name the planets in order."):
+            ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
+            g = specdec.generate(m, ids, max_new_tokens=40, speculator=spec)
+            runs.append((g.tokens, g.stats.steps, g.stats.accepted, g.stats.steps_by_accepted))
+        got.append(runs)
+    assert got[0] == got[1]
+    assert sum(r[2] for r in got[0]) > 5  # a head that drafts well enough to tell
+
+
 def test_the_shipped_smollm2_head(smollm2_path):
     """specdec.Eagle("smollm2-135m-instruct"): the EAGLE-3 head shipped in the package (4-bit
     blocks, a draft vocabulary of 4,096) loads for SmolLM2, greedy output with it is the plain

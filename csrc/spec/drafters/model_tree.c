@@ -169,10 +169,15 @@ static void best_of_ids(fed_node *f, int b, const float *row, const int32_t *ids
     f->n_top = m;
 }
 
-/* The entries of a fed node's logits row: V, or the feeder's reduced vocabulary at
- * temperature 0. */
+/* Whether a fed node's logits row is over the feeder's own vocabulary (ids; at temperature 0),
+ * even one as large as the target's (its order may differ), rather than the target's V ids. */
+static int by_ids(const sd_model_tree *t, const sd_tree_feeder *fd) {
+    return fd != NULL && fd->ids != NULL && !t->sampling;
+}
+
+/* The entries of a fed node's logits row. */
 static int row_width(const sd_model_tree *t, const sd_tree_feeder *fd) {
-    return fd != NULL && fd->ids != NULL && !t->sampling ? fd->n_ids : t->V;
+    return by_ids(t, fd) ? fd->n_ids : t->V;
 }
 
 /* Fed node i's rows from its logits lg (row_width entries): its processed q when sampling, its
@@ -183,7 +188,7 @@ static void fed_rows(sd_model_tree *t, sd_spec_loop *L, int i, int node, const f
     const int V = t->V;
     f->node = node;
     f->drawn = 0;
-    if (row_width(t, fd) != V) { /* greedy over a reduced vocabulary: its entries alone */
+    if (by_ids(t, fd)) { /* greedy over the draft's vocabulary: its entries alone */
         int at[B_MAX];
         best_of_ids(f, t->b, lg, fd->ids, fd->n_ids, at);
         const double sum = sd_softmax_exp(t->ework, lg, fd->n_ids, f->ptop[0], 1.0f);
