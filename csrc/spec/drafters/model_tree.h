@@ -21,10 +21,11 @@ typedef struct {
     sd_status (*nodes)(void *ctx, const sd_batch *b, const int *parent_fed, int first,
                        float *logits);
     void *ctx;
-    /* A draft over a reduced vocabulary (an EAGLE-3 head's) at temperature 0, or NULL: both
-     * callbacks then write rows of n_ids logits, entry d the logit of target id ids[d], instead
-     * of V (the tree reads a row's best tokens and softmax over its n_ids entries alone; the
-     * target ids outside it would be -inf). When sampling the rows are always V wide. */
+    /* A draft over its own vocabulary (an EAGLE-3 head's: usually fewer ids than the target's,
+     * in any order), or NULL: at temperature 0 both callbacks then write rows of n_ids logits,
+     * entry d the logit of target id ids[d], instead of V (the tree reads a row's best tokens
+     * and softmax over its n_ids entries alone; the target ids outside it would be -inf). When
+     * sampling the rows are always V wide, in the target's order. */
     const int32_t *ids;
     int n_ids;
 } sd_tree_feeder;
