@@ -121,43 +121,29 @@ void sd_model_tree_free(sd_model_tree *t) {
     }
 }
 
-/* f's b largest entries of row (V) into its top list, by decreasing value, the lower id first
- * on ties (so the first is sd_argmax's). */
-static void best_of(fed_node *f, int b, const float *row, int V) {
-    int n = 0;
-    for (int i = 0; i < V; i++) {
-        if (n == b && (i & 31) == 0 && i + 32 <= V && !sd_any_above32(row + i, f->ptop[b - 1])) {
-            i += 31; /* nothing above the last kept value: the block changes nothing */
-            continue;
-        }
-        const float x = row[i];
-        if (n == b && !(x > f->ptop[b - 1])) {
-            continue;
-        }
-        int j = n < b ? n++ : b - 1;
-        for (; j > 0 && x > f->ptop[j - 1]; j--) {
-            f->ptop[j] = f->ptop[j - 1];
-            f->top[j] = f->top[j - 1];
-        }
-        f->ptop[j] = x;
-        f->top[j] = i;
-    }
-    f->n_top = n;
+/* Whether (x, id) goes before (y, jd) in a top list: the larger value, the lower id on ties. */
+static int before(float x, int32_t id, float y, int32_t jd) {
+    return x > y || (x == y && id < jd);
 }
 
-/* best_of over a row of n entries of a reduced vocabulary, entry d the logit of target id
- * ids[d]: the same order (by value, the lower target id first on ties); at[j] receives the
- * entry of top[j]. */
-static void best_of_ids(fed_node *f, int b, const float *row, const int32_t *ids, int n, int *at) {
+/* f's b largest entries of row (n) into its top list, by decreasing value, the lower id first
+ * on ties (so the first is sd_argmax's); entry d is the logit of id ids[d] (NULL: of id d), and
+ * at[j] receives the entry of top[j]. */
+static void best_of(fed_node *f, int b, const float *row, int n, const int32_t *ids, int *at) {
     int m = 0;
     for (int d = 0; d < n; d++) {
+        if (ids == NULL && m == b && (d & 31) == 0 && d + 32 <= n &&
+            !sd_any_above32(row + d, f->ptop[b - 1])) {
+            d += 31; /* nothing above the last kept value (whose id is lower): no change */
+            continue;
+        }
         const float x = row[d];
-        const int32_t id = ids[d];
-        if (m == b && !(x > f->ptop[b - 1] || (x == f->ptop[b - 1] && id < f->top[b - 1]))) {
+        const int32_t id = ids != NULL ? ids[d] : d;
+        if (m == b && !before(x, id, f->ptop[b - 1], f->top[b - 1])) {
             continue;
         }
         int j = m < b ? m++ : b - 1;
-        for (; j > 0 && (x > f->ptop[j - 1] || (x == f->ptop[j - 1] && id < f->top[j - 1])); j--) {
+        for (; j > 0 && before(x, id, f->ptop[j - 1], f->top[j - 1]); j--) {
             f->ptop[j] = f->ptop[j - 1];
             f->top[j] = f->top[j - 1];
             at[j] = at[j - 1];
@@ -188,30 +174,24 @@ static void fed_rows(sd_model_tree *t, sd_spec_loop *L, int i, int node, const f
     const int V = t->V;
     f->node = node;
     f->drawn = 0;
-    if (by_ids(t, fd)) { /* greedy over the draft's vocabulary: its entries alone */
-        int at[B_MAX];
-        best_of_ids(f, t->b, lg, fd->ids, fd->n_ids, at);
-        const double sum = sd_softmax_exp(t->ework, lg, fd->n_ids, f->ptop[0], 1.0f);
-        for (int j = 0; j < f->n_top; j++) {
-            f->ptop[j] = (float)((double)t->ework[at[j]] / sum);
-        }
-        return;
-    }
+    int at[B_MAX];
     if (t->sampling) {
         float *q = t->qrows + (size_t)i * (size_t)V;
         sd_process_logits(q, lg, V, &L->s, L->iwork);
-        best_of(f, t->b, q, V);
+        best_of(f, t->b, q, V, NULL, at);
         while (f->n_top > 0 && !(f->ptop[f->n_top - 1] > 0.0f)) {
             f->n_top--; /* filtered out: never drawn */
         }
         return;
     }
-    best_of(f, t->b, lg, V); /* by logit, then their softmax probabilities (the exponentials
-                              * as sampling's softmax takes them; -inf, outside a
-                              * head's reduced vocabulary, gives 0) */
-    const double sum = sd_softmax_exp(t->ework, lg, V, f->ptop[0], 1.0f);
+    /* by logit, then their softmax probabilities (the exponentials as sampling's softmax takes
+     * them; over the draft's own vocabulary alone where the feeder gives its ids, the target's
+     * other ids being -inf, which gives 0) */
+    const int n = row_width(t, fd);
+    best_of(f, t->b, lg, n, by_ids(t, fd) ? fd->ids : NULL, at);
+    const double sum = sd_softmax_exp(t->ework, lg, n, f->ptop[0], 1.0f);
     for (int j = 0; j < f->n_top; j++) {
-        f->ptop[j] = (float)((double)t->ework[f->top[j]] / sum);
+        f->ptop[j] = (float)((double)t->ework[at[j]] / sum);
     }
 }
 
