@@ -241,7 +241,10 @@ class Eagle(Speculator):
     time; when sampling, a
     count chosen before the step's draws from how deep this request's accepted paths have
     reached (a drawn token's chance to be accepted is not its draft probability), so the output
-    stays exactly the target's; sizes that follow timings make sampled output reproducible in
+    stays exactly the target's, counting the drafting as well as the verify (the head's
+    forwards and the rows' processing as timed over the request's earlier steps): where a
+    step's drafts would bring fewer tokens than their time costs, the step drafts nothing
+    (one node every fourth step still measures); sizes that follow timings make sampled output reproducible in
     distribution, not token for token, unless the costs are given. ``False``: always ``nodes``
     (a chain's ``depth``).
 
@@ -462,8 +465,10 @@ class DraftModel(Speculator):
     this machine (timed on the target at the first request): at temperature 0 the most
     probable by the draft's path probabilities (scaled by how they have borne out in the
     request), drafting stopping at a depth none of whose nodes would pay or whose next forward
-    would cost more than its nodes could bring; when sampling, as many as this request's accepted path lengths say pay,
-    chosen before the step's draws (see :class:`Eagle`). Off by default for draft models (their probabilities may be poorly calibrated);
+    would cost more than its nodes could bring; when sampling, as many as this request's
+    accepted path lengths say pay with the drafting's timed cost counted (none where the draft
+    forwards cost more than their tokens bring), chosen before the step's draws (see
+    :class:`Eagle`). Off by default for draft models (their probabilities may be poorly calibrated);
     :class:`Eagle` turns it on.
     """
 

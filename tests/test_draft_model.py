@@ -205,22 +205,27 @@ def test_sampled_output_with_p_min_is_distributed_as_the_target(v5):
                          exact_joint(row, w, setting))
 
 
+def _deepened(tmp_path_factory, n_layers):
+    """pair["target"] deepened to n_layers whose layers past the second add nothing (zero
+    output projections): it computes exactly what the 2-layer target computes."""
+    w = tm.make_weights(CFG, 21)  # the weights of pair["target"]
+    cfg = tm.TinyConfig(**{**CFG.__dict__, "n_layers": n_layers})
+    wd = tm.make_weights(cfg, 5)
+    for name in wd:
+        if name in w:
+            wd[name] = w[name]
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            wd[name] = np.zeros_like(wd[name])
+    path = os.path.join(tmp_path_factory.mktemp("deep"), f"deep{n_layers}.gguf")
+    testing.write_gguf(path, cfg, wd)
+    return specdec.load(path)
+
+
 @pytest.fixture(scope="module")
 def deep_target(tmp_path_factory):
-    """A 6-layer target whose last 4 layers add nothing (zero output projections): it computes
-    exactly what the 2-layer `pair["target"]` computes, at three times the weights, so that
-    model is a cheap draft that is always right at temperature 0."""
-    w = tm.make_weights(CFG, 21)  # the weights of pair["target"]
-    cfg6 = tm.TinyConfig(**{**CFG.__dict__, "n_layers": 6})
-    w6 = tm.make_weights(cfg6, 5)
-    for name in w6:
-        if name in w:
-            w6[name] = w[name]
-        elif name.endswith(("o_proj.weight", "down_proj.weight")):
-            w6[name] = np.zeros_like(w6[name])
-    path = os.path.join(tmp_path_factory.mktemp("deep"), "deep.gguf")
-    testing.write_gguf(path, cfg6, w6)
-    return specdec.load(path)
+    """A 6-layer target computing what the 2-layer `pair["target"]` does (_deepened), at three
+    times the weights, so that model is a cheap draft that is always right at temperature 0."""
+    return _deepened(tmp_path_factory, 6)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -248,6 +253,34 @@ def test_adaptive_length_drafts_what_pays(pair, deep_target, temperature):
     assert per_step(pair["target"], ds(pair["target"])) <= 0.5
     assert per_step(deep_target, specdec.LayerSkip(2, k=4, verify_slope=0.1)) > (
         2.0 if temperature == 0.0 else 0.0)
+
+
+def test_sampled_trees_sized_by_cost_pay_for_their_drafting(pair, deep_target, tmp_path_factory):
+    """When sampling, a tree sized by cost counts what drafting it costs beside its verify:
+    the 6-layer deep_target drafting for the 2-layer pair["target"] is always right (it
+    computes the same distribution, so every draft is accepted) but each of its forwards costs
+    about three of the target's, so no tree pays. After the first steps (which measure the
+    drafting) it drafts one node every fourth step, to keep measuring; without counting the
+    drafting it drafted a whole chain every step (every depth is always reached). Where the
+    drafting pays, it goes on."""
+    prompt = tm.random_tokens(CFG.vocab, 9, 4)
+    spec = specdec.DraftModel(deep_target, k=3, branching=2, nodes=4, size_by_cost=True)
+    g = specdec.generate(pair["target"], prompt, max_new_tokens=60, stop_tokens=[],
+                         temperature=1.0, seed=3, speculator=spec)
+    st = g.stats
+    assert st.accepted + st.steps == st.new_tokens == 60
+    assert st.accepted == st.drafted  # the draft is the target's distribution
+    drafting = sum(n for nodes, n in st.steps_by_nodes.items() if nodes > 0)
+    assert drafting <= 0.4 * st.steps, st.steps_by_nodes
+    assert max(st.steps_by_nodes) <= 3
+    # the other way round, a draft of a sixteenth of the target's layers and as right: drafting
+    # pays and goes on (a tiny model's forwards cost mostly what does not grow with its layers,
+    # so the target is 32 layers deep)
+    spec = specdec.DraftModel(pair["target"], k=3, branching=2, nodes=4, size_by_cost=True)
+    st = specdec.generate(_deepened(tmp_path_factory, 32), prompt, max_new_tokens=60,
+                          stop_tokens=[], temperature=1.0, seed=3, speculator=spec).stats
+    assert st.accepted == st.drafted
+    assert st.steps_by_nodes.get(0, 0) <= 0.2 * st.steps, st.steps_by_nodes
 
 
 @pytest.mark.parametrize("slope,error", [(-0.1, ValueError), (float("nan"), ValueError),

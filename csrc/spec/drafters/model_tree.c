@@ -35,6 +35,7 @@
 #define B_MAX SD_MODEL_MAX_BRANCHING
 #define FED_MAX (SD_MAX_TREE_NODES + 1) /* the root and up to SD_MAX_TREE_NODES expanded nodes */
 #define CAND_MAX (FED_MAX * B_MAX)      /* every fed node's children */
+#define COST_RING 8                     /* drafting costs kept, the median read */
 
 /* A node fed to the draft: its b most probable tokens and the children drawn so far. */
 typedef struct {
@@ -76,6 +77,16 @@ struct sd_model_tree {
     double cal_p, cal_acc, last_sum_p;
     double fwd_s;
     int fwd_n;
+    /* drafting's measured cost, in target forwards of one token at the text's length then (by
+     * the measured cost curve): over this request's proposals after its first (which feeds the
+     * draft the whole prompt) that follow one which drafted in the step before (a root after
+     * steps without drafting feeds the draft their tokens too), the last COST_RING of the
+     * root's part (its forward, the rows' processing, the draws) and of a deeper draft
+     * forward's (a proposal's mean), with their counts; and the step of the last proposal
+     * that drafted */
+    int proposals, drafted_step;
+    double root_rel[COST_RING], feed_rel[COST_RING];
+    int root_n, feed_n;
 };
 
 sd_status sd_model_tree_create(sd_model_tree **out, const sd_draft_params *dp,
@@ -93,6 +104,7 @@ sd_status sd_model_tree_create(sd_model_tree **out, const sd_draft_params *dp,
         return sd_set_error(SD_ERR_NOMEM, "out of memory for a draft tree");
     }
     t->V = L->m->cfg.vocab_size;
+    t->drafted_step = -2;
     t->b = dp->branching;
     t->sampling = L->s.temperature != 0.0f;
     t->max_fed = dp->nodes + 1 < FED_MAX ? dp->nodes + 1 : FED_MAX;
@@ -340,13 +352,28 @@ static int paying(const sd_model_tree *t, const sd_spec_loop *L, int budget,
     return keep == 0 && n > 0 && L->ss->steps % 4 == 0 ? 1 : keep;
 }
 
-/* When sampling, how many nodes pay on the verify costs c, decided before any draw: the chance
- * that the accepted path reaches depth d, as measured over this request's steps that drafted
- * it (Beta-smoothed towards 0.6^d), is the p of a chain's depth-d node (sd_tree_size); at least
- * one node every fourth step. A drawn child's chance to be accepted is not its q (p = q would
- * accept every one), so the draft's probabilities cannot tell it as at temperature 0; and since
- * the count depends on earlier steps alone, never on this step's draws, the tree rule stays
- * exact. */
+/* The median of the last min(n, COST_RING) costs in ring (0 for none): a step that a page
+ * fault or another process slowed counts for no more than one that ran as usual. */
+static double median_cost(const double *ring, int n) {
+    double v[COST_RING];
+    const int m = n < COST_RING ? n : COST_RING;
+    for (int i = 0; i < m; i++) {
+        int j = i;
+        for (; j > 0 && v[j - 1] > ring[i]; j--) {
+            v[j] = v[j - 1];
+        }
+        v[j] = ring[i];
+    }
+    return m == 0 ? 0.0 : m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+/* When sampling, how many nodes pay on the verify costs c and the drafting's measured cost,
+ * decided before any draw: the chance that the accepted path reaches depth d, as measured over
+ * this request's steps that drafted it (Beta-smoothed towards 0.6^d), is the p of a chain's
+ * depth-d node (sd_tree_size); at least one node every fourth step. A drawn child's chance to be
+ * accepted is not its q (p = q would accept every one), so the draft's probabilities cannot tell it
+ * as at temperature 0; and since the count depends on earlier steps alone, never on this step's
+ * draws, the tree rule stays exact. */
 static int sampled_paying(const sd_model_tree *t, const sd_spec_loop *L, int D,
                           const sd_cost_curve *c) {
     float p[SD_MAX_DRAFT];
@@ -358,7 +385,19 @@ static int sampled_paying(const sd_model_tree *t, const sd_spec_loop *L, int D,
         prev = r < prev ? r : prev; /* a deeper node is never likelier */
         p[d - 1] = (float)prev;
     }
-    const int keep = sd_tree_size(p, D, c, order);
+    /* a step of k nodes also pays for its drafting: the root's part and one forward per depth
+     * past the first (min(k, D) depths, as propose shares the nodes out), as measured so far
+     * (nothing before the first measurement: drafting is tried first) */
+    sd_cost_curve paid;
+    paid.max_T = c->max_T;
+    memcpy(paid.rel, c->rel, sizeof(paid.rel));
+    const double root = median_cost(t->root_rel, t->root_n);
+    const double feed = t->feed_n > 0 ? median_cost(t->feed_rel, t->feed_n) : root;
+    for (int T = 2; T <= paid.max_T; T++) {
+        const int depths = T - 1 < D ? T - 1 : D;
+        paid.rel[T] = (float)((double)c->rel[T] + root + feed * (depths - 1));
+    }
+    const int keep = sd_tree_size(p, D, &paid, order);
     return keep == 0 && L->ss->steps % 4 == 0 ? 1 : keep;
 }
 
@@ -412,6 +451,23 @@ static double calibration(const sd_model_tree *t) {
     return (t->cal_acc + 2.0) / (t->cal_p + 2.0);
 }
 
+/* A proposal's drafting seconds into the measured costs (sd_model_tree.root_rel): root_s of
+ * its root's part, feeds_s of its `feeds` deeper draft forwards (their mean); only where the step
+ * before drafted (so never the request's first) and c has measured seconds (not given costs). */
+static void measured(sd_model_tree *t, const sd_spec_loop *L, const sd_cost_curve *c, double root_s,
+                     double feeds_s, int feeds) {
+    const double one = c != NULL ? sd_cost_curve_secs(c, L->len, 1) : 0.0;
+    const int step = L->ss->steps, follows = t->proposals++ > 0 && t->drafted_step == step - 1;
+    t->drafted_step = t->n > 0 ? step : t->drafted_step;
+    if (!follows || !(one > 0.0)) {
+        return;
+    }
+    t->root_rel[t->root_n++ % COST_RING] = root_s / one;
+    if (feeds > 0) {
+        t->feed_rel[t->feed_n++ % COST_RING] = feeds_s / feeds / one;
+    }
+}
+
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
                                 const sd_cost_curve *cost, sd_draft *out) {
@@ -435,6 +491,9 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
     if (D < 1 || budget < 1) {
         return SD_OK;
     }
+    const double start = sd_now_s();
+    double feeds_s = 0.0;
+    int feeds = 0;
     /* the root, with the tokens the draft has not seen */
     if (fd != NULL) {
         SD_TRY(fd->root(fd->ctx, L, t->logits, &t->prefix));
@@ -505,8 +564,11 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
         f0 = t->n_fed;
         const double t0 = sd_now_s();
         SD_TRY(feed(t, L, dm, dkv, n_layers, fd, pick, np));
-        t->fwd_s += sd_now_s() - t0;
+        const double fs = sd_now_s() - t0;
+        t->fwd_s += fs;
         t->fwd_n++;
+        feeds_s += fs;
+        feeds++;
         f1 = t->n_fed;
     }
     /* the kept candidates in their order (parents first, siblings as drawn): at temperature 0
@@ -538,6 +600,7 @@ sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm,
     }
     out->n = t->n;
     out->q = t->sampling ? L->q : NULL;
+    measured(t, L, cost, sd_now_s() - start - feeds_s, feeds_s, feeds);
     t->last_sum_p = 0.0;
     for (int x = 0; x < t->n_cand; x++) { /* the depth drafted, the kept nodes' probability */
         if (idx[x] >= 0 && t->dep[x] > t->last_depth) {

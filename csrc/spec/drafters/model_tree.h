@@ -51,7 +51,8 @@ void sd_model_tree_free(sd_model_tree *t);
  * probabilities scaled by how they bore out over the request; at least one every fourth step),
  * and no deeper draft forward when its nodes could not pay for its measured time; when
  * sampling, draw only as many nodes as pay by how deep this request's accepted paths have
- * reached, decided before the step's draws. */
+ * reached, with the drafting's cost as timed over the request's earlier steps counted beside
+ * the verify's, decided before the step's draws. */
 sd_status sd_model_tree_propose(sd_model_tree *t, sd_spec_loop *L, sd_model *dm, sd_kv_cache *dkv,
                                 int n_layers, const sd_draft_params *dp, const sd_tree_feeder *fd,
                                 const sd_cost_curve *cost, sd_draft *out);
