@@ -244,9 +244,9 @@ class Eagle(Speculator):
     stays exactly the target's, counting the drafting as well as the verify (the head's
     forwards and the rows' processing as timed over the request's earlier steps): where a
     step's drafts would bring fewer tokens than their time costs, the step drafts nothing
-    (one node every fourth step still measures); sizes that follow timings make sampled output reproducible in
-    distribution, not token for token, unless the costs are given. ``False``: always ``nodes``
-    (a chain's ``depth``).
+    (one node every fourth step still measures); sizes that follow timings make sampled
+    output reproducible in distribution, not token for token, unless the costs are given.
+    ``False``: always ``nodes`` (a chain's ``depth``).
 
     ``lookup`` > 0: prompt lookup beside the head. At a step where the text's last n-gram
     occurred before, the continuation (up to ``lookup`` tokens) is drafted instead of the
@@ -468,8 +468,8 @@ class DraftModel(Speculator):
     would cost more than its nodes could bring; when sampling, as many as this request's
     accepted path lengths say pay with the drafting's timed cost counted (none where the draft
     forwards cost more than their tokens bring), chosen before the step's draws (see
-    :class:`Eagle`). Off by default for draft models (their probabilities may be poorly calibrated);
-    :class:`Eagle` turns it on.
+    :class:`Eagle`). Off by default for draft models (their probabilities may be poorly
+    calibrated); :class:`Eagle` turns it on.
     """
 
     def __init__(self, model: "Model", k: int = 5, p_min: float = 0.0,
