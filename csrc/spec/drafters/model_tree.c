@@ -83,8 +83,8 @@ struct sd_model_tree {
      * steps without drafting feeds the draft their tokens too), the last COST_RING of the
      * root's part (its forward, the rows' processing, the draws) and of a deeper draft
      * forward's (a proposal's mean), with their counts; and the step of the last proposal
-     * that drafted */
-    int proposals, drafted_step;
+     * that drafted (-2 before any, so that the first never follows one) */
+    int drafted_step;
     double root_rel[COST_RING], feed_rel[COST_RING];
     int root_n, feed_n;
 };
@@ -457,7 +457,7 @@ static double calibration(const sd_model_tree *t) {
 static void measured(sd_model_tree *t, const sd_spec_loop *L, const sd_cost_curve *c, double root_s,
                      double feeds_s, int feeds) {
     const double one = c != NULL ? sd_cost_curve_secs(c, L->len, 1) : 0.0;
-    const int step = L->ss->steps, follows = t->proposals++ > 0 && t->drafted_step == step - 1;
+    const int step = L->ss->steps, follows = t->drafted_step == step - 1;
     t->drafted_step = t->n > 0 ? step : t->drafted_step;
     if (!follows || !(one > 0.0)) {
         return;
