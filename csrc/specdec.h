@@ -412,7 +412,8 @@ typedef struct {
      * forward of that many tokens (sd_cost_curve, measured on the target at the first request),
      * at least one every fourth step; at temperature 0 the most probable nodes, their chances
      * their path probabilities; when sampling, a count fixed before the step's draws, the
-     * chances those of reaching each depth measured over the request's steps (model_tree.c);
+     * chances those of reaching each depth measured over the request's steps, a depth not
+     * drafted yet judged by the rate of those before it (model_tree.c);
      * 0 = always `nodes` (a chain's k). */
     int size_by_cost;
 } sd_draft_params;

@@ -240,7 +240,8 @@ class Eagle(Speculator):
     probabilities), with no deeper head forward when its nodes could not pay for its measured
     time; when sampling, a
     count chosen before the step's draws from how deep this request's accepted paths have
-    reached (a drawn token's chance to be accepted is not its draft probability), so the output
+    reached (a drawn token's chance to be accepted is not its draft probability; a depth not
+    drafted yet is judged by how often paths went on past the depths that were), so the output
     stays exactly the target's, counting the drafting as well as the verify (the head's
     forwards and the rows' processing as timed over the request's earlier steps): where a
     step's drafts would bring fewer tokens than their time costs, the step drafts nothing

@@ -262,7 +262,7 @@ def test_sampled_trees_sized_by_cost_pay_for_their_drafting(pair, deep_target, t
     about three of the target's, so no tree pays. After the first steps (which measure the
     drafting) it drafts one node every fourth step, to keep measuring; without counting the
     drafting it drafted a whole chain every step (every depth is always reached). Where the
-    drafting pays, it goes on."""
+    drafting pays, it goes on, as deep as it may."""
     prompt = tm.random_tokens(CFG.vocab, 9, 4)
     spec = specdec.DraftModel(deep_target, k=3, branching=2, nodes=4, size_by_cost=True)
     g = specdec.generate(pair["target"], prompt, max_new_tokens=60, stop_tokens=[],
@@ -281,6 +281,10 @@ def test_sampled_trees_sized_by_cost_pay_for_their_drafting(pair, deep_target, t
                           stop_tokens=[], temperature=1.0, seed=3, speculator=spec).stats
     assert st.accepted == st.drafted
     assert st.steps_by_nodes.get(0, 0) <= 0.2 * st.steps, st.steps_by_nodes
+    # and deeper: depths not drafted yet are judged by how often paths went on past the ones
+    # that were, so an always-right draft grows its chain to the full depth (it stayed at one
+    # node a step while a fixed prior said deeper nodes would not pay)
+    assert st.steps_by_nodes.get(3, 0) >= 0.5 * st.steps, st.steps_by_nodes
 
 
 @pytest.mark.parametrize("slope,error", [(-0.1, ValueError), (float("nan"), ValueError),

@@ -369,21 +369,26 @@ static double median_cost(const double *ring, int n) {
 
 /* When sampling, how many nodes pay on the verify costs c and the drafting's measured cost,
  * decided before any draw: the chance that the accepted path reaches depth d, as measured over
- * this request's steps that drafted it (Beta-smoothed towards 0.6^d), is the p of a chain's
- * depth-d node (sd_tree_size); at least one node every fourth step. A drawn child's chance to be
- * accepted is not its q (p = q would accept every one), so the draft's probabilities cannot tell it
- * as at temperature 0; and since the count depends on earlier steps alone, never on this step's
- * draws, the tree rule stays exact. */
+ * this request's steps that drafted it, is the p of a chain's depth-d node (sd_tree_size); at
+ * least one node every fourth step. Each depth's count is Beta-smoothed towards the depth
+ * before times the rate at which paths went on past that one (0.6 at the first depth): a
+ * depth never drafted yet is judged by the depths that were, so a draft that is mostly right
+ * grows its trees deeper, and one mostly wrong does not try depths it cannot reach. A drawn child's
+ * chance to be accepted is not its q (p = q would accept every one), so the draft's probabilities
+ * cannot tell it as at temperature 0; and since the count depends on earlier steps alone, never on
+ * this step's draws, the tree rule stays exact. */
 static int sampled_paying(const sd_model_tree *t, const sd_spec_loop *L, int D,
                           const sd_cost_curve *c) {
     float p[SD_MAX_DRAFT];
     int order[SD_MAX_DRAFT];
-    double prior = 1.0, prev = 1.0;
+    double prev = 1.0, rate = 0.6;
     for (int d = 1; d <= D; d++) {
-        prior *= 0.6;
-        const double r = (t->reached[d] + 2.0 * prior) / (t->tried[d] + 2.0);
-        prev = r < prev ? r : prev; /* a deeper node is never likelier */
-        p[d - 1] = (float)prev;
+        const double prior = prev * rate;
+        double r = (t->reached[d] + 2.0 * prior) / (t->tried[d] + 2.0);
+        r = r < prev ? r : prev; /* a deeper node is never likelier */
+        rate = prev > 0.0 ? r / prev : 0.0;
+        prev = r;
+        p[d - 1] = (float)r;
     }
     /* a step of k nodes also pays for its drafting: the root's part and one forward per depth
      * past the first (min(k, D) depths, as propose shares the nodes out), as measured so far
