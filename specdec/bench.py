@@ -66,11 +66,34 @@ def trailing_loop(tokens: List[int], max_period: int = 128, min_tokens: int = 32
     return best
 
 
+#: the methods --methods may name
+METHODS = ("plain", "lookup", "lookup-tree", "lookup-history", "lookup-tree-history", "layerskip",
+           "draft", "recycling", "recycling-lookup", "recycling-lookup-history", "eagle",
+           "eagle-lookup", "eagle-tree", "eagle-tree-lookup", "eagle-tree-lookup-history",
+           "medusa")
+
+
 def load_questions(path: str, limit: int) -> List[dict]:
-    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-    for r in rows:
-        if not r.get("turns") or "category" not in r:
-            raise ValueError(f"{path}: every line needs 'category' and 'turns'")
+    """The questions of a Spec-Bench JSONL file (at most ``limit`` per category, 0: all).
+    Raises ValueError naming the file and line of a malformed one, OSError for an unreadable
+    file."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: not a JSON object ({e})") from None
+            if not isinstance(r, dict):
+                raise ValueError(f"{path}:{n}: not a JSON object")
+            turns = r.get("turns")
+            if (not isinstance(turns, list) or not turns or not isinstance(turns[0], str)
+                    or not isinstance(r.get("category"), str)):
+                raise ValueError(f"{path}:{n}: every line needs 'category' (a string) and "
+                                 f"'turns' (a non-empty list of strings)")
+            rows.append(r)
     if limit:
         per: Dict[str, int] = defaultdict(int)
         kept = []
@@ -187,11 +210,7 @@ def run(args: argparse.Namespace) -> dict:
             methods["medusa"] = specdec.Medusa(args.medusa)
             draft_cost["medusa"] = 0.0
         elif name and name != "plain":
-            raise ValueError(f"unknown method {name!r} (known: lookup, lookup-tree, "
-                             "lookup-history, lookup-tree-history, layerskip, "
-                             "draft, recycling, recycling-lookup, recycling-lookup-history, "
-                             "eagle, eagle-lookup, eagle-tree, eagle-tree-lookup, "
-                             "eagle-tree-lookup-history, medusa)")
+            raise ValueError(f"unknown method {name!r} (known: {', '.join(METHODS[1:])})")
     rows = load_questions(args.data, args.limit)
     sampling = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     # One short untimed request per method first: the first request of a speculator that sizes
@@ -370,7 +389,23 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
+    unknown = [m.strip() for m in args.methods.split(",") if m.strip() not in METHODS + ("",)]
+    if unknown:
+        p.error(f"--methods: unknown method {unknown[0]!r} (known: {', '.join(METHODS[1:])})")
+    if "medusa" in [m.strip() for m in args.methods.split(",")] and not args.medusa:
+        p.error("--methods: the medusa method needs --medusa DIR (Medusa heads)")
+    try:  # checked before the model loads
+        questions = load_questions(args.data, args.limit)
+    except OSError as e:
+        p.error(f"--data: cannot read {args.data}: {e.strerror or e}")
+    except ValueError as e:
+        p.error(f"--data: {e}")
+    if not questions:
+        p.error(f"--data: {args.data} holds no questions")
     res = run(args)
+    if not res["questions"]:
+        p.error(f"no question of {args.data} fits the model's context with --max-new-tokens "
+                f"{args.max_new_tokens}")
     table = summarize(res)
     filters = "".join(f", {n} {v}" for n, v, off in (("top-k", args.top_k, 0),
                                                      ("top-p", args.top_p, 1.0),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 from .model import Model, TokenIds
-from .speculators import SpecStats, Speculator, _int, _number, _seed
+from .speculators import INT_MAX, SpecStats, Speculator, _int, _number, _seed
 
 Messages = List[Dict[str, Any]]
 Prompt = Union[str, Messages, TokenIds]
@@ -46,6 +46,10 @@ def encode_prompt(model: Model, prompt: Prompt) -> List[int]:
     if _is_messages(prompt):
         tok = model.require_tokenizer()
         return tok.encode(tok.apply_chat_template(list(prompt), add_generation_prompt=True))
+    if isinstance(prompt, (bytes, bytearray)) or (isinstance(prompt, memoryview)
+                                                   and isinstance(prompt.obj, (bytes, bytearray))):
+        raise TypeError(f"prompt must be a string, chat messages or a 1-D sequence of integer "
+                        f"token ids, got {type(prompt).__name__}")
     return prompt  # ids: validated by the C boundary
 
 
@@ -58,9 +62,9 @@ class _Call:
                  stop: Optional[Sequence[str]], top_k: Any, top_p: Any, min_p: Any,
                  speculator: Optional[Speculator], reserved: bool = False) -> None:
         # types are checked here, ranges by the C core (its messages name the parameter)
-        max_new_tokens = _int("max_new_tokens", max_new_tokens)
+        max_new_tokens = _int("max_new_tokens", max_new_tokens, 0, INT_MAX)
         temperature = _number("temperature", temperature)
-        top_k = _int("top_k", top_k)
+        top_k = _int("top_k", top_k, 0, INT_MAX)
         top_p = _number("top_p", top_p)
         min_p = _number("min_p", min_p)
         if seed is None:
@@ -73,8 +77,31 @@ class _Call:
             speculator.check_target(model)
         if isinstance(stop, str):
             stop = [stop]
+        if stop is not None and (isinstance(stop, (bytes, bytearray))
+                                 or not hasattr(stop, "__iter__")):
+            raise TypeError(f"stop must be a string or a sequence of strings, got "
+                            f"{type(stop).__name__}")
+        if stop is not None:
+            stop = list(stop)
         if stop is not None and not all(isinstance(s, str) and s for s in stop):
             raise ValueError("stop must be a list of non-empty strings")
+        for s in stop or ():
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"stop string {s!r} is not valid Unicode ({e.reason} at index "
+                                 f"{e.start})") from None
+        if stop_tokens is not None:
+            if isinstance(stop_tokens, (str, bytes, bytearray)) or not hasattr(stop_tokens,
+                                                                               "__iter__"):
+                raise TypeError(f"stop_tokens must be a sequence of token ids or None, got "
+                                f"{type(stop_tokens).__name__}")
+            vocab = model.config.vocab_size
+            stop_tokens = [_int("stop_tokens", t) for t in stop_tokens]
+            for t in stop_tokens:
+                if not 0 <= t < vocab:
+                    raise ValueError(f"stop_tokens holds token id {t}, out of range "
+                                     f"[0, {vocab})")
         text_in = isinstance(prompt, str) or _is_messages(prompt)
         try:
             tok = model.tokenizer

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _core, hub
 from ._core import KVCache
-from .speculators import _int
+from .speculators import INT_MAX, _int
 from .tokenizer import Tokenizer, tokenizer_from_gguf_metadata
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -72,7 +72,7 @@ class Model:
                 if os.path.isdir(self.path):
                     tok = Tokenizer.from_hf_dir(self.path)
                 else:
-                    tok = tokenizer_from_gguf_metadata(self._core.gguf_metadata())
+                    tok = tokenizer_from_gguf_metadata(self._gguf_metadata())
                 if tok is not None and tok.vocab_size > self.config.vocab_size:
                     raise ValueError(f"{self.path}: the tokenizer has {tok.vocab_size} tokens, "
                                      f"more than the model's vocabulary of "
@@ -86,11 +86,20 @@ class Model:
                 self._tokenizer_loaded = True
             return self._tokenizer
 
+    def _gguf_metadata(self) -> dict:
+        """The file's GGUF metadata; ValueError naming the file when a key is not UTF-8 (a
+        value that is not comes back as bytes, for the reader of that key to judge)."""
+        try:
+            return self._core.gguf_metadata()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{self.path}: the GGUF metadata key {bytes(e.object)!r} is not "
+                             f"valid UTF-8 ({e.reason} at byte {e.start})") from None
+
     def eos_ids(self) -> List[int]:
         """End-of-sequence ids named by the file's metadata, without building a tokenizer."""
         if os.path.isdir(self.path):
             return []
-        v = self._core.gguf_metadata().get("tokenizer.ggml.eos_token_id")
+        v = self._gguf_metadata().get("tokenizer.ggml.eos_token_id")
         return [v] if isinstance(v, int) and 0 <= v < self.config.vocab_size else []
 
     def require_tokenizer(self) -> Tokenizer:
@@ -114,7 +123,7 @@ class Model:
 
     @threads.setter
     def threads(self, n: int) -> None:
-        self._core.threads = _int("threads", n)  # the core checks the range
+        self._core.threads = _int("threads", n, 1, 1024)  # the core checks the range
 
     @property
     def max_sequences(self) -> int:
@@ -127,7 +136,7 @@ class Model:
 
     @max_sequences.setter
     def max_sequences(self, n: int) -> None:
-        self._core.max_sequences = _int("max_sequences", n)
+        self._core.max_sequences = _int("max_sequences", n, 0, INT_MAX)
 
     @property
     def open_sequences(self) -> int:
@@ -155,7 +164,7 @@ class Model:
 
     @prefix_cache.setter
     def prefix_cache(self, n: int) -> None:
-        self._core.prefix_cache = _int("prefix_cache", n)  # the core checks the range
+        self._core.prefix_cache = _int("prefix_cache", n, 0, 64)  # the core checks the range
 
     @property
     def kv_dtype(self) -> str:
@@ -214,7 +223,7 @@ class Model:
         """A KV cache of ``n_slots`` slots (default: the context length) for this model."""
         if n_slots is None:
             n_slots = self.config.context_length
-        return self._core.new_cache(int(n_slots))
+        return self._core.new_cache(_int("n_slots", n_slots, 1, self.config.context_length))
 
     def forward(self, cache: KVCache, tokens: TokenIds, positions: Optional[TokenIds] = None,
                 slots: Optional[TokenIds] = None, mask: Optional[np.ndarray] = None,
@@ -229,9 +238,9 @@ class Model:
             positions: RoPE positions (default ``cache.length + arange(T)``).
             slots: cache slots to write the tokens' keys/values to (default
                 ``cache.length + arange(T)``); distinct, below ``cache.capacity``.
-            mask: optional ``(T, n_cols)`` bool array: True where query t may attend cache
-                slot s (its own slot included); slots ``>= n_cols`` are not attended. None means
-                causal by position over the live slots.
+            mask: optional ``(T, n_cols)`` bool array (or integers 0 and 1): True where query
+                t may attend cache slot s (its own slot included); slots ``>= n_cols`` are not
+                attended. None means causal by position over the live slots.
             n_logits: return logits for the last ``n_logits`` tokens only (default: all).
             hidden: also return every token's final-normed hidden state, what the output head
                 multiplies (EAGLE-1/2's features; CPU models).
@@ -247,10 +256,32 @@ class Model:
         """
         if not isinstance(hidden, bool):
             raise TypeError(f"hidden must be a bool, got {type(hidden).__name__}")
+        if mask is not None:
+            mask = _as_mask(mask)
         if hidden or aux_layers is not None:
             return self._core.forward(cache, tokens, positions, slots, mask, n_logits,
                                       hidden=hidden, aux_layers=aux_layers)
         return self._core.forward(cache, tokens, positions, slots, mask, n_logits)
+
+
+def _as_mask(mask: object) -> np.ndarray:
+    """``mask`` as the 2-D bool array the core takes (integer 0/1 entries taken as bools);
+    TypeError or ValueError naming it otherwise. The core checks the sizes."""
+    try:
+        m = np.asarray(mask)
+    except ValueError as e:  # a ragged nesting of lists
+        raise ValueError(f"mask must be a 2-D bool array of shape (T, n_cols): {e}") from None
+    if m.dtype != np.bool_:
+        if not np.issubdtype(m.dtype, np.integer):
+            raise TypeError(f"mask must be a bool array (or integers 0 and 1) of shape "
+                            f"(T, n_cols), got dtype {m.dtype}")
+        if not np.isin(m, (0, 1)).all():
+            raise ValueError("mask must hold only 0 and 1 (or bools)")
+        m = m.astype(bool)
+    if m.ndim != 2:
+        raise ValueError(f"mask must be a 2-D bool array of shape (T, n_cols), got shape "
+                         f"{m.shape}")
+    return m
 
 
 def parse_device(device: str) -> Tuple[int, int]:
@@ -270,7 +301,7 @@ def parse_device(device: str) -> Tuple[int, int]:
 def core_threads(threads: Optional[int]) -> Optional[int]:
     """A thread count for the core, which checks its range (None: the cores this process may
     use)."""
-    return None if threads is None else _int("threads", threads)
+    return None if threads is None else _int("threads", threads, 1, 1024)
 
 
 def finish(core: "_core.Model", path: str, dev: int, gpu: int,
@@ -318,7 +349,7 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
                 f"no such model file or directory: '{p}' (known model aliases: "
                 f"{', '.join(hub.known_aliases())})")
     dev, gpu = parse_device(device)
-    max_sequences = _int("max_sequences", max_sequences)
+    max_sequences = _int("max_sequences", max_sequences, 0, INT_MAX)
     core = _core.load(p, core_threads(threads), dev, gpu)
     m = finish(core, p, dev, gpu, kv_dtype)
     m.max_sequences = max_sequences

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from . import _core
 
@@ -13,6 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: the most draft tokens one speculative step may carry (SD_MAX_DRAFT in csrc/specdec.h)
 MAX_DRAFT: int = _core.max_draft()
+#: the largest value of a C int, the type of the core's integer parameters
+INT_MAX: int = 2**31 - 1
 
 
 class Speculator:
@@ -51,7 +57,7 @@ class Speculator:
         the model's context allows; what the longer texts add to a forward of T tokens is
         fitted, over all those timings, as length * (a + b * (T - 1)) seconds, so the costs
         after any length follow from the fit. Given costs hold after any length."""
-        return _core.drafter_costs(self._drafter, _int("length", length))
+        return _core.drafter_costs(self._drafter, _int("length", length, 0, INT_MAX))
 
     def set_verify_costs(self, costs: Sequence[float]) -> None:
         """Size trees by these costs (T = 1, 2, ...; positive, non-decreasing, scaled so the
@@ -69,7 +75,7 @@ class Speculator:
         Recycling's table learns from this request's few verify logits, as from any other."""
         from .generate import generate
 
-        n = _int("tokens", tokens)
+        n = _int("tokens", tokens, 1, INT_MAX)
         if n < 1:
             raise ValueError(f"tokens must be >= 1, got {n}")
         vocab = target.config.vocab_size
@@ -129,12 +135,13 @@ class PromptLookup(Speculator):
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        branching = _int("branching", self.branching)
+        branching = _int("branching", self.branching, 1, INT_MAX)
         sized = branching > 1 if self.size_by_cost is None else _bool("size_by_cost",
                                                                           self.size_by_cost)
         history = _history(self.history)
-        d = _core.prompt_lookup(_int("k", self.k), _int("max_ngram", self.max_ngram),
-                                _int("min_ngram", self.min_ngram),
+        d = _core.prompt_lookup(_int("k", self.k, 1, MAX_DRAFT),
+                                _int("max_ngram", self.max_ngram, 1, INT_MAX),
+                                _int("min_ngram", self.min_ngram, 1, INT_MAX),
                                 _number("verify_slope", self.verify_slope), branching, sized)
         if history:
             _core.drafter_set_history(d, history)
@@ -165,10 +172,12 @@ class LayerSkip(Speculator):
     _drafter: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        d = _core.layerskip(_int("layers", self.layers), _int("k", self.k),
+        d = _core.layerskip(_int("layers", self.layers, 1, INT_MAX),
+                            _int("k", self.k, 1, MAX_DRAFT),
                             _number("p_min", self.p_min),
                             _number("verify_slope", self.verify_slope),
-                            _int("branching", self.branching), _int("nodes", self.nodes),
+                            _int("branching", self.branching, 1, INT_MAX),
+                            _int("nodes", self.nodes, 1, INT_MAX),
                             _bool("size_by_cost", self.size_by_cost))
         object.__setattr__(self, "_drafter", d)
 
@@ -284,10 +293,13 @@ class Eagle(Speculator):
         history = _history(history)
         if window is None:
             window = _SHIPPED_WINDOW if isinstance(path, str) and path in _SHIPPED_HEADS else 0
-        self._drafter = _core.eagle(self.path, _int("depth", depth), _number("p_min", p_min),
-                                    _int("branching", branching), _int("nodes", nodes),
+        self._drafter = _core.eagle(self.path, _int("depth", depth, 1, MAX_DRAFT),
+                                    _number("p_min", p_min),
+                                    _int("branching", branching, 1, INT_MAX),
+                                    _int("nodes", nodes, 1, INT_MAX),
                                     _head_weights(weights), _bool("size_by_cost", size_by_cost),
-                                    _int("lookup", lookup), _int("window", window))
+                                    _int("lookup", lookup, 0, MAX_DRAFT),
+                                    _int("window", window, 0, INT_MAX))
         if history:
             _core.drafter_set_history(self._drafter, history)
         self.history = history
@@ -413,13 +425,14 @@ class TokenRecycling(Speculator):
     def __post_init__(self) -> None:
         if isinstance(self.widths, (str, bytes)) or not hasattr(self.widths, "__iter__"):
             raise TypeError(f"widths must be a sequence of integers, got {self.widths!r}")
-        widths = tuple(_int("widths", w) for w in self.widths)
+        widths = tuple(_int("widths", w, 1, INT_MAX) for w in self.widths)
         object.__setattr__(self, "widths", widths)
         if not isinstance(self.adaptive, bool):
             raise TypeError(f"adaptive must be a bool, got {self.adaptive!r}")
         history = _history(self.history)
-        d = _core.token_recycling(_int("nodes", self.nodes), list(widths), _int("top", self.top),
-                                  self.adaptive, _int("lookup", self.lookup))
+        d = _core.token_recycling(_int("nodes", self.nodes, 1, INT_MAX), list(widths),
+                                  _int("top", self.top, 1, INT_MAX), self.adaptive,
+                                  _int("lookup", self.lookup, 0, MAX_DRAFT))
         if history:
             _core.drafter_set_history(d, history)
         object.__setattr__(self, "_drafter", d)
@@ -481,9 +494,11 @@ class DraftModel(Speculator):
         if not isinstance(model, Model):
             raise TypeError(f"model must be a specdec.Model (from specdec.load), got "
                             f"{type(model).__name__}")
-        self._drafter = _core.draft_model(model._core, _int("k", k), _number("p_min", p_min),
+        self._drafter = _core.draft_model(model._core, _int("k", k, 1, MAX_DRAFT),
+                                          _number("p_min", p_min),
                                           _number("verify_slope", verify_slope),
-                                          _int("branching", branching), _int("nodes", nodes),
+                                          _int("branching", branching, 1, INT_MAX),
+                                          _int("nodes", nodes, 1, INT_MAX),
                                           _bool("size_by_cost", size_by_cost))
         self.size_by_cost = size_by_cost
         self.model = model
@@ -514,10 +529,16 @@ class DraftModel(Speculator):
                              f"{a!r} in the target")
 
 
-def _int(name: str, v: Any) -> int:
-    """v as an int for the C core, which checks its range; TypeError naming `name` otherwise."""
-    if isinstance(v, bool) or not isinstance(v, int):
+def _int(name: str, v: Any, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+    """v (a Python or NumPy integer, not a bool) as an int for the C core, which checks its
+    range; TypeError naming `name` otherwise. ``lo`` and ``hi``, where given, are the
+    parameter's range, told in a ValueError for a value that a C int cannot hold: the conversion
+    to C would fail without naming the parameter, so such a value is refused here."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {v!r}")
+    v = operator.index(v)
+    if lo is not None and not -INT_MAX - 1 <= v <= INT_MAX:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
     return v
 
 
@@ -539,14 +560,16 @@ def _bool(name: str, v: Any) -> bool:
 def _seed(v: Any) -> int:
     """A seed as the core's unsigned 64-bit integer (a conversion: any other value cannot be
     passed on, so it is refused here)."""
-    if not 0 <= _int("seed", v) < 2**64:
+    v = _int("seed", v)
+    if not 0 <= v < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {v}")
     return v
 
 
 def _number(name: str, v: Any) -> float:
-    """v as a float for the C core, which checks its range; TypeError naming `name` otherwise."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    """v (a Python or NumPy real number, not a bool) as a float for the C core, which checks
+    its range; TypeError naming `name` otherwise."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a number, got {v!r}")
     return float(v)
 

@@ -237,8 +237,12 @@ def _as_list(meta: Mapping[str, Any], key: str, kind: type,
     out = list(v)
     if kind is str:
         for i, x in enumerate(out):
-            if isinstance(x, bytes):
-                out[i] = x.decode("utf-8", "replace")
+            if isinstance(x, bytes):  # a GGUF string that is not valid UTF-8
+                try:
+                    out[i] = x.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"GGUF metadata {key!r}[{i}] is not valid UTF-8 ({e.reason} "
+                                     f"at byte {e.start})") from None
             elif not isinstance(x, str):
                 raise ValueError(f"GGUF metadata {key!r}[{i}] must be a string, "
                                  f"got {type(x).__name__}")
@@ -256,18 +260,25 @@ def _as_list(meta: Mapping[str, Any], key: str, kind: type,
 
 
 def _meta_id(meta: Mapping[str, Any], key: str, default: Optional[int], n: int) -> Optional[int]:
-    """A special-token id as llama.cpp reads it: the default unless the key holds an id in
-    range (a default out of range is disabled)."""
+    """A special-token id: the key's id, which must be an integer in [0, n) (ValueError naming
+    the key otherwise), or the default when the key is missing (a default out of range is
+    disabled, as llama.cpp does)."""
     if default is not None and not 0 <= default < n:
         default = None
     v = meta.get(key)
-    if v is None or isinstance(v, bool):
+    if v is None:
         return default
     try:
+        if isinstance(v, bool):
+            raise TypeError
         v = int(operator.index(v))
     except TypeError:
-        return default
-    return v if 0 <= v < n else default
+        raise ValueError(f"GGUF metadata {key!r} must be an integer token id, "
+                         f"got {v!r}") from None
+    if not 0 <= v < n:
+        raise ValueError(f"GGUF metadata {key!r} is {v}, out of the vocabulary's range "
+                         f"[0, {n})")
+    return v
 
 
 def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -277,8 +288,12 @@ def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
 
 def _meta_str(meta: Mapping[str, Any], key: str) -> Optional[str]:
     v = meta.get(key)
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
+    if isinstance(v, bytes):  # a GGUF string that is not valid UTF-8
+        try:
+            v = v.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"GGUF metadata {key!r} is not valid UTF-8 ({e.reason} at byte "
+                             f"{e.start})") from None
     return v if isinstance(v, str) else None
 
 
@@ -538,7 +553,11 @@ class Tokenizer:
         elif len(types) < n:
             raise ValueError(f"GGUF metadata 'tokenizer.ggml.token_type' has {len(types)} entries "
                              f"for {n} tokens")
-        types = [t if TOKEN_UNDEFINED <= t <= TOKEN_BYTE else TOKEN_UNDEFINED for t in types[:n]]
+        types = types[:n]
+        for i, t in enumerate(types):
+            if not TOKEN_UNDEFINED <= t <= TOKEN_BYTE:
+                raise ValueError(f"GGUF metadata 'tokenizer.ggml.token_type'[{i}] is {t}, not a "
+                                 f"GGUF token type ({TOKEN_UNDEFINED} to {TOKEN_BYTE})")
         # llama.cpp: an empty token text becomes "[EMPTY_<id>]"; duplicates are an error.
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         text_to_id: Dict[str, int] = {}
@@ -610,10 +629,10 @@ class Tokenizer:
                                                 use_regex=False)])
                 piece_style = "bytelevel"
             else:
-                scores = _as_list(meta, "tokenizer.ggml.scores", float, required=False)
-                if scores is None:
-                    scores = [0.0] * n
-                elif len(scores) < n:
+                # the merge order comes from the scores: without them the vocabulary cannot
+                # tokenize as SentencePiece does
+                scores = _as_list(meta, "tokenizer.ggml.scores", float)
+                if len(scores) < n:
                     raise ValueError(f"GGUF metadata 'tokenizer.ggml.scores' has {len(scores)} "
                                      f"entries for {n} tokens")
                 merges = _spm_merges(tokens, scores, text_to_id)
@@ -973,7 +992,9 @@ class Tokenizer:
         variables["add_generation_prompt"] = bool(add_generation_prompt)
         try:
             return template.render(**variables)
-        except jinja2.exceptions.TemplateError as e:
+        except (jinja2.exceptions.TemplateError, RecursionError, OverflowError) as e:
+            # OverflowError: the sandbox's refusal of a huge range(); RecursionError: a macro
+            # that calls itself without end
             raise ValueError(f"the chat template failed: {e}") from e
 
 

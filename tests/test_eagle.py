@@ -8,6 +8,7 @@ target's (chi-square); and the errors of heads that do not fit."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -787,6 +788,32 @@ def test_bias_must_agree_with_the_config(tmp_path, bias, config_bias, match):
     d, _, _ = write_head(tmp_path / "h", "eagle", "safetensors", bias=bias,
                          config_bias=config_bias)
     with pytest.raises(ValueError, match=match):
+        specdec.Eagle(d)
+
+
+@pytest.mark.parametrize("kind,key,value,needle", [
+    ("eagle", "bias", "yes", '"bias" must be true or false, got a string'),
+    ("speculators", "norm_before_residual", 1, '"norm_before_residual" must be true or false'),
+    ("eagle3", "rms_norm_eps", "x", '"rms_norm_eps" must be a number, got a string'),
+    ("eagle3", "rms_norm_eps", 1e30, "RMS norm epsilon"),
+])
+def test_config_values_of_the_wrong_type_are_refused(tmp_path, kind, key, value, needle):
+    """A head's config.json setting of the wrong type is an error naming it, not a default
+    taken silently in its place (a "bias" of "yes" read as absent, an epsilon of "x" as 1e-6)."""
+    d, _, _ = write_head(tmp_path / "h", kind, "safetensors")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        specdec.Eagle(d)
+
+
+def test_a_tensor_of_the_wrong_shape_names_both_shapes(tmp_path):
+    d, w, _ = write_head(tmp_path / "h", "eagle3", "safetensors")
+    w = dict(w, **{"norm.weight": np.ones((TARGET.dim, 2), np.float32)})
+    write_safetensors(d / "model.safetensors", w)
+    with pytest.raises(ValueError, match=re.escape(
+            f"tensor 'norm.weight' has shape [{TARGET.dim}, 2], expected [{TARGET.dim}]")):
         specdec.Eagle(d)
 
 

@@ -456,3 +456,63 @@ def test_llamacpp_float_order_refuses_scaled_rope_and_windows(tmp_path):
     w = gguf(tmp_path, [("llama.attention.sliding_window", GGUF_U32, 8)])
     with pytest.raises(ValueError, match="sliding windows"):
         specdec.load(str(w)).llamacpp_logits([1, 2, 3])
+
+
+# ---- values of the wrong type or out of range -------------------------------------------------
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("rope_theta", "500000", "must be a number, got a string"),
+    ("rope_theta", [500000.0], "must be a number, got an array"),
+    ("rms_norm_eps", "1e-2", "must be a number, got a string"),
+    ("tie_word_embeddings", "yes", "must be true or false, got a string"),
+    ("tie_word_embeddings", 1, "must be true or false, got an integer"),
+    ("hidden_size", "32", "must be an integer, got a string"),
+    ("num_key_value_heads", 2.5, "must be an integer, got a number"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": "x"}, "must be a number"),
+])
+def test_hf_values_of_the_wrong_type_refused(tmp_path, key, value, needle):
+    """A config.json value of the wrong type is an error naming it, never read as absent: the
+    default in its place would compute another model without a word (a rope_theta of "500000"
+    became 10000)."""
+    msg = refused(hf(tmp_path, {key: value}), needle)
+    assert "rope_theta" in msg if key == "rope_parameters" else key in msg
+
+
+@pytest.mark.parametrize("eps", [math.inf, 3e38, 1.0, 0.0, -1e-6, math.nan])
+def test_gguf_rms_epsilon_out_of_range_refused(tmp_path, eps):
+    """An epsilon that is not finite or not below 1 (every model uses 1e-6 to 1e-5) loaded and
+    turned every token into id 0."""
+    key = "llama.attention.layer_norm_rms_epsilon"
+    refused(gguf(tmp_path, [(key, GGUF_F32, eps)], remove_kv={key}), "RMS norm epsilon")
+
+
+def test_qkv_biases_outside_qwen2_refused(tmp_path):
+    """llama's graph reads no q/k/v biases (qwen2's does): a bias tensor in a llama file, GGUF
+    or config.json, is refused by name rather than applied while config.qkv_bias says False."""
+    p = gguf(tmp_path, extra_tensors=[("blk.0.attn_q.bias", np.ones(32))])
+    refused(p, "blk.0.attn_q.bias", "not used")
+    extra = {"model.layers.0.self_attn.k_proj.bias": np.ones(16, np.float32)}
+    refused(hf(tmp_path, extra=extra), "model.layers.0.self_attn.k_proj.bias", "not used")
+
+
+@pytest.mark.parametrize("key,vtype,value,needle", [
+    ("llama.rope.freq_base", GGUF_STRING, "500000", "must be a number, got type string"),
+    ("llama.context_length", GGUF_BOOL, True, "must be an integer, got type bool"),
+    ("llama.attention.head_count_kv", GGUF_F32, 2.0, "must be an integer, got type f32"),
+])
+def test_gguf_values_of_the_wrong_type_refused(tmp_path, key, vtype, value, needle):
+    """A GGUF key stored with the wrong type is refused by name: read as absent, a string
+    rope.freq_base became 10000 and a boolean context length 1."""
+    refused(gguf(tmp_path, [(key, vtype, value)], remove_kv={key}), key, needle)
+
+
+def test_gguf_key_stated_twice_refused(tmp_path):
+    refused(gguf(tmp_path, [("general.architecture", GGUF_STRING, "qwen2")]),
+            "'general.architecture' appears more than once")
+
+
+@pytest.mark.parametrize("n", [0, 47, 2**31])
+def test_gguf_vocab_size_that_disagrees_with_the_embeddings_refused(tmp_path, n):
+    key = "llama.vocab_size"  # the writer states the right one: a file that agrees loads
+    specdec.load(str(gguf(tmp_path)))
+    refused(gguf(tmp_path, [(key, GGUF_U32, n)], remove_kv={key}), key, "disagrees")

@@ -219,6 +219,35 @@ void sd_gguf_close(sd_gguf *g) {
     free(g);
 }
 
+static int key_order(const void *a, const void *b) {
+    return strcmp((*(const sd_gguf_kv *const *)a)->key, (*(const sd_gguf_kv *const *)b)->key);
+}
+
+/* A key stated twice is refused: which of the two values a reader takes is a guess, and the
+ * first one found (sd_gguf_find) would silently win. */
+static sd_status check_unique_keys(const sd_gguf *g) {
+    if (g->n_kv < 2) {
+        return SD_OK;
+    }
+    const sd_gguf_kv **by = malloc((size_t)g->n_kv * sizeof(*by));
+    if (by == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory reading the GGUF header");
+    }
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        by[i] = &g->kv[i];
+    }
+    qsort(by, (size_t)g->n_kv, sizeof(*by), key_order);
+    sd_status st = SD_OK;
+    for (uint64_t i = 1; i < g->n_kv && st == SD_OK; i++) {
+        if (strcmp(by[i - 1]->key, by[i]->key) == 0) {
+            st =
+                sd_set_error(SD_ERR_FORMAT, "metadata key '%s' appears more than once", by[i]->key);
+        }
+    }
+    free(by);
+    return st;
+}
+
 static sd_status read_header(sd_gguf *g) {
     cursor c = {g->map.data, g->map.size, 0, "the header"};
     char magic[4];
@@ -278,6 +307,7 @@ static sd_status read_header(sd_gguf *g) {
             return sd_error_prefix(st, "metadata '%s'", kv->key);
         }
     }
+    SD_TRY(check_unique_keys(g));
     g->alignment = 32;
     int64_t align;
     if (sd_gguf_get_int(g, "general.alignment", &align)) {

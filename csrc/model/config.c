@@ -80,9 +80,13 @@ sd_status sd_config_check(const sd_config *c) {
         return sd_set_error(SD_ERR_UNSUPPORTED, "head dimension %d is larger than the %d supported",
                             c->head_dim, SD_MAX_HEAD_DIM);
     }
-    if (!(c->rms_eps > 0.0f) || !positive(c->rope_theta)) {
-        return sd_set_error(SD_ERR_FORMAT, "invalid rms epsilon %g or rope theta %g",
-                            (double)c->rms_eps, (double)c->rope_theta);
+    if (!(c->rms_eps > 0.0f && c->rms_eps < 1.0f)) { /* models use 1e-6 to 1e-5 */
+        return sd_set_error(SD_ERR_FORMAT, "invalid RMS norm epsilon %g (it must be in (0, 1))",
+                            (double)c->rms_eps);
+    }
+    if (!positive(c->rope_theta)) {
+        return sd_set_error(SD_ERR_FORMAT, "invalid RoPE theta %g (it must be finite and > 0)",
+                            (double)c->rope_theta);
     }
     if (c->sliding_window < 0 || c->swa_pattern < 0 || c->swa_pattern == 1) {
         return sd_set_error(SD_ERR_FORMAT, "sliding window %d or its layer pattern %d is invalid",
@@ -155,6 +159,53 @@ static int gguf_float(const sd_gguf *g, const sd_config *c, const char *suffix, 
     char key[128];
     snprintf(key, sizeof(key), "%s.%s", c->arch_name, suffix);
     return sd_gguf_get_float(g, key, v);
+}
+
+/* The "<arch>." keys read as integers and as numbers: one stored with another type (a string,
+ * a boolean, an array; a float where an integer belongs) is refused by name, where the readers
+ * above would take it for absent and put a default in its place. */
+static sd_status check_gguf_key_types(const sd_gguf *g, const sd_config *c) {
+    static const char *const ints[] = {"embedding_length",
+                                       "block_count",
+                                       "feed_forward_length",
+                                       "attention.head_count",
+                                       "context_length",
+                                       "attention.head_count_kv",
+                                       "attention.key_length",
+                                       "attention.value_length",
+                                       "rope.dimension_count",
+                                       "attention.sliding_window",
+                                       "attention.sliding_window_pattern",
+                                       "vocab_size"};
+    static const char *const floats[] = {
+        "rope.freq_base",        "rope.freq_base_swa", "attention.layer_norm_rms_epsilon",
+        "rope.scaling.factor",   "rope.scale_linear",  "final_logit_softcapping",
+        "attn_logit_softcapping"};
+    const size_t n_ints = sizeof(ints) / sizeof(ints[0]);
+    for (size_t i = 0; i < n_ints + sizeof(floats) / sizeof(floats[0]); i++) {
+        const int integer = i < n_ints;
+        char key[128];
+        snprintf(key, sizeof(key), "%s.%s", c->arch_name, integer ? ints[i] : floats[i - n_ints]);
+        const sd_gguf_kv *kv = sd_gguf_find(g, key);
+        if (kv == NULL) {
+            continue;
+        }
+        const sd_gguf_kind kind = sd_gguf_scalar_size(kv->type) > 0
+                                      ? sd_gguf_scalar_at(kv->type, kv->value).kind
+                                      : SD_GGUF_KIND_NONE;
+        const int ok = kind == SD_GGUF_KIND_INT || kind == SD_GGUF_KIND_UINT ||
+                       (!integer && kind == SD_GGUF_KIND_FLOAT);
+        if (!ok) {
+            static const char *const names[] = {"u8",  "i8",  "u16",  "i16",    "u32",
+                                                "i32", "f32", "bool", "string", "array",
+                                                "u64", "i64", "f64"};
+            return sd_set_error(SD_ERR_FORMAT, "metadata '%s' must be %s, got type %s", key,
+                                integer ? "an integer" : "a number",
+                                kv->type < sizeof(names) / sizeof(names[0]) ? names[kv->type]
+                                                                            : "unknown");
+        }
+    }
+    return SD_OK;
 }
 
 /* Keys whose presence (with other than the neutral value) changes the arithmetic in ways the
@@ -312,6 +363,7 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
     SD_TRY(sd_config_set_arch(c, arch, len));
     /* GGUF keys use the architecture's own name */
     snprintf(c->arch_name, sizeof(c->arch_name), "%.*s", (int)len, arch);
+    SD_TRY(check_gguf_key_types(g, c));
     struct {
         const char *suffix;
         int *dst;
@@ -378,6 +430,13 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
         return sd_set_error(SD_ERR_FORMAT, "missing tensor 'token_embd.weight'");
     }
     c->vocab_size = emb->n_dims == 2 && emb->shape[0] < (1 << 30) ? (int)emb->shape[0] : 0;
+    int64_t stated = 0;
+    if (gguf_int(g, c, "vocab_size", &stated) && stated != c->vocab_size) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "metadata '%s.vocab_size' = %lld disagrees with token_embd.weight's %d "
+                            "rows",
+                            c->arch_name, (long long)stated, c->vocab_size);
+    }
     /* llama.cpp's converter permutes llama q/k rows for adjacent-pair rotation; other
      * architectures keep rotate-half (NeoX) pairing. */
     c->rope_neox = c->arch != SD_ARCH_LLAMA;
@@ -388,10 +447,73 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
 /* ---- Hugging Face config.json ------------------------------------------------------------------
  */
 
+/* The name of a JSON value's type, for messages. */
+static const char *json_type_name(const sd_json *v) {
+    switch (v->type) {
+    case SD_JSON_NULL: return "null";
+    case SD_JSON_BOOL: return "a boolean";
+    case SD_JSON_NUMBER: return v->is_integer ? "an integer" : "a number";
+    case SD_JSON_STRING: return "a string";
+    case SD_JSON_ARRAY: return "an array";
+    case SD_JSON_OBJECT: return "an object";
+    }
+    return "a value";
+}
+
+static int is_null(const sd_json *v) {
+    return v == NULL || v->type == SD_JSON_NULL;
+}
+
+sd_status sd_config_json_number(const sd_json *obj, const char *key, double *dst, int *found,
+                                const char *path) {
+    const sd_json *v = sd_json_get(obj, key);
+    *found = 0;
+    if (is_null(v)) {
+        return SD_OK;
+    }
+    if (v->type != SD_JSON_NUMBER || !sd_json_get_double(obj, key, dst)) {
+        return sd_set_error(SD_ERR_FORMAT, "%s: \"%s\" must be a number, got %s", path, key,
+                            json_type_name(v));
+    }
+    *found = 1;
+    return SD_OK;
+}
+
+sd_status sd_config_json_bool(const sd_json *obj, const char *key, int *dst, int *found,
+                              const char *path) {
+    const sd_json *v = sd_json_get(obj, key);
+    *found = 0;
+    if (is_null(v)) {
+        return SD_OK;
+    }
+    if (v->type != SD_JSON_BOOL) {
+        return sd_set_error(SD_ERR_FORMAT, "%s: \"%s\" must be true or false, got %s", path, key,
+                            json_type_name(v));
+    }
+    *dst = v->boolean;
+    *found = 1;
+    return SD_OK;
+}
+
+/* A number of config.json into *dst (a float), or `dflt` when absent or null. */
+static sd_status json_float(const sd_json *cfg, const char *key, float *dst, float dflt,
+                            const char *path) {
+    double f = 0.0;
+    int found = 0;
+    SD_TRY(sd_config_json_number(cfg, key, &f, &found, path));
+    *dst = found ? (float)f : dflt;
+    return SD_OK;
+}
+
 static sd_status json_int(const sd_json *cfg, const char *key, int *dst, int required,
                           const char *path) {
     int64_t v = 0;
     if (!sd_json_get_int(cfg, key, &v)) {
+        const sd_json *given = sd_json_get(cfg, key);
+        if (given != NULL && (required || !is_null(given))) {
+            return sd_set_error(SD_ERR_FORMAT, "%s: \"%s\" must be an integer, got %s", path, key,
+                                json_type_name(given));
+        }
         if (required) {
             return sd_set_error(SD_ERR_FORMAT, "%s: missing integer \"%s\"", path, key);
         }
@@ -403,10 +525,6 @@ static sd_status json_int(const sd_json *cfg, const char *key, int *dst, int req
     }
     *dst = (int)v;
     return SD_OK;
-}
-
-static int is_null(const sd_json *v) {
-    return v == NULL || v->type == SD_JSON_NULL;
 }
 
 /* Whether v is the neutral value of a setting: absent/null, false, 0 or 1 as `ok` says. */
@@ -537,7 +655,9 @@ static sd_status rope_from_json(sd_config *c, const sd_json *rp, const char *fie
     c->rope_high_freq_factor = (float)v[2];
     c->rope_original_context = v[3] >= 1.0 && v[3] < (double)(1 << 30) ? (int)v[3] : 0;
     double theta = 0.0;
-    if (sd_json_get_double(rp, "rope_theta", &theta)) {
+    int has_theta = 0;
+    SD_TRY(sd_config_json_number(rp, "rope_theta", &theta, &has_theta, path));
+    if (has_theta) {
         c->rope_theta = (float)theta;
     }
     for (size_t k = 0; k < rp->n; k++) {
@@ -599,9 +719,9 @@ static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *pa
         c->sliding_window = has_window ? (window < (1 << 30) ? (int)window : 1 << 30) : 0;
         return SD_OK;
     }
-    int use = 0;
-    if (sd_json_get_bool(cfg, "use_sliding_window", &use) && use && has_window &&
-        window < c->context_length) {
+    int use = 0, said = 0;
+    SD_TRY(sd_config_json_bool(cfg, "use_sliding_window", &use, &said, path));
+    if (use && has_window && window < c->context_length) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "%s: \"use_sliding_window\" (a window of %lld on some layers of a %s "
                             "model) is not supported",
@@ -615,8 +735,13 @@ static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *pa
 static sd_status gemma_pattern(sd_config *c, const sd_json *cfg, const char *path) {
     const sd_json *lt = sd_json_get(cfg, "layer_types");
     int64_t n = c->arch == SD_ARCH_GEMMA2 ? 2 : 6; /* Gemma2Config's, Gemma3TextConfig's */
-    if (!sd_json_get_int(cfg, "sliding_window_pattern", &n)) {
-        sd_json_get_int(cfg, "_sliding_window_pattern", &n);
+    static const char *const pattern_keys[] = {"sliding_window_pattern", "_sliding_window_pattern"};
+    for (int i = 1; i >= 0; i--) { /* the first when both are given */
+        const sd_json *v = sd_json_get(cfg, pattern_keys[i]);
+        if (!is_null(v) && !sd_json_get_int(cfg, pattern_keys[i], &n)) {
+            return sd_set_error(SD_ERR_FORMAT, "%s: \"%s\" must be an integer, got %s", path,
+                                pattern_keys[i], json_type_name(v));
+        }
     }
     if (!is_null(lt)) {
         if (lt->type != SD_JSON_ARRAY || lt->n != (size_t)c->n_layers) {
@@ -671,8 +796,7 @@ static sd_status softcap_from_hf(float *cap, const sd_json *cfg, const char *key
  * absent, as Gemma2Config; Gemma 3: final only, none when absent). */
 static sd_status gemma_from_hf(sd_config *c, const sd_json *cfg, const char *path) {
     const int g2 = c->arch == SD_ARCH_GEMMA2;
-    double f = 0.0;
-    c->rope_theta_local = sd_json_get_double(cfg, "rope_local_base_freq", &f) ? (float)f : 1e4f;
+    SD_TRY(json_float(cfg, "rope_local_base_freq", &c->rope_theta_local, 1e4f, path));
     const sd_json *rp = sd_json_get(cfg, "rope_parameters");
     if (g2) {
         SD_TRY(rope_from_hf(c, cfg, path));
@@ -726,7 +850,9 @@ static sd_status gemma_from_hf(sd_config *c, const sd_json *cfg, const char *pat
                             "supported",
                             path, c->arch_name);
     }
-    const double qpas = sd_json_get_double(cfg, "query_pre_attn_scalar", &f) ? f : 256.0;
+    double qpas = 256.0;
+    int has_qpas = 0;
+    SD_TRY(sd_config_json_number(cfg, "query_pre_attn_scalar", &qpas, &has_qpas, path));
     if (!(qpas > 0.0)) {
         return sd_set_error(SD_ERR_FORMAT, "%s: \"query_pre_attn_scalar\" must be > 0", path);
     }
@@ -767,9 +893,8 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
     if (!is_null(sd_json_get(cfg, "head_dim"))) {
         SD_TRY(json_int(cfg, "head_dim", &c->head_dim, 1, path));
     }
-    double f = 0.0;
-    c->rms_eps = sd_json_get_double(cfg, "rms_norm_eps", &f) ? (float)f : 1e-6f;
-    c->rope_theta = sd_json_get_double(cfg, "rope_theta", &f) ? (float)f : 10000.0f;
+    SD_TRY(json_float(cfg, "rms_norm_eps", &c->rms_eps, 1e-6f, path));
+    SD_TRY(json_float(cfg, "rope_theta", &c->rope_theta, 10000.0f, path));
     SD_TRY(refuse_hf_keys(c, cfg, path));
     if (sd_config_is_gemma(c)) {
         SD_TRY(gemma_from_hf(c, cfg, path));
@@ -777,14 +902,16 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
         SD_TRY(rope_from_hf(c, cfg, path));
         SD_TRY(window_from_hf(c, cfg, path, mt));
     }
+    double f = 0.0;
     if (sd_json_get_double(cfg, "rope_theta", &f) && (float)f != c->rope_theta) {
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: \"rope_theta\" %g disagrees with the one of \"rope_parameters\""
                             " %g",
                             path, f, (double)c->rope_theta);
     }
-    int tied = 0;
-    if (!sd_json_get_bool(cfg, "tie_word_embeddings", &tied)) {
+    int tied = 0, said = 0;
+    SD_TRY(sd_config_json_bool(cfg, "tie_word_embeddings", &tied, &said, path));
+    if (!said) {
         tied = sd_st_find(st, "lm_head.weight") == NULL;
     }
     c->tied_embeddings = tied;

@@ -27,6 +27,15 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g);
 sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
                             const sd_st_set *st);
 
+/* A setting of a config.json object: absent or null leaves *dst as it is and *found = 0; a
+ * number (sd_config_json_number) or true/false (sd_config_json_bool) goes into *dst with
+ * *found = 1; a value of another type is an error naming `key` and `path` (never read as
+ * absent, which would silently put a default in its place). */
+sd_status sd_config_json_number(const sd_json *obj, const char *key, double *dst, int *found,
+                                const char *path);
+sd_status sd_config_json_bool(const sd_json *obj, const char *key, int *dst, int *found,
+                              const char *path);
+
 /* Whether c is a Gemma (2 or 3): embeddings x sqrt(D), sandwich norms, GeGLU. */
 int sd_config_is_gemma(const sd_config *c);
 

@@ -108,6 +108,19 @@ static int64_t cols_of(const sd_tensor_info *t) {
     return t->n_dims == 3 ? t->shape[1] * 32 : t->shape[1] / 34 * 32;
 }
 
+/* t's shape as "[a, b, ...]" into buf (room for SD_MAX_DIMS numbers). */
+static const char *shape_str(const sd_tensor_info *t, char *buf, size_t size) {
+    size_t at = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < t->n_dims && d < SD_MAX_DIMS && at < size; d++) {
+        at += (size_t)snprintf(buf + at, size - at, "%s%lld", d > 0 ? ", " : "",
+                               (long long)t->shape[d]);
+    }
+    if (at < size) {
+        snprintf(buf + at, size - at, "]");
+    }
+    return buf;
+}
+
 /* The tensor prefix+name, which must be a float tensor of the given shape (cols 0: a vector),
  * or a matrix in blocks (block_type); every value (scale) finite. */
 static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *prefix,
@@ -123,12 +136,15 @@ static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *
         return SD_OK;
     }
     if (t->n_dims != dims || t->shape[0] != rows || (dims == 2 && t->shape[1] != cols)) {
+        char got[SD_MAX_DIMS * 24], want[48];
+        if (dims == 2) {
+            snprintf(want, sizeof(want), "[%lld, %lld]", (long long)rows, (long long)cols);
+        } else {
+            snprintf(want, sizeof(want), "[%lld]", (long long)rows);
+        }
         return sd_set_error(SD_ERR_FORMAT,
-                            "%s: tensor '%s' has %d dimensions [%lld, %lld], expected [%lld%s%lld]"
-                            " (from config.json)",
-                            h->file, t->name, t->n_dims, (long long)t->shape[0],
-                            (long long)(t->n_dims > 1 ? t->shape[1] : 0), (long long)rows,
-                            dims == 2 ? ", " : "", (long long)(dims == 2 ? cols : 0));
+                            "%s: tensor '%s' has shape %s, expected %s (from config.json)", h->file,
+                            t->name, shape_str(t, got, sizeof(got)), want);
     }
     if (t->type != SD_TYPE_F32 && t->type != SD_TYPE_F16 && t->type != SD_TYPE_BF16) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
@@ -282,8 +298,8 @@ static sd_status check_tensors(sd_head *h, const sd_json *top, const sd_json *la
     SD_TRY(need(h, &t, h->layer, "post_attention_layernorm.weight", D, 0));
     /* fc's bias: EAGLE-1/2 has one unless config.json says "bias": false (an absent key means
      * a bias, as the authors' code reads it); EAGLE-3 may have one */
-    int bias = 1;
-    const int said = sd_json_get_bool(top, "bias", &bias);
+    int bias = 1, said = 0;
+    SD_TRY(sd_config_json_bool(top, "bias", &bias, &said, h->file));
     const int has_bias = sd_st_find(h->st, "fc.bias") != NULL;
     if (!e3 && bias != has_bias) {
         return sd_set_error(SD_ERR_FORMAT,
@@ -335,8 +351,9 @@ static sd_status check_tensors(sd_head *h, const sd_json *top, const sd_json *la
 
 /* vLLM speculators' settings (its config nests the layer's in transformer_layer_config). */
 static sd_status speculators_settings(sd_head *h, const sd_json *top, const char *cfg_path) {
-    int nbr = 0;
-    if (sd_json_get_bool(top, "norm_before_residual", &nbr)) {
+    int nbr = 0, said = 0;
+    SD_TRY(sd_config_json_bool(top, "norm_before_residual", &nbr, &said, cfg_path));
+    if (said) {
         h->cfg.head_norm_residual = nbr;
     }
     const sd_json *ids = sd_json_get(top, "eagle_aux_hidden_state_layer_ids");
@@ -554,6 +571,15 @@ sd_status sd_head_load(sd_head **out, const char *path) {
         }
     }
     snprintf(buf, n + 32, "%s/config.json", path);
+    if (!is_file(buf)) {
+        sd_head_free(h);
+        free(buf);
+        return sd_set_error(SD_ERR_IO,
+                            "%s holds no head: neither medusa_lm_head.safetensors nor "
+                            "medusa_lm_head.pt (Medusa heads) nor config.json (EAGLE heads, "
+                            "beside model.safetensors or pytorch_model.bin)",
+                            path);
+    }
     sd_json *cfg = NULL;
     sd_status st = sd_json_read_file(&cfg, buf);
     if (st == SD_OK && cfg->type != SD_JSON_OBJECT) {

@@ -324,9 +324,11 @@ static sd_status find_weights(sd_model *m, builder *b) {
         SD_TRY(get_vec(&L->attn_norm, b, R_ATTN_NORM, l, D, 1));
         SD_TRY(get_qkv(L, b, l, QD, KVD, D));
         SD_TRY(get_mat(&L->wo, b, R_WO, l, D, QD, 1));
-        SD_TRY(get_vec(&L->bq, b, R_BQ, l, QD, c->has_qkv_bias));
-        SD_TRY(get_vec(&L->bk, b, R_BK, l, KVD, c->has_qkv_bias));
-        SD_TRY(get_vec(&L->bv, b, R_BV, l, KVD, c->has_qkv_bias));
+        if (c->has_qkv_bias) { /* elsewhere a bias is left unread, so check_all_read refuses it */
+            SD_TRY(get_vec(&L->bq, b, R_BQ, l, QD, 1));
+            SD_TRY(get_vec(&L->bk, b, R_BK, l, KVD, 1));
+            SD_TRY(get_vec(&L->bv, b, R_BV, l, KVD, 1));
+        }
         if (c->has_qk_norm) {
             SD_TRY(get_vec(&L->q_norm, b, R_Q_NORM, l, Dh, 1));
             SD_TRY(get_vec(&L->k_norm, b, R_K_NORM, l, Dh, 1));

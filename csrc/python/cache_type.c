@@ -18,9 +18,36 @@ static PyObject *cache_capacity(sd_py_Cache *self, void *closure) {
     return PyLong_FromLong(sd_kv_cache_capacity(self->kv));
 }
 
+/* An integer argument (a Python or NumPy integer, not a bool) as a C int: TypeError or
+ * ValueError naming it otherwise, where "i" would give an OverflowError naming nothing. The
+ * core checks the range itself. */
+static int int_arg(PyObject *v, const char *name, int *out) {
+    if (PyBool_Check(v) || !PyIndex_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an integer, got %R", name, v);
+        return -1;
+    }
+    PyObject *i = PyNumber_Index(v);
+    if (i == NULL) {
+        return -1;
+    }
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
+    Py_DECREF(i);
+    if (x == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow != 0 || x < INT_MIN || x > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s %R is out of range", name, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
 static PyObject *cache_rollback(sd_py_Cache *self, PyObject *args) {
     int n = 0;
-    if (!PyArg_ParseTuple(args, "i:rollback", &n)) {
+    PyObject *n_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O:rollback", &n_obj) || int_arg(n_obj, "n", &n) < 0) {
         return NULL;
     }
     if (sd_py_model_enter((sd_py_Model *)self->owner) < 0) {
@@ -36,7 +63,9 @@ static PyObject *cache_rollback(sd_py_Cache *self, PyObject *args) {
 
 static PyObject *cache_copy_slot(sd_py_Cache *self, PyObject *args) {
     int dst = 0, src = 0;
-    if (!PyArg_ParseTuple(args, "ii:copy_slot", &dst, &src)) {
+    PyObject *dst_obj = NULL, *src_obj = NULL;
+    if (!PyArg_ParseTuple(args, "OO:copy_slot", &dst_obj, &src_obj) ||
+        int_arg(dst_obj, "dst", &dst) < 0 || int_arg(src_obj, "src", &src) < 0) {
         return NULL;
     }
     if (sd_py_model_enter((sd_py_Model *)self->owner) < 0) {

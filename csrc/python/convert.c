@@ -215,16 +215,19 @@ void sd_py_sequence_release(sd_py_Model *self) {
     self->n_sequences--;
 }
 
-/* A 1-D int32 copy of a token sequence. Only integers are token ids (floats and bools are a
- * TypeError, not silently truncated); ids outside int32 are reported as out of range. */
-int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
+/* A 1-D int32 copy of a sequence of integers (floats and bools are a TypeError, not silently
+ * truncated); values outside int32 are reported as out of range. `tokens`: the messages call
+ * them token ids. */
+static int32_t *int32_from(PyObject *obj, const char *what, int tokens, Py_ssize_t *n) {
+    const char *ids = tokens ? "integer token ids" : "integers",
+               *id = tokens ? "token id" : "value";
     PyArrayObject *raw = NULL, *a = NULL;
     int32_t *dst = NULL;
     raw = (PyArrayObject *)PyArray_FromAny(obj, NULL, 1, 1, NPY_ARRAY_DEFAULT, NULL);
     if (raw == NULL) {
         if (PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_ValueError)) {
             PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "%s must be a 1-D sequence of integer token ids", what);
+            PyErr_Format(PyExc_TypeError, "%s must be a 1-D sequence of %s", what, ids);
         }
         goto fail;
     }
@@ -238,7 +241,7 @@ int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
             }
         }
         if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s must be integer token ids, got %s values", what,
+            PyErr_Format(PyExc_TypeError, "%s must be %s, got %s values", what, ids,
                          PyArray_DESCR(raw)->typeobj->tp_name);
             goto fail;
         }
@@ -248,7 +251,7 @@ int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
     if (a == NULL) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "%s: a token id is out of range (beyond 64 bits)", what);
+            PyErr_Format(PyExc_ValueError, "%s: a %s is out of range (beyond 64 bits)", what, id);
         }
         goto fail;
     }
@@ -261,7 +264,7 @@ int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
     }
     for (Py_ssize_t i = 0; i < *n; i++) {
         if (src[i] < INT32_MIN || src[i] > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s: token id %lld at index %zd is out of range", what,
+            PyErr_Format(PyExc_ValueError, "%s: %s %lld at index %zd is out of range", what, id,
                          (long long)src[i], i);
             goto fail;
         }
@@ -275,6 +278,14 @@ fail:
     Py_XDECREF(raw);
     Py_XDECREF(a);
     return NULL;
+}
+
+int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n) {
+    return int32_from(obj, what, 1, n);
+}
+
+int32_t *sd_py_ints_from(PyObject *obj, const char *what, Py_ssize_t *n) {
+    return int32_from(obj, what, 0, n);
 }
 
 void sd_py_bytes_list_free(sd_py_bytes_list *b) {

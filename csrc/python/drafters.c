@@ -299,7 +299,7 @@ static PyObject *py_medusa(PyObject *mod, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t m = 0;
-        int32_t *ranks = sd_py_tokens_from(PySequence_Fast_GET_ITEM(seq, i), "tree path", &m);
+        int32_t *ranks = sd_py_ints_from(PySequence_Fast_GET_ITEM(seq, i), "tree path", &m);
         if (ranks == NULL) {
             goto fail;
         }

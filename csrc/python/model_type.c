@@ -245,9 +245,16 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
                          n_logits_obj);
             return NULL;
         }
-        if ((n_logits = PyLong_AsLong(n_logits_obj)) == -1 && PyErr_Occurred()) {
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(n_logits_obj, &overflow);
+        if (v == -1 && PyErr_Occurred()) {
             return NULL;
         }
+        if (overflow != 0 || v < INT_MIN || v > INT_MAX) { /* the core's check, unclamped */
+            PyErr_Format(PyExc_ValueError, "n_logits %R is out of range [0, T]", n_logits_obj);
+            return NULL;
+        }
+        n_logits = (long)v;
     }
     sd_py_Cache *cache = (sd_py_Cache *)cache_obj;
     if (cache->owner != (PyObject *)self) {
@@ -267,7 +274,7 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
         goto fail;
     }
     if (pos_obj != Py_None) {
-        if ((pos = sd_py_tokens_from(pos_obj, "positions", &n)) == NULL) {
+        if ((pos = sd_py_ints_from(pos_obj, "positions", &n)) == NULL) {
             goto fail;
         }
         if (n != T) {
@@ -276,7 +283,7 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
         }
     }
     if (slot_obj != Py_None) {
-        if ((slots = sd_py_tokens_from(slot_obj, "slots", &n)) == NULL) {
+        if ((slots = sd_py_ints_from(slot_obj, "slots", &n)) == NULL) {
             goto fail;
         }
         if (n != T) {
@@ -311,7 +318,7 @@ static PyObject *model_forward(sd_py_Model *self, PyObject *args, PyObject *kwds
         }
     }
     if (aux_obj != Py_None) {
-        if ((aux_layers = sd_py_tokens_from(aux_obj, "aux_layers", &n_aux)) == NULL) {
+        if ((aux_layers = sd_py_ints_from(aux_obj, "aux_layers", &n_aux)) == NULL) {
             goto fail;
         }
         /* the count is checked by the forward; the rows allocated for a valid one */

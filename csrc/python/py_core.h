@@ -98,6 +98,8 @@ int sd_py_sequence_try_admit(sd_py_Model *self);
 /* A 1-D int32 copy of a token sequence (PyMem_Free it), *n its length; `what` names it in
  * errors. Only integers are token ids. */
 int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n);
+/* The same for integers that are not token ids (positions, slots, layers), so worded. */
+int32_t *sd_py_ints_from(PyObject *obj, const char *what, Py_ssize_t *n);
 
 /* A list of bytes objects as C views, valid while `seq` lives. */
 typedef struct {
