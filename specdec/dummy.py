@@ -19,7 +19,7 @@ from typing import Dict, Optional, Sequence, Union
 
 from . import _core
 from .model import Model, core_threads, finish, parse_device
-from .speculators import SpecStats, _int, _number, _seed
+from .speculators import INT_MAX, MAX_DRAFT, SpecStats, _int, _number, _seed
 
 #: Named shapes (hyper-parameters from the models' published configurations).
 SHAPES: Dict[str, Dict[str, object]] = {
@@ -123,7 +123,7 @@ def synthetic_speculation(model: Model, prompt: Sequence[int], *, alpha: float, 
     """
     # ranges are the C core's to check (sd_bench_synthetic names the parameter)
     tokens, stats = model._core.bench_synthetic(
-        list(prompt), _int("max_new_tokens", max_new_tokens), _int("k", k),
-        _number("alpha", alpha), seed)
+        list(prompt), _int("max_new_tokens", max_new_tokens, 0, INT_MAX),
+        _int("k", k, 1, MAX_DRAFT), _number("alpha", alpha), _seed(seed))
     s = SpecStats.from_core(stats, len(tokens))
     return SyntheticRun(tokens=len(tokens), stats=s, time_s=stats["time_total_s"])

@@ -131,7 +131,9 @@ class Model:
         limit). Each running request holds a KV cache, so this bounds the memory concurrency
         takes: a request beyond it waits, first come first served, until one ends, with no
         error (Ctrl-C still interrupts the wait). Counted are :func:`specdec.generate`,
-        :func:`specdec.stream` and the async calls from their start to their end."""
+        :func:`specdec.stream` and the async calls from their start to their end: a stream left
+        unfinished holds its slot, so a thread holding every slot in unfinished streams and
+        starting another request waits for good (close the streams, or raise the limit)."""
         return self._core.max_sequences
 
     @max_sequences.setter
@@ -215,8 +217,7 @@ class Model:
 
         Returns a float32 array of shape ``(len(tokens), vocab_size)``.
         """
-        if n_batch is None:
-            n_batch = len(tokens)
+        n_batch = len(tokens) if n_batch is None else _int("n_batch", n_batch, 1, INT_MAX)
         return self._core.llamacpp_logits(tokens, n_batch)  # the core checks its range
 
     def new_cache(self, n_slots: Optional[int] = None) -> KVCache:

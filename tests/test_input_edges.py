@@ -182,6 +182,11 @@ def test_byte_prompts_are_refused(model, prompt):
     (lambda m: setattr(m, "threads", 2**40), r"threads must be in \[1, 1024\], got 1099511627776"),
     (lambda m: setattr(m, "max_sequences", 2**31),
      r"max_sequences must be in \[0, 2147483647\], got 2147483648"),
+    (lambda m: specdec.dummy.synthetic_speculation(m, [1, 2], alpha=0.5, k=2**40),
+     r"k must be in \[1, 32\], got 1099511627776"),
+    (lambda m: specdec.dummy.synthetic_speculation(m, [1, 2], alpha=0.5, k=2, seed=-1),
+     r"seed must be in \[0, 2\*\*64\), got -1"),
+    (lambda m: m.llamacpp_logits([1, 2], n_batch=2**40), r"n_batch must be in \[1, 2147483647\]"),
 ])
 def test_integers_too_big_for_c(model, make, match):
     with pytest.raises(ValueError, match=match):
