@@ -468,6 +468,7 @@ def test_llamacpp_float_order_refuses_scaled_rope_and_windows(tmp_path):
     ("tie_word_embeddings", 1, "must be true or false, got an integer"),
     ("hidden_size", "32", "must be an integer, got a string"),
     ("num_key_value_heads", 2.5, "must be an integer, got a number"),
+    ("layer_types", ["full_attention"], "is not an array of 2"),
     ("rope_parameters", {"rope_type": "default", "rope_theta": "x"}, "must be a number"),
 ])
 def test_hf_values_of_the_wrong_type_refused(tmp_path, key, value, needle):
@@ -509,6 +510,8 @@ def test_gguf_values_of_the_wrong_type_refused(tmp_path, key, vtype, value, need
 def test_gguf_key_stated_twice_refused(tmp_path):
     refused(gguf(tmp_path, [("general.architecture", GGUF_STRING, "qwen2")]),
             "'general.architecture' appears more than once")
+    key = "general.architecture"
+    refused(gguf(tmp_path, [(key, GGUF_STRING, "llama\0x")], remove_kv={key}), "NUL byte")
 
 
 @pytest.mark.parametrize("n", [0, 47, 2**31])

@@ -360,6 +360,9 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
     if (arch == NULL) {
         return sd_set_error(SD_ERR_FORMAT, "missing metadata 'general.architecture'");
     }
+    if (memchr(arch, '\0', len) != NULL) { /* a message would show only its part before */
+        return sd_set_error(SD_ERR_FORMAT, "metadata 'general.architecture' holds a NUL byte");
+    }
     SD_TRY(sd_config_set_arch(c, arch, len));
     /* GGUF keys use the architecture's own name */
     snprintf(c->arch_name, sizeof(c->arch_name), "%.*s", (int)len, arch);
@@ -600,8 +603,9 @@ static sd_status refuse_hf_keys(const sd_config *c, const sd_json *cfg, const ch
     }
     const sd_json *lt = sd_json_get(cfg, "layer_types");
     if (!is_null(lt) && !gemma) { /* gemma's are read by gemma_from_hf */
-        if (lt->type != SD_JSON_ARRAY) {
-            return sd_set_error(SD_ERR_FORMAT, "%s: \"layer_types\" is not an array", path);
+        if (lt->type != SD_JSON_ARRAY || lt->n != (size_t)c->n_layers) {
+            return sd_set_error(SD_ERR_FORMAT, "%s: \"layer_types\" is not an array of %d", path,
+                                c->n_layers);
         }
         for (size_t i = 0; i < lt->n; i++) {
             const sd_json *e = &lt->items[i];
