@@ -25,7 +25,7 @@ import sys
 import time
 from collections import defaultdict
 from statistics import median
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 try:
     from tqdm import tqdm
@@ -126,7 +126,8 @@ def load_draft(args: argparse.Namespace, model) -> "specdec.Model":
     return draft
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, rows: Optional[List[dict]] = None) -> dict:
+    """Every question of `rows` (default: read from --data) with plain decoding and each method."""
     model = specdec.load(args.model, threads=args.threads, kv_dtype=args.kv_dtype)
     # every method computes its own prefill: with prefix reuse the methods after the first
     # would take the prompt's keys and values from the run before and look faster than they are
@@ -211,7 +212,8 @@ def run(args: argparse.Namespace) -> dict:
             draft_cost["medusa"] = 0.0
         elif name and name != "plain":
             raise ValueError(f"unknown method {name!r} (known: {', '.join(METHODS[1:])})")
-    rows = load_questions(args.data, args.limit)
+    if rows is None:
+        rows = load_questions(args.data, args.limit)
     sampling = {"top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
     # One short untimed request per method first: the first request of a speculator that sizes
     # its trees by the verify cost measures that curve on the model (about a second), which
@@ -402,7 +404,7 @@ def main(argv=None) -> int:
         p.error(f"--data: {e}")
     if not questions:
         p.error(f"--data: {args.data} holds no questions")
-    res = run(args)
+    res = run(args, questions)
     if not res["questions"]:
         p.error(f"no question of {args.data} fits the model's context with --max-new-tokens "
                 f"{args.max_new_tokens}")

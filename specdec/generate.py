@@ -77,20 +77,19 @@ class _Call:
             speculator.check_target(model)
         if isinstance(stop, str):
             stop = [stop]
-        if stop is not None and (isinstance(stop, (bytes, bytearray))
-                                 or not hasattr(stop, "__iter__")):
-            raise TypeError(f"stop must be a string or a sequence of strings, got "
-                            f"{type(stop).__name__}")
         if stop is not None:
+            if isinstance(stop, (bytes, bytearray)) or not hasattr(stop, "__iter__"):
+                raise TypeError(f"stop must be a string or a sequence of strings, got "
+                                f"{type(stop).__name__}")
             stop = list(stop)
-        if stop is not None and not all(isinstance(s, str) and s for s in stop):
-            raise ValueError("stop must be a list of non-empty strings")
-        for s in stop or ():
-            try:
-                s.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"stop string {s!r} is not valid Unicode ({e.reason} at index "
-                                 f"{e.start})") from None
+            if not all(isinstance(s, str) and s for s in stop):
+                raise ValueError("stop must be a list of non-empty strings")
+            for s in stop:
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"stop string {s!r} is not valid Unicode ({e.reason} at "
+                                     f"index {e.start})") from None
         if stop_tokens is not None:
             if isinstance(stop_tokens, (str, bytes, bytearray)) or not hasattr(stop_tokens,
                                                                                "__iter__"):

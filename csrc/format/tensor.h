@@ -18,4 +18,8 @@ typedef struct {
     size_t nbytes;
 } sd_tensor_info;
 
+/* t's shape as "[a, b, ...]" into buf (n bytes; cut short where it does not fit), for
+ * messages. */
+void sd_tensor_shape_str(char *buf, size_t n, const sd_tensor_info *t);
+
 #endif /* SD_TENSOR_H */

@@ -3,6 +3,8 @@
  * llama.cpp's may hold, whether or not specdec computes with it. */
 #include "format/types.h"
 
+#include "format/tensor.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -133,4 +135,14 @@ sd_status sd_check_finite(const char *file, const char *name, int type, const vo
     return sd_set_error(SD_ERR_FORMAT, "%s%stensor '%s' holds a NaN or infinite %s at %s: the "
                         "file is corrupt", file != NULL ? file : "", file != NULL ? ": " : "",
                         name, what, at);
+}
+
+void sd_tensor_shape_str(char *buf, size_t n, const sd_tensor_info *t) {
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->n_dims && d < SD_MAX_DIMS && o < n; d++) {
+        o += (size_t)snprintf(buf + o, n - o, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    }
+    if (o < n) {
+        snprintf(buf + o, n - o, "]");
+    }
 }

@@ -108,19 +108,6 @@ static int64_t cols_of(const sd_tensor_info *t) {
     return t->n_dims == 3 ? t->shape[1] * 32 : t->shape[1] / 34 * 32;
 }
 
-/* t's shape as "[a, b, ...]" into buf (room for SD_MAX_DIMS numbers). */
-static const char *shape_str(const sd_tensor_info *t, char *buf, size_t size) {
-    size_t at = (size_t)snprintf(buf, size, "[");
-    for (int d = 0; d < t->n_dims && d < SD_MAX_DIMS && at < size; d++) {
-        at += (size_t)snprintf(buf + at, size - at, "%s%lld", d > 0 ? ", " : "",
-                               (long long)t->shape[d]);
-    }
-    if (at < size) {
-        snprintf(buf + at, size - at, "]");
-    }
-    return buf;
-}
-
 /* The tensor prefix+name, which must be a float tensor of the given shape (cols 0: a vector),
  * or a matrix in blocks (block_type); every value (scale) finite. */
 static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *prefix,
@@ -137,6 +124,7 @@ static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *
     }
     if (t->n_dims != dims || t->shape[0] != rows || (dims == 2 && t->shape[1] != cols)) {
         char got[SD_MAX_DIMS * 24], want[48];
+        sd_tensor_shape_str(got, sizeof(got), t);
         if (dims == 2) {
             snprintf(want, sizeof(want), "[%lld, %lld]", (long long)rows, (long long)cols);
         } else {
@@ -144,7 +132,7 @@ static sd_status need(const sd_head *h, const sd_tensor_info **out, const char *
         }
         return sd_set_error(SD_ERR_FORMAT,
                             "%s: tensor '%s' has shape %s, expected %s (from config.json)", h->file,
-                            t->name, shape_str(t, got, sizeof(got)), want);
+                            t->name, got, want);
     }
     if (t->type != SD_TYPE_F32 && t->type != SD_TYPE_F16 && t->type != SD_TYPE_BF16) {
         return sd_set_error(SD_ERR_UNSUPPORTED,

@@ -157,16 +157,6 @@ static void role_name(char *buf, size_t n, const builder *b, role r, int layer) 
     snprintf(buf, n, b->names[r], layer);
 }
 
-static void shape_str(char *buf, size_t n, const sd_tensor_info *t) {
-    size_t o = (size_t)snprintf(buf, n, "[");
-    for (int d = 0; d < t->n_dims && o < n; d++) {
-        o += (size_t)snprintf(buf + o, n - o, d ? ", %lld" : "%lld", (long long)t->shape[d]);
-    }
-    if (o < n) {
-        snprintf(buf + o, n - o, "]");
-    }
-}
-
 /* Look up a matrix (rows, cols). `required` = 0 lets a missing tensor leave out->data NULL. */
 static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t rows, int64_t cols,
                          int required) {
@@ -182,7 +172,7 @@ static sd_status get_mat(sd_mat *out, builder *b, role r, int layer, int64_t row
     }
     if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols) {
         char got[96];
-        shape_str(got, sizeof(got), t);
+        sd_tensor_shape_str(got, sizeof(got), t);
         return sd_set_error(SD_ERR_FORMAT, "tensor '%s' has shape %s, expected [%lld, %lld]", name,
                             got, (long long)rows, (long long)cols);
     }
@@ -223,7 +213,7 @@ static sd_status get_vec(const float **out, builder *b, role r, int layer, int64
     }
     if (t->n_dims != 1 || t->shape[0] != n) {
         char got[96];
-        shape_str(got, sizeof(got), t);
+        sd_tensor_shape_str(got, sizeof(got), t);
         return sd_set_error(SD_ERR_FORMAT, "tensor '%s' has shape %s, expected [%lld]", name, got,
                             (long long)n);
     }
