@@ -83,9 +83,14 @@ typedef enum {
     SD_ROPE_LLAMA3 = 2,  /* Llama 3.1: wavelengths 2pi/inv[i] above original_context /
                           * low_freq_factor are divided by factor, those below original_context /
                           * high_freq_factor are kept, a linear blend in 1/wavelength between */
-    SD_ROPE_FACTORS = 3  /* inv[i] / f[i], the per-frequency divisors a GGUF file stores in
+    SD_ROPE_FACTORS = 3, /* inv[i] / f[i], the per-frequency divisors a GGUF file stores in
                           * rope_freqs.weight (llama.cpp's form of llama3 scaling) */
+    SD_ROPE_LONGROPE = 4 /* Phi-3's LongRoPE: inv[i] / f[i] with f the short factors, or (rope_long)
+                          * the long ones; cos and sin times rope_attn_factor */
 } sd_rope_scaling;
+
+/* Most RoPE frequencies a model has (a head of up to 512 dimensions). */
+#define SD_ROPE_MAX_FREQS 256
 
 /* Hyper-parameters, read from the file. */
 typedef struct {
@@ -98,7 +103,9 @@ typedef struct {
     int n_kv_heads;         /* Hkv: key/value heads, H % Hkv == 0 (grouped-query attention) */
     int head_dim;           /* Dh: usually D / H; qwen3 and others set it apart (H * Dh != D) */
     int ffn_size;           /* F: SwiGLU inner width */
-    int context_length;     /* longest sequence the model was trained for */
+    int context_length;     /* longest sequence the model takes: the file's, or less
+                             * (sd_model_params.context_length; a LongRoPE model's original) */
+    int context_file;       /* the file's context length (set at load) */
     float rope_theta;       /* RoPE base frequency */
     float rms_eps;          /* RMSNorm epsilon */
     int tied_embeddings;    /* 1: the output head is the token embedding matrix */
@@ -119,8 +126,14 @@ typedef struct {
     float rope_factor;      /* LINEAR and LLAMA3: how many times the original context */
     float rope_low_freq_factor;  /* LLAMA3 */
     float rope_high_freq_factor; /* LLAMA3 */
-    int rope_original_context;   /* LLAMA3: original_max_position_embeddings */
-    int weight_type;             /* sd_type of the attention/MLP matrices (the first layer's wq) */
+    int rope_original_context;   /* LLAMA3, LONGROPE: original_max_position_embeddings */
+    int rope_dim;           /* rotated dimensions of each head, the first rope_dim (even; 0 = all
+                             * Dh): Phi-4-mini's partial rotary embeddings */
+    float rope_attn_factor; /* LONGROPE: cos and sin are multiplied by it (0 = 1) */
+    int rope_long;          /* LONGROPE: 1 = the long factors (a context above the original) */
+    float rope_short_factors[SD_ROPE_MAX_FREQS]; /* LONGROPE: (rope_dim / 2) divisors */
+    float rope_long_factors[SD_ROPE_MAX_FREQS];  /* LONGROPE: (rope_dim / 2) divisors */
+    int weight_type; /* sd_type of the attention/MLP matrices (the first layer's wq) */
     /* A drafter's head (sd_head_kind; 0 = a model of its own): its rows read vectors (the
      * batch's embd) besides tokens, and its layer and output differ (model/head.h) */
     int head;
@@ -143,6 +156,9 @@ typedef struct {
                     * run there; SD_ERR_UNSUPPORTED in a build without the CUDA backend, and
                     * SD_ERR_CUDA naming the failed call when no usable GPU is found */
     int gpu;       /* CUDA device index (default 0) */
+    int context_length; /* 0 (default): the file's (for LongRoPE its original context); else the
+                         * longest sequence the model takes, at most the file's, and for
+                         * LongRoPE above the original context its long factors */
 } sd_model_params;
 
 sd_model_params sd_model_default_params(void);

@@ -103,7 +103,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     import specdec
 
     t0 = time.perf_counter()
-    model = specdec.load(args.model, threads=args.threads)
+    model = specdec.load(args.model, threads=args.threads, context_length=args.context_length)
     model.require_tokenizer()
     speculator = speculator_from_name(args.speculator, model, args.threads)
     plain_s = plain_step_s(model) if speculator is not None else None
@@ -152,7 +152,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2
-    model = specdec.load(args.model, threads=args.threads, max_sequences=args.max_sequences)
+    model = specdec.load(args.model, threads=args.threads, max_sequences=args.max_sequences,
+                         context_length=args.context_length)
     speculator = speculator_from_name(args.speculator, model, args.threads)
     print(f"specdec serve: {model}, speculator {speculator!r}, at most {args.max_sequences} "
           f"requests decoding at once, on "
@@ -235,6 +236,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--seed", type=int, default=None,
                    help="makes the answers reproducible (turn i uses seed + i)")
     c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--context-length", type=int, default=None,
+                   help="the longest conversation in tokens (default: the model's; LongRoPE "
+                        "models: their original context, and above it their long factors)")
     c.set_defaults(func=cmd_chat)
 
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs specdec[serve])")
@@ -247,6 +251,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     v.add_argument("--max-sequences", type=int, default=16,
                    help="requests decoding at once, their forwards batched (default 16); more "
                         "wait in line")
+    v.add_argument("--context-length", type=int, default=None,
+                   help="the longest request in tokens (default: the model's; LongRoPE "
+                        "models: their original context, and above it their long factors)")
     v.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     v.set_defaults(func=cmd_serve)

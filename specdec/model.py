@@ -38,20 +38,26 @@ class ModelConfig:
     qkv_bias: bool
     qk_norm: bool              # per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     weight_type: str
-    rope_scaling: Optional[dict]       # None, or {"type": "linear" | "llama3" | "factors", ...}
+    rope_scaling: Optional[dict]       # None, or {"type": "linear" | "llama3" | "factors" |
+    #                                    "longrope", ...}; longrope's "factors": "short" | "long"
+    #                                    (chosen by load's context_length)
     rope_theta_local: Optional[float]  # the sliding-window layers' own RoPE base (gemma)
     sliding_window: Optional[int]      # a token sees itself and the window - 1 before it
     layer_types: Tuple[str, ...]       # per layer: "sliding_attention" or "full_attention"
     attn_scale: float                  # softmax scale of q.k (1/sqrt(head_dim) unless set)
     final_softcap: Optional[float]     # logits = c * tanh(logits / c)
     attn_softcap: Optional[float]      # attention scores = c * tanh(scores / c) (gemma2)
+    rope_dim: int                      # rotated dimensions of each head: head_dim, or fewer
+    #                                    (partial rotary embeddings, Phi-4-mini)
 
 
 class Model:
     """A loaded model. Create with :func:`specdec.load`.
 
-    The weights stay memory-mapped from the file. A model runs one call at a time; use one
-    model per thread (calls release the GIL while the C core computes).
+    The weights stay memory-mapped from the file. Threads (and asyncio tasks) may share one
+    model: the decoding steps of their requests are batched into shared forwards, and other
+    calls (``forward``, ``logits``, settings) wait for the model in turn. Calls release the GIL
+    while the C core computes.
     """
 
     def __init__(self, core: "_core.Model", path: str, device: str):
@@ -315,7 +321,8 @@ def finish(core: "_core.Model", path: str, dev: int, gpu: int,
 
 
 def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
-         kv_dtype: Optional[str] = None, max_sequences: int = 0) -> Model:
+         kv_dtype: Optional[str] = None, max_sequences: int = 0,
+         context_length: Optional[int] = None) -> Model:
     """Load a model from a ``.gguf`` file or a Hugging Face model directory.
 
     Args:
@@ -330,14 +337,21 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
             the CPU, f32 on CUDA, which supports only f32); see :attr:`Model.kv_dtype`.
         max_sequences: the most requests decoding at once (0: no limit); more wait for a free
             slot. See :attr:`Model.max_sequences`.
+        context_length: the longest text (prompt and output) a request may hold, at most the
+            file's context length (default: the file's). A LongRoPE model (Phi-3.5-mini,
+            Phi-4-mini, the 128k Phi-3 models) runs with its short factors up to its original
+            context (4,096 tokens for those), which is then its default limit; a
+            ``context_length`` above that selects its long factors for every position, as
+            llama.cpp does for a context above the original one. ``config.rope_scaling`` tells
+            which.
 
     Raises:
         FileNotFoundError: ``path`` does not exist and is no alias.
         OSError: an alias's model could not be downloaded.
         ValueError: the file is malformed, truncated, of an unsupported architecture or type,
             or holds a NaN or infinite weight (the message names the tensor); an unknown device
-            or kv_dtype; ``device="cuda"`` in a build without the CUDA
-            backend, or with ``kv_dtype="f16"``.
+            or kv_dtype; a context_length above the file's; ``device="cuda"`` in a build without
+            the CUDA backend, or with ``kv_dtype="f16"``.
         RuntimeError: no usable GPU (the message names the failed CUDA call), or not enough
             GPU memory.
     """
@@ -351,7 +365,10 @@ def load(path: PathLike, device: str = "cpu", threads: Optional[int] = None,
                 f"{', '.join(hub.known_aliases())})")
     dev, gpu = parse_device(device)
     max_sequences = _int("max_sequences", max_sequences, 0, INT_MAX)
-    core = _core.load(p, core_threads(threads), dev, gpu)
+    ctx = 0 if context_length is None else _int("context_length", context_length, 1, INT_MAX)
+    if context_length is not None and ctx < 1:  # the core reads 0 as "the file's"
+        raise ValueError(f"context_length must be >= 1 (None: the file's), got {ctx}")
+    core = _core.load(p, core_threads(threads), dev, gpu, ctx)
     m = finish(core, p, dev, gpu, kv_dtype)
     m.max_sequences = max_sequences
     return m

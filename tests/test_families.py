@@ -1,7 +1,8 @@
 """Model families against Hugging Face transformers (issue 25): Llama's RoPE scaling (llama3 and
 linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim), Mistral's
-sliding window, Gemma 3 (local and global layers, sandwich norms, GeGLU) and Gemma 2 (windows on
-alternate layers, attention and final soft-caps), each a tiny random model whose logits
+sliding window, Gemma 3 (local and global layers, sandwich norms, GeGLU), Gemma 2 (windows on
+alternate layers, attention and final soft-caps), Phi-3 (fused matrices, a window) and Phi-3.5 /
+Phi-4-mini's partial rotary embeddings and LongRoPE, each a tiny random model whose logits
 transformers recorded (tools/record_families.py, tests/fixtures/families/). The Hugging Face
 directory is rebuilt here from the recorded config.json and the seed of its weights; the GGUF
 file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV
@@ -22,8 +23,11 @@ from tinymodels import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
 NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3", "gemma2",
-         "phi3"]
+         "phi3", "phi3_longrope"]
 TOL = 1e-3
+# how each case is loaded for its recorded tokens: phi3_longrope's 40 pass its original context
+# of 16, so it runs with its long factors (its short ones: the LongRoPE tests below)
+LOAD = {"phi3_longrope": {"context_length": 64}}
 
 
 def case(name: str) -> dict:
@@ -63,7 +67,7 @@ def load(path, **kw):
 @pytest.mark.parametrize("name", NAMES)
 def test_hf_dir_matches_transformers(hf_dirs, name):
     c = case(name)
-    got = load(hf_dirs[name]).logits(c["tokens"])
+    got = load(hf_dirs[name], **LOAD.get(name, {})).logits(c["tokens"])
     assert rel_err(got, c["logits"]) <= TOL
 
 
@@ -98,7 +102,7 @@ def test_llamacpp_gguf_matches_transformers(name):
     model only while the sequence fits in the window. It writes Phi-3's window, which llama.cpp
     turns off and specdec applies, as transformers does; and Phi-3's fused q/k/v and gate/up."""
     c = case(name)
-    got = load(FIXTURES / f"{name}.gguf").logits(c["tokens"])
+    got = load(FIXTURES / f"{name}.gguf", **LOAD.get(name, {})).logits(c["tokens"])
     if name == "mistral_window":
         w = c["config"]["sliding_window"]
         assert rel_err(got, c["logits_without_window"]) <= TOL
@@ -114,7 +118,7 @@ def test_llamacpp_gguf_matches_transformers(name):
 def test_one_token_decode_matches_transformers(hf_dirs, name):
     """Prefill of 3, then one token per forward: the window and the scaled RoPE hold in decode."""
     c = case(name)
-    m = load(hf_dirs[name])
+    m = load(hf_dirs[name], **LOAD.get(name, {}))
     cache = m.new_cache(len(c["tokens"]))
     rows = [m.forward(cache, c["tokens"][:3])]
     rows += [m.forward(cache, [t]) for t in c["tokens"][3:]]
@@ -122,7 +126,7 @@ def test_one_token_decode_matches_transformers(hf_dirs, name):
 
 
 @pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3", "gemma2",
-                                  "phi3"])
+                                  "phi3", "phi3_longrope"])
 def test_tree_verify_matches_transformers(hf_dirs, name):
     """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
     sibling sits before each of its nodes in the cache. Each branch node sits at position
@@ -130,7 +134,7 @@ def test_tree_verify_matches_transformers(hf_dirs, name):
     its logits are transformers' for the sequence."""
     c = case(name)
     tokens, ref = c["tokens"], np.asarray(c["logits"])
-    P = 10
+    P = 10 if name != "phi3_longrope" else 20  # its 64 slots hold 20 + 2 * 20 nodes
     branch = tokens[P:]
     nodes, parents, depths = [], [], []
     for i, t in enumerate(branch):  # decoy, then the branch node; both children of node i - 1
@@ -147,7 +151,7 @@ def test_tree_verify_matches_transformers(hf_dirs, name):
         while k >= 0:
             mask[j, P + k] = True
             k = parents[k]
-    m = load(hf_dirs[name])
+    m = load(hf_dirs[name], **LOAD.get(name, {}))
     cache = m.new_cache(P + n)
     m.forward(cache, tokens[:P], n_logits=0)
     got = m.forward(cache, nodes, positions=[P + d - 1 for d in depths], mask=mask)
@@ -343,6 +347,94 @@ def test_mistral_sequence_longer_than_window_fits_the_context(hf_dirs):
     m.logits(list(range(40)) * 2)
 
 
+# ---- Phi-3's LongRoPE and partial rotary embeddings (Phi-3.5-mini, Phi-4-mini) -------------
+
+
+def longrope_conf(change=None) -> dict:
+    conf = json.loads(json.dumps(case("phi3_longrope")["config"]))
+    if change is not None:
+        change(conf)
+    return conf
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_longrope_short_factors_within_the_original_context(hf_dirs, source):
+    """By default a LongRoPE model takes its short factors and its original context (16 here)
+    is its limit: its logits are transformers' for a text of at most 16 tokens, and far from
+    what the long factors give there. The converter's GGUF says the same with its two factor
+    tensors, rope.scaling.original_context_length and rope.scaling.attn_factor."""
+    c = case("phi3_longrope")
+    m = load(hf_dirs["phi3_longrope"] if source == "hf" else FIXTURES / "phi3_longrope.gguf")
+    assert m.config.context_length == 16 and m.config.rope_dim == 12
+    assert m.config.rope_scaling == {"type": "longrope", "factors": "short", "original_context": 16,
+                                     "attention_factor": pytest.approx((1 + np.log(4) /
+                                                                        np.log(16)) ** 0.5)}
+    got = m.logits(c["tokens"][:16])
+    assert rel_err(got, c["logits_short"]) <= TOL
+    assert rel_err(got, np.asarray(c["logits"])[:16]) > 0.05  # the long factors' model
+    with pytest.raises(ValueError, match=r"context length 16.*LongRoPE.*up to 64.*context_length"):
+        m.logits(c["tokens"][:17])
+    with pytest.raises(ValueError, match=r"exceeds the context length 16.*LongRoPE"):
+        specdec.generate(m, c["tokens"][:10], max_new_tokens=7)
+    long = load(hf_dirs["phi3_longrope"] if source == "hf" else FIXTURES / "phi3_longrope.gguf",
+                context_length=40)
+    assert long.config.context_length == 40 and long.config.rope_scaling["factors"] == "long"
+
+
+@pytest.mark.parametrize("change", ["full rotary", "no attention factor", "long as short"])
+def test_longrope_breaks_would_fail(tmp_path, change):
+    """What the fixture catches: rotating the whole head, leaving cos and sin unscaled (the
+    attention factor given as 1), and the short factors swapped for the long ones each move
+    the logits far off."""
+    c = case("phi3_longrope")
+
+    def edit(conf):
+        rp = conf["rope_parameters"]
+        if change == "full rotary":
+            conf["partial_rotary_factor"] = rp["partial_rotary_factor"] = 1.0
+            rp["short_factor"] = rp["short_factor"] + [1.0, 1.0]
+            rp["long_factor"] = rp["long_factor"] + [1.0, 1.0]
+        elif change == "no attention factor":
+            rp["attention_factor"] = 1.0
+        else:
+            rp["short_factor"] = rp["long_factor"]
+    got = load(write_dir(tmp_path, "phi3_longrope", longrope_conf(edit))).logits(c["tokens"][:16])
+    assert rel_err(got, c["logits_short"]) > 0.05
+
+
+@pytest.mark.parametrize("kind", ["transformers 4", "su"])
+def test_longrope_config_of_transformers_4_is_the_same(tmp_path, kind):
+    """Before transformers 5 a Phi-3.5/Phi-4-mini config.json had partial_rotary_factor,
+    original_max_position_embeddings and rope_theta at the top level and "rope_scaling" with
+    the two factor lists only; older Phi-3 checkpoints name the type "su"."""
+    c = case("phi3_longrope")
+
+    def edit(conf):
+        rp = conf.pop("rope_parameters")
+        conf["rope_theta"] = rp["rope_theta"]
+        conf["rope_scaling"] = {"type": "longrope" if kind != "su" else "su",
+                                "short_factor": rp["short_factor"],
+                                "long_factor": rp["long_factor"]}
+    d = write_dir(tmp_path, "phi3_longrope", longrope_conf(edit))
+    assert rel_err(load(d).logits(c["tokens"][:16]), c["logits_short"]) <= TOL
+    assert rel_err(load(d, context_length=64).logits(c["tokens"]), c["logits"]) <= TOL
+
+
+def test_context_length_caps_any_model(hf_dirs):
+    """load(context_length=N) lowers any model's limit (positions and max_new_tokens are
+    checked against it) and refuses more than the file's or less than 1."""
+    m = load(hf_dirs["llama3_rope"], context_length=20)
+    assert m.config.context_length == 20 and m.config.rope_scaling["type"] == "llama3"
+    ref = case("llama3_rope")
+    assert rel_err(m.logits(ref["tokens"][:20]), np.asarray(ref["logits"])[:20]) <= TOL
+    with pytest.raises(ValueError, match="context length 20"):
+        m.logits(list(range(21)))
+    for bad, err in ((129, ValueError), (0, ValueError), (-3, ValueError), (2.5, TypeError),
+                     (True, TypeError)):
+        with pytest.raises(err, match="context_length"):
+            load(hf_dirs["llama3_rope"], context_length=bad)
+
+
 # ---- speculation --------------------------------------------------------------------------
 
 
@@ -353,8 +445,9 @@ def prompt(vocab: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_speculators_keep_greedy_output(hf_dirs, name):
-    m = load(hf_dirs[name])
-    draft = load(hf_dirs[NAMES[(NAMES.index(name) + 1) % len(NAMES)]])  # same vocabulary
+    m = load(hf_dirs[name], **LOAD.get(name, {}))
+    other = NAMES[(NAMES.index(name) + 1) % len(NAMES)]
+    draft = load(hf_dirs[other], **LOAD.get(other, {}))  # same vocabulary
     specs = [specdec.PromptLookup(k=4), specdec.DraftModel(draft, k=3, verify_slope=0),
              specdec.LayerSkip(layers=1, k=3, verify_slope=0)]
     for seed in range(2):

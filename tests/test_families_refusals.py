@@ -401,12 +401,7 @@ def test_gemma2_gguf_without_window_refused(tmp_path):
 
 # ---- phi3 -----------------------------------------------------------------------------------
 
-PHI3_REFUSED = {  # the 128k-context models' LongRoPE; Phi-4-mini's partial rotary
-    "longrope": (lambda c: c.update(rope_parameters={
-        "rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
-        "long_factor": [2.0] * 4, "original_max_position_embeddings": 16}), "longrope"),
-    "partial rotary": (lambda c: c["rope_parameters"].update(partial_rotary_factor=0.75),
-                       "partial_rotary_factor"),
+PHI3_REFUSED = {
     "hidden_act": (lambda c: c.update(hidden_act="gelu"), "hidden_act"),
 }
 
@@ -415,6 +410,49 @@ PHI3_REFUSED = {  # the 128k-context models' LongRoPE; Phi-4-mini's partial rota
 def test_phi3_hf_refusals(tmp_path, what):
     change, needle = PHI3_REFUSED[what]
     refused(gemma3_dir(tmp_path, change, "phi3"), needle)
+
+
+def _rp(**kw):
+    return lambda c: c["rope_parameters"].update(**kw)
+
+
+LONGROPE_REFUSED = {  # phi3_longrope: 12 rotary dimensions of 16 (6 factors), context 64
+    "short list too short": (_rp(short_factor=[1.0] * 5), "short_factor\" must be an array of 6"),
+    "long list missing": (lambda c: c["rope_parameters"].pop("long_factor"),
+                          "long_factor\" must be an array of 6"),
+    "factor not a list": (_rp(short_factor=2.0), "short_factor\" must be an array"),
+    "zero factor": (_rp(long_factor=[1.0, 0.0, 1.0, 1.0, 1.0, 1.0]), "long_factor\"[1] must be"),
+    "string factor": (_rp(short_factor=["1"] * 6), "short_factor\"[0] must be"),
+    "original beyond the context": (
+        lambda c: (c["rope_parameters"].update(original_max_position_embeddings=65)),
+        "original_max_position_embeddings"),
+    "no original": (lambda c: (c["rope_parameters"].pop("original_max_position_embeddings"),
+                               c.pop("original_max_position_embeddings")),
+                    "original_max_position_embeddings"),
+    "odd rotary dimensions": (lambda c: (c.update(partial_rotary_factor=0.3125),
+                                         c["rope_parameters"].update(partial_rotary_factor=0.3125)),
+                              "rotates 5 of the head's 16"),
+    "partial factors disagree": (lambda c: c.update(partial_rotary_factor=0.5), "disagrees"),
+    "partial factor above 1": (lambda c: (c.update(partial_rotary_factor=1.5),
+                                          c["rope_parameters"].update(partial_rotary_factor=1.5)),
+                               "partial_rotary_factor\" must be a number in (0, 1]"),
+    "attention factor 0": (_rp(attention_factor=0.0), "attention_factor"),
+    "unknown key": (_rp(beta_fast=32), "beta_fast"),
+}
+
+
+@pytest.mark.parametrize("what", list(LONGROPE_REFUSED))
+def test_longrope_hf_refusals(tmp_path, what):
+    """Phi-3.5/Phi-4-mini's RoPE settings that are malformed, or that transformers would
+    compute with another meaning, are refused by name."""
+    change, needle = LONGROPE_REFUSED[what]
+    refused(gemma3_dir(tmp_path, change, "phi3_longrope"), needle)
+
+
+def test_partial_rotary_only_in_phi3(tmp_path):
+    """transformers applies partial rotary embeddings and LongRoPE the same way as llama.cpp in
+    phi3 only; in a llama config they stay refused."""
+    refused(hf(tmp_path, {"partial_rotary_factor": 0.5}), "partial_rotary_factor")
 
 
 def phi3_gguf(tmp_path, **kw):
@@ -436,15 +474,69 @@ def test_phi3_gguf_written_here_agrees_within_the_window(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["rope_factors_long.weight", "rope_factors_short.weight"])
-def test_phi3_gguf_longrope_refused(tmp_path, name):
+def test_phi3_gguf_longrope_needs_both_tables(tmp_path, name):
     p, _ = phi3_gguf(tmp_path, extra_tensors=[(name, np.ones(4))])
-    refused(p, name.split(".")[0], "LongRoPE")
+    refused(p, name, "LongRoPE needs both")
 
 
-def test_phi3_gguf_partial_rotary_refused(tmp_path):
-    p, _ = phi3_gguf(tmp_path, remove_kv={"phi3.rope.dimension_count"},
-                     extra_kv=[("phi3.rope.dimension_count", GGUF_U32, 6)])
-    refused(p, "partial rotary")
+def longrope_gguf(tmp_path, tables=None, rot=12, extra_kv=()):
+    """phi3_longrope's weights in a GGUF written here: 12 rotary dimensions, the two factor
+    tables (`tables` in their place), its original context 16 and attention factor."""
+    fx = fixture("phi3_longrope")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    rp = fx["config"]["rope_parameters"]
+    if tables is None:
+        tables = [("rope_factors_long.weight", rp["long_factor"]),
+                  ("rope_factors_short.weight", rp["short_factor"])]
+    kv = [("phi3.rope.dimension_count", GGUF_U32, rot),
+          ("phi3.rope.scaling.original_context_length", GGUF_U32, 16),
+          ("phi3.rope.scaling.attn_factor", GGUF_F32, (1 + math.log(4) / math.log(16)) ** 0.5)]
+    drop = {k for k, _, _ in extra_kv}
+    kv = [x for x in kv if x[0] not in drop] + list(extra_kv)
+    p = tmp_path / "lr.gguf"
+    testing.write_gguf(p, cfg, testing.random_weights(cfg, fx["weights"]["seed"]),
+                       remove_kv={"phi3.rope.dimension_count"}, extra_kv=kv,
+                       extra_tensors=tables)
+    return p, fx
+
+
+def test_longrope_gguf_written_here_matches_transformers(tmp_path):
+    """The same model through this writer (no window key): the short factors within 16."""
+    p, fx = longrope_gguf(tmp_path)
+    got = specdec.load(str(p), kv_dtype="f32").logits(fx["tokens"][:16])
+    assert tm.rel_err(got, fx["logits_short"]) <= 1e-3
+
+
+@pytest.mark.parametrize("what,needle", [
+    ("zero divisor", "LongRoPE's divisors must be positive"),
+    ("short table", "rope_factors_short.weight"),
+    ("odd rotary dimensions", "rotary dimensions must be even"),
+    ("attn_factor 0", "attn_factor"),
+    ("original beyond the context", "original_context_length"),
+    ("in a llama model", "phi3 models only"),
+])
+def test_longrope_gguf_refusals(tmp_path, what, needle):
+    rp = fixture("phi3_longrope")["config"]["rope_parameters"]
+    if what == "in a llama model":
+        p = gguf(tmp_path, [], extra_tensors=[("rope_factors_long.weight", np.ones(8)),
+                                              ("rope_factors_short.weight", np.ones(8))])
+        refused(p, needle)
+        return
+    tables, rot, kv = None, 12, []
+    if what == "zero divisor":
+        tables = [("rope_factors_long.weight", [0.0] + rp["long_factor"][1:]),
+                  ("rope_factors_short.weight", rp["short_factor"])]
+    elif what == "short table":
+        tables = [("rope_factors_long.weight", rp["long_factor"]),
+                  ("rope_factors_short.weight", rp["short_factor"][:5])]
+    elif what == "odd rotary dimensions":
+        rot = 7
+    elif what == "attn_factor 0":
+        kv = [("phi3.rope.scaling.attn_factor", GGUF_F32, 0.0)]
+    else:
+        kv = [("phi3.rope.scaling.original_context_length", GGUF_U32, 65)]
+    p, _ = longrope_gguf(tmp_path, tables, rot, kv)
+    refused(p, needle)
 
 
 def test_llamacpp_float_order_refuses_scaled_rope_and_windows(tmp_path):

@@ -96,6 +96,23 @@ CASES = {
     # turns Phi-3's window off: its GGUF logits match only within the window), untied head
     "phi3": ("Phi3Config", dict(sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2),
              testing.RandomModelConfig(arch="phi3", context_length=128, **SMALL), 37, 24),
+    # Phi-4-mini's shape of RoPE: partial rotary embeddings (12 of a head's 16 dimensions) and
+    # LongRoPE (short factors up to an original context of 16, long ones past it, cos and sin
+    # times sqrt(1 + ln 4 / ln 16) for a context of 64), no window. "logits": the 40 tokens in
+    # one forward, past the original context (transformers takes the long factors);
+    # "logits_short" (below): the first 16 (the short ones).
+    "phi3_longrope": ("Phi3Config",
+                      dict(partial_rotary_factor=0.75, original_max_position_embeddings=16,
+                           sliding_window=None, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                           rope_parameters=dict(
+                               rope_type="longrope", rope_theta=10000.0,
+                               original_max_position_embeddings=16, partial_rotary_factor=0.75,
+                               short_factor=[1.0, 1.15, 1.4, 1.9, 2.6, 3.3],
+                               long_factor=[1.3, 2.2, 3.9, 6.1, 9.5, 14.0])),
+                      testing.RandomModelConfig(arch="phi3", vocab=40, dim=32, n_layers=2,
+                                                n_heads=2, n_kv_heads=1, ffn=32,
+                                                context_length=64),
+                      38, 40),
     # Mistral with a sliding window of 6 over 24 tokens
     "mistral_window": ("MistralConfig", dict(sliding_window=6),
                        testing.RandomModelConfig(arch="llama", context_length=128, **SMALL), 34,
@@ -205,7 +222,11 @@ def record(name: str, llamacpp: Path, tmp: Path) -> None:
         "tokens": tokens,
         "logits": [[float(f"{x:.7g}") for x in row] for row in logits],
     }
-    if cls_name in ("MistralConfig", "Phi3Config"):
+    if name == "phi3_longrope":  # within the original context: the short factors
+        orig = extra["original_max_position_embeddings"]
+        fixture["logits_short"] = [[float(f"{x:.7g}") for x in row]
+                                   for row in hf_logits(config, weights, tokens[:orig])]
+    elif cls_name in ("MistralConfig", "Phi3Config"):
         # llama.cpp's converter writes no window for Mistral, and llama.cpp ignores Phi-3's
         plain = getattr(transformers, cls_name)(**{**hf_kwargs(cfg), **extra,
                                                     "sliding_window": None})

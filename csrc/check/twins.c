@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/dummy_model.h"
+#include "model/model.h"
 #include "util/hd.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/quant.h"

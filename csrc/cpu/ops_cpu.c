@@ -40,7 +40,12 @@ void sd_silu_add(float *x, const float *u, int64_t n) {
 }
 
 void sd_rope(float *x, const float *cs, int T, int n_heads, int head_dim, int neox) {
-    int half = head_dim / 2;
+    sd_rope_part(x, cs, T, n_heads, head_dim, head_dim, neox);
+}
+
+void sd_rope_part(float *x, const float *cs, int T, int n_heads, int head_dim, int n_rot,
+                  int neox) {
+    int half = n_rot / 2;
     for (int t = 0; t < T; t++) {
         const float *c = cs + (size_t)t * (size_t)head_dim;
         for (int h = 0; h < n_heads; h++) {

@@ -24,6 +24,10 @@ void sd_silu_add(float *x, const float *u, int64_t n);
  * cs (T, Dh) as (cos, sin) pairs for frequency i at cs[t*Dh + 2i]. neox: pairs (i, i + Dh/2);
  * else adjacent pairs (2i, 2i + 1). */
 void sd_rope(float *x, const float *cs, int T, int n_heads, int head_dim, int neox);
+/* sd_rope over the first n_rot dimensions of each head (even, <= Dh), the rest left as they
+ * are: frequencies i < n_rot/2, pairs (i, i + n_rot/2) or (2i, 2i + 1). Phi-4-mini's partial
+ * rotary embeddings, as transformers and llama.cpp compute them. */
+void sd_rope_part(float *x, const float *cs, int T, int n_heads, int head_dim, int n_rot, int neox);
 
 /* One matrix product of a batch: y (T, W.rows) (=, or += when accumulate) x (T, W.cols) W^T. */
 typedef struct {

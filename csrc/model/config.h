@@ -10,6 +10,14 @@
 #include "format/safetensors.h"
 #include "specdec.h"
 
+/* The tables of keys each reader refuses (config.c: GGUF, config_hf.c: config.json) name the
+ * architectures that read a key themselves, as bits, and which value of it is neutral (what the
+ * model computes anyway). */
+#define SD_CFG_GEMMA2 (1u << SD_ARCH_GEMMA2)
+#define SD_CFG_GEMMA3 (1u << SD_ARCH_GEMMA3)
+#define SD_CFG_PHI3 (1u << SD_ARCH_PHI3)
+typedef enum { SD_NEUTRAL_ABSENT, SD_NEUTRAL_ZERO, SD_NEUTRAL_ONE, SD_NEUTRAL_TRUE } sd_neutral;
+
 /* Set c->arch, arch_name and the flags that follow from the architecture named name[0..len)
  * ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3_text"); SD_ERR_UNSUPPORTED
  * names any other. */
@@ -43,8 +51,16 @@ int sd_config_is_gemma(const sd_config *c);
  * ones, l % swa_pattern < swa_pattern - 1). */
 int sd_config_layer_slides(const sd_config *c, int l);
 
-/* inv (Dh/2): RoPE's inverse frequencies after c's scaling; `factors` (Dh/2, each > 0) are the
- * file's divisors for SD_ROPE_FACTORS and unused otherwise. */
+/* What an error about the context length adds for c, into buf (n bytes): how a LongRoPE model
+ * running with its short factors takes a longer context; "" otherwise. Returns buf. */
+const char *sd_config_context_note(const sd_config *c, char *buf, size_t n);
+
+/* The rotated dimensions of each head: the first sd_config_rope_dim(c) (c->rope_dim, or Dh). */
+int sd_config_rope_dim(const sd_config *c);
+
+/* inv (R/2, R = sd_config_rope_dim(c)): RoPE's inverse frequencies theta^(-2i/R) after c's
+ * scaling; `factors` (R/2, each > 0) are the file's divisors for SD_ROPE_FACTORS and unused
+ * otherwise (LongRoPE's are in c). */
 void sd_config_rope_freq(double *inv, const sd_config *c, const float *factors);
 
 #endif /* SD_CONFIG_H */

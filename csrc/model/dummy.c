@@ -2,7 +2,7 @@
  * read from a file: the tensors a GGUF file of that shape would hold, with GGUF's names, so
  * model.c's builder finds and checks them as it does a file's. Values come from dummy.h (the
  * CUDA backend fills the same tensors on the device with the same function). */
-#include "model/dummy_model.h"
+#include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>

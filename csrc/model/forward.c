@@ -68,10 +68,12 @@ static sd_status validate(const sd_model *m, const sd_kv_cache *kv, const sd_bat
         SD_TRY(sd_check_token(m, dev_tokens ? 0 : b->tokens[t], t));
         int32_t p = b->pos != NULL ? b->pos[t] : kv->length + t;
         if (p < 0 || p >= c->context_length) {
+            char note[160];
             return sd_set_error(SD_ERR_INVALID_ARG,
                                 "position %d at index %d is beyond the context length %d "
-                                "(positions must be in [0, %d))",
-                                p, t, c->context_length, c->context_length);
+                                "(positions must be in [0, %d))%s",
+                                p, t, c->context_length, c->context_length,
+                                sd_config_context_note(c, note, sizeof(note)));
         }
         int32_t s = b->slots != NULL ? b->slots[t] : kv->length + t;
         if (s < 0 || s >= kv->capacity) {
@@ -167,14 +169,17 @@ static sd_status window_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batc
     return SD_OK;
 }
 
-/* cs (T, Dh): cos/sin of pos[t] * freq[i], in double so large positions keep their precision. */
-static void rope_angles(float *cs, const int32_t *pos, int T, int Dh, const double *freq) {
+/* cs (T, Dh): cos/sin of pos[t] * freq[i] for the R/2 frequencies of R rotary dimensions, in
+ * double so large positions keep their precision, each times af (LongRoPE's attention factor,
+ * 1 elsewhere: then exactly cos and sin). */
+static void rope_angles(float *cs, const int32_t *pos, int T, int Dh, int R, float af,
+                        const double *freq) {
     for (int t = 0; t < T; t++) {
         float *r = cs + (size_t)t * (size_t)Dh;
-        for (int i = 0; i < Dh / 2; i++) {
+        for (int i = 0; i < R / 2; i++) {
             double a = (double)pos[t] * freq[i];
-            r[2 * i] = (float)cos(a);
-            r[2 * i + 1] = (float)sin(a);
+            r[2 * i] = (float)cos(a) * af;
+            r[2 * i + 1] = (float)sin(a) * af;
         }
     }
 }
@@ -396,9 +401,11 @@ static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int 
         kv->length = sg[j].new_len;
     }
 
-    rope_angles(s->rope_cs, pos, T, Dh, m->rope_freq);
+    const int R = sd_config_rope_dim(c);
+    const float af = c->rope_attn_factor > 0.0f ? c->rope_attn_factor : 1.0f;
+    rope_angles(s->rope_cs, pos, T, Dh, R, af, m->rope_freq);
     if (m->rope_freq_local != NULL) {
-        rope_angles(s->rope_cs_local, pos, T, Dh, m->rope_freq_local);
+        rope_angles(s->rope_cs_local, pos, T, Dh, R, af, m->rope_freq_local);
     }
     const int gemma = sd_config_is_gemma(c);
     /* sd_attention scales q.k by 1/sqrt(Dh): another scale goes into q */
@@ -447,8 +454,8 @@ static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int 
             sd_rmsnorm(s->q, s->q, L->q_norm, T * H, Dh, c->rms_eps);
             sd_rmsnorm(s->k, s->k, L->k_norm, T * Hkv, Dh, c->rms_eps);
         }
-        sd_rope(s->q, cs, T, H, Dh, c->rope_neox);
-        sd_rope(s->k, cs, T, Hkv, Dh, c->rope_neox);
+        sd_rope_part(s->q, cs, T, H, Dh, R, c->rope_neox);
+        sd_rope_part(s->k, cs, T, Hkv, Dh, R, c->rope_neox);
         for (size_t i = 0; q_scale != 1.0f && i < (size_t)T * (size_t)H * (size_t)Dh; i++) {
             s->q[i] *= q_scale;
         }

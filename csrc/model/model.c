@@ -42,8 +42,10 @@ typedef enum {
     R_ROPE_FREQS,
     R_ATTN_POST_NORM,
     R_FFN_POST_NORM,
-    R_QKV,     /* phi3: q, k and v stacked by rows */
-    R_GATE_UP, /* phi3: gate and up stacked by rows */
+    R_QKV,        /* phi3: q, k and v stacked by rows */
+    R_GATE_UP,    /* phi3: gate and up stacked by rows */
+    R_ROPE_LONG,  /* phi3's LongRoPE divisors (GGUF) */
+    R_ROPE_SHORT, /* the same for the original context */
     R_COUNT
 } role;
 
@@ -70,6 +72,8 @@ static const char *const g_gguf_names[R_COUNT] = {
     "blk.%d.post_ffw_norm.weight",
     "blk.%d.attn_qkv.weight",
     "blk.%d.ffn_up.weight", /* phi3's holds gate and up */
+    "rope_factors_long.weight",
+    "rope_factors_short.weight",
 };
 
 static const char *const g_hf_names[R_COUNT] = {
@@ -96,6 +100,8 @@ static const char *const g_hf_names[R_COUNT] = {
     "model.layers.%d.post_feedforward_layernorm.weight",
     "model.layers.%d.self_attn.qkv_proj.weight",
     "model.layers.%d.mlp.gate_up_proj.weight",
+    "", /* LongRoPE's factors are in config.json */
+    "",
 };
 
 typedef struct {
@@ -285,6 +291,23 @@ static sd_status get_gate_up(sd_layer *L, builder *b, int l, int64_t F, int64_t 
     return get_mat(&L->w_up, b, R_UP, l, F, D, 1);
 }
 
+/* LongRoPE's divisors of a GGUF file (rope_dim / 2, each > 0) into dst. */
+static sd_status longrope_tensor(float *dst, builder *b, role r) {
+    const int64_t n = sd_config_rope_dim(&b->m->cfg) / 2;
+    const float *f = NULL;
+    SD_TRY(get_vec(&f, b, r, 0, n, 1));
+    for (int64_t i = 0; i < n; i++) {
+        if (!(f[i] > 0.0f) || !isfinite(f[i])) {
+            return sd_set_error(SD_ERR_FORMAT,
+                                "tensor '%s' holds %g at %lld; LongRoPE's divisors must be "
+                                "positive",
+                                b->names[r], (double)f[i], (long long)i);
+        }
+        dst[i] = f[i];
+    }
+    return SD_OK;
+}
+
 static sd_status find_weights(sd_model *m, builder *b) {
     sd_config *c = &m->cfg;
     const int64_t D = c->hidden_size, V = c->vocab_size, F = c->ffn_size;
@@ -292,7 +315,7 @@ static sd_status find_weights(sd_model *m, builder *b) {
     const int64_t KVD = (int64_t)c->n_kv_heads * c->head_dim;
     const int64_t Dh = c->head_dim;
     b->vec_cap =
-        (size_t)(D * (4 * c->n_layers + 1) + (QD + 2 * KVD + 2 * Dh) * c->n_layers + Dh / 2);
+        (size_t)(D * (4 * c->n_layers + 1) + (QD + 2 * KVD + 2 * Dh) * c->n_layers + 3 * Dh / 2);
     m->vectors = malloc(b->vec_cap * sizeof(float));
     m->w.layers = calloc((size_t)c->n_layers, sizeof(sd_layer));
     m->rope_freq = malloc((size_t)(Dh / 2) * sizeof(double));
@@ -343,6 +366,10 @@ static sd_status find_weights(sd_model *m, builder *b) {
                                     (double)factors[i], (long long)i);
             }
         }
+    }
+    if (c->rope_scaling == SD_ROPE_LONGROPE && m->gguf != NULL) { /* HF's: from config.json */
+        SD_TRY(longrope_tensor(c->rope_long_factors, b, R_ROPE_LONG));
+        SD_TRY(longrope_tensor(c->rope_short_factors, b, R_ROPE_SHORT));
     }
     sd_config_rope_freq(m->rope_freq, c, factors);
     if (m->rope_freq_local != NULL) { /* local layers: their own base, never scaled */
@@ -484,6 +511,27 @@ static sd_status check_params(const sd_model_params *p) {
     return SD_OK;
 }
 
+/* The longest sequence the model takes: `n` (0: the file's), at most the file's context. A
+ * LongRoPE model runs with its short factors up to its original context (the limit when n is
+ * 0), and with its long factors, for every position, above it: as llama.cpp chooses them by its
+ * context size, and as transformers does for a text longer than the original context. */
+static sd_status set_context(sd_model *m, int n) {
+    sd_config *c = &m->cfg;
+    c->context_file = c->context_length;
+    if (n < 0 || n > c->context_length) {
+        return sd_set_error(SD_ERR_INVALID_ARG,
+                            "context_length %d is not in [1, %d], the model's context length", n,
+                            c->context_length);
+    }
+    if (c->rope_scaling == SD_ROPE_LONGROPE) {
+        n = n > 0 ? n : c->rope_original_context;
+        c->rope_long = n > c->rope_original_context;
+        sd_config_rope_freq(m->rope_freq, c, NULL);
+    }
+    c->context_length = n > 0 ? n : c->context_length;
+    return SD_OK;
+}
+
 /* What a model needs once its weights are found: the CPU's repacked copies or the device
  * copy, and the thread pool (which also runs the host-side work of a CUDA model). */
 static sd_status finish_model(sd_model *m, const sd_model_params *p) {
@@ -493,6 +541,7 @@ static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     if (p->device != SD_DEVICE_CUDA) {
         SD_TRY(sd_kv_pool_create(&m->prefix, SD_PREFIX_CACHE_DEFAULT));
     }
+    SD_TRY(set_context(m, p->context_length));
     const sd_config *c = &m->cfg;
     if (p->device == SD_DEVICE_CUDA &&
         (c->has_qk_norm || sd_config_is_gemma(c) || c->arch == SD_ARCH_PHI3 || c->swa_pattern > 0 ||

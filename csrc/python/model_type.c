@@ -52,6 +52,11 @@ static PyObject *rope_scaling_dict(const sd_config *c) {
             (double)c->rope_high_freq_factor, "original_context", c->rope_original_context);
     case SD_ROPE_FACTORS: /* the file's per-frequency divisors (GGUF rope_freqs.weight) */
         return Py_BuildValue("{s:s}", "type", "factors");
+    case SD_ROPE_LONGROPE: /* Phi-3's: which factors the context chose */
+        return Py_BuildValue("{s:s,s:s,s:i,s:d}", "type", "longrope", "factors",
+                             c->rope_long ? "long" : "short", "original_context",
+                             c->rope_original_context, "attention_factor",
+                             (double)c->rope_attn_factor);
     default: Py_RETURN_NONE;
     }
 }
@@ -97,7 +102,7 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
     }
     d = Py_BuildValue(
         "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:d,s:d,s:O,s:O,s:O,s:O,s:s,s:O,s:O,"
-        "s:O,s:O,s:d,s:O,s:O}",
+        "s:O,s:O,s:d,s:O,s:O,s:i}",
         "arch", c->arch_name, "vocab_size", c->vocab_size, "hidden_size", c->hidden_size,
         "n_layers", c->n_layers, "n_heads", c->n_heads, "n_kv_heads", c->n_kv_heads, "head_dim",
         c->head_dim, "ffn_size", c->ffn_size, "context_length", c->context_length, "rope_theta",
@@ -106,7 +111,8 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
         "qkv_bias", c->has_qkv_bias ? Py_True : Py_False, "qk_norm",
         c->has_qk_norm ? Py_True : Py_False, "weight_type", sd_type_name(c->weight_type),
         "rope_scaling", rope, "rope_theta_local", local, "sliding_window", window, "layer_types",
-        types, "attn_scale", scale, "final_softcap", softcap, "attn_softcap", attn_softcap);
+        types, "attn_scale", scale, "final_softcap", softcap, "attn_softcap", attn_softcap,
+        "rope_dim", sd_config_rope_dim(c));
 done:
     Py_XDECREF(rope);
     Py_XDECREF(types);

@@ -37,22 +37,23 @@ static sd_model_params model_params(int threads, int device, int gpu) {
     return p;
 }
 
-/* load(path, threads=None, device=0, gpu=0) -> Model */
+/* load(path, threads=None, device=0, gpu=0, context_length=0) -> Model */
 static PyObject *core_load(PyObject *mod, PyObject *args, PyObject *kwds) {
     (void)mod;
-    static char *kwlist[] = {"path", "threads", "device", "gpu", NULL};
+    static char *kwlist[] = {"path", "threads", "device", "gpu", "context_length", NULL};
     PyObject *path_obj = NULL;
     PyObject *threads_obj = Py_None;
-    int threads = 0, device = SD_DEVICE_CPU, gpu = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|Oii:load", kwlist, PyUnicode_FSConverter,
-                                     &path_obj, &threads_obj, &device, &gpu)) {
+    int threads = 0, device = SD_DEVICE_CPU, gpu = 0, context_length = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|Oiii:load", kwlist, PyUnicode_FSConverter,
+                                     &path_obj, &threads_obj, &device, &gpu, &context_length)) {
         return NULL;
     }
     if (threads_arg(threads_obj, &threads) < 0) {
         Py_DECREF(path_obj);
         return NULL;
     }
-    const sd_model_params p = model_params(threads, device, gpu);
+    sd_model_params p = model_params(threads, device, gpu);
+    p.context_length = context_length;
     sd_model *m = NULL;
     sd_status st;
     const char *path = PyBytes_AS_STRING(path_obj);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/config.h"
 #include "model/forward.h"
 #include "util/status.h"
 
@@ -86,10 +87,12 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
     s->min_p = p->min_p;
     SD_TRY(sd_sampling_check(s));
     if ((int64_t)n_prompt + p->max_new_tokens > m->cfg.context_length) {
+        char note[160];
         return sd_set_error(SD_ERR_INVALID_ARG,
                             "prompt (%d tokens) + max_new_tokens (%d) exceeds the context length "
-                            "%d",
-                            n_prompt, p->max_new_tokens, m->cfg.context_length);
+                            "%d%s",
+                            n_prompt, p->max_new_tokens, m->cfg.context_length,
+                            sd_config_context_note(&m->cfg, note, sizeof(note)));
     }
     return SD_OK;
 }
