@@ -73,7 +73,8 @@ typedef enum {
     SD_ARCH_QWEN3 = 2,
     SD_ARCH_GEMMA3 = 3,
     SD_ARCH_GEMMA2 = 4,
-    SD_ARCH_PHI3 = 5 /* the llama graph; q/k/v and gate/up fused in the file, split at load */
+    SD_ARCH_PHI3 = 5,   /* the llama graph; q/k/v and gate/up fused in the file, split at load */
+    SD_ARCH_SMOLLM3 = 6 /* the llama graph without RoPE on every no_rope_interval-th layer */
 } sd_arch;
 
 /* How RoPE's inverse frequencies inv[i] = theta^(-2i/Dh) are scaled for longer contexts. */
@@ -127,6 +128,8 @@ typedef struct {
     float rope_low_freq_factor;  /* LLAMA3 */
     float rope_high_freq_factor; /* LLAMA3 */
     int rope_original_context;   /* LLAMA3, LONGROPE: original_max_position_embeddings */
+    int no_rope_interval;        /* > 0: layer l applies no RoPE when (l + 1) % it == 0 (SmolLM3's
+                                  * NoPE layers, every 4th); 0: every layer does */
     int rope_dim;           /* rotated dimensions of each head, the first rope_dim (even; 0 = all
                              * Dh): Phi-4-mini's partial rotary embeddings */
     float rope_attn_factor; /* LONGROPE: cos and sin are multiplied by it (0 = 1) */

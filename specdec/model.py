@@ -49,6 +49,7 @@ class ModelConfig:
     attn_softcap: Optional[float]      # attention scores = c * tanh(scores / c) (gemma2)
     rope_dim: int                      # rotated dimensions of each head: head_dim, or fewer
     #                                    (partial rotary embeddings, Phi-4-mini)
+    no_rope_interval: Optional[int]    # every n-th layer applies no RoPE (SmolLM3: 4), or None
 
 
 class Model:

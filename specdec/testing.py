@@ -25,9 +25,10 @@ import numpy as np
 
 @dataclass(frozen=True)
 class RandomModelConfig:
-    """Shape and hyper-parameters of a random llama/qwen2/qwen3/gemma2/gemma3/phi3 model."""
+    """Shape and hyper-parameters of a random llama/qwen2/qwen3/gemma2/gemma3/phi3/smollm3
+    model."""
 
-    arch: str = "llama"  # "llama", "qwen2", "qwen3", "gemma2", "gemma3" or "phi3"
+    arch: str = "llama"  # "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3" or "smollm3"
     vocab: int = 64
     dim: int = 32
     n_layers: int = 2
@@ -388,8 +389,8 @@ def gguf_tensors(cfg: RandomModelConfig, weights: dict, dtype: str = "F32") -> l
         if hf not in weights:
             continue
         a = np.asarray(weights[hf], dtype=np.float32)
-        if cfg.arch == "llama":
-            # only for the llama architecture; qwen2 is rotate-half (NEOX) in llama.cpp too
+        if cfg.arch in ("llama", "smollm3"):
+            # only for the llama graph's adjacent pairs; qwen2 is rotate-half (NEOX) in llama.cpp
             if hf.endswith("self_attn.q_proj.weight") or hf.endswith("self_attn.q_proj.bias"):
                 a = permute_qk(a, cfg.n_heads)
             elif hf.endswith("self_attn.k_proj.weight") or hf.endswith("self_attn.k_proj.bias"):

@@ -1,8 +1,8 @@
 """Model families against Hugging Face transformers (issue 25): Llama's RoPE scaling (llama3 and
 linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim), Mistral's
 sliding window, Gemma 3 (local and global layers, sandwich norms, GeGLU), Gemma 2 (windows on
-alternate layers, attention and final soft-caps), Phi-3 (fused matrices, a window) and Phi-3.5 /
-Phi-4-mini's partial rotary embeddings and LongRoPE, each a tiny random model whose logits
+alternate layers, attention and final soft-caps), Phi-3 (fused matrices, a window), Phi-3.5 /
+Phi-4-mini's partial rotary embeddings and LongRoPE, and SmolLM3 (NoPE layers), each a tiny random model whose logits
 transformers recorded (tools/record_families.py, tests/fixtures/families/). The Hugging Face
 directory is rebuilt here from the recorded config.json and the seed of its weights; the GGUF
 file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV
@@ -23,7 +23,7 @@ from tinymodels import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
 NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3", "gemma2",
-         "phi3", "phi3_longrope"]
+         "phi3", "phi3_longrope", "smollm3"]
 TOL = 1e-3
 # how each case is loaded for its recorded tokens: phi3_longrope's 40 pass its original context
 # of 16, so it runs with its long factors (its short ones: the LongRoPE tests below)
@@ -126,7 +126,7 @@ def test_one_token_decode_matches_transformers(hf_dirs, name):
 
 
 @pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3", "gemma2",
-                                  "phi3", "phi3_longrope"])
+                                  "phi3", "phi3_longrope", "smollm3"])
 def test_tree_verify_matches_transformers(hf_dirs, name):
     """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
     sibling sits before each of its nodes in the cache. Each branch node sits at position
@@ -218,6 +218,7 @@ def test_gemma3_config_of_transformers_4_is_the_same(tmp_path):
 
 
 @pytest.mark.parametrize("name,variant", [
+    ("smollm3", "no_rope_every_2"),
     ("gemma3", "query_pre_attn_scalar_32"), ("gemma3", "final_logit_softcapping_3"),
     ("gemma2", "query_pre_attn_scalar_32"), ("gemma2", "no_attn_softcap"),
     ("gemma2", "no_final_softcap")])
@@ -433,6 +434,40 @@ def test_context_length_caps_any_model(hf_dirs):
                      (True, TypeError)):
         with pytest.raises(err, match="context_length"):
             load(hf_dirs["llama3_rope"], context_length=bad)
+
+
+# ---- SmolLM3's layers without RoPE ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["every layer rotated", "interval 4 dropped"])
+def test_smollm3_nope_layers_would_fail(tmp_path, change):
+    """The fixture tells the NoPE layers apart: rotating every layer (a list of ones), or reading
+    the list's period wrong, moves the logits far off; the interval alone (no list) is the same
+    model as the list it implies."""
+    c = case("smollm3")
+    conf = dict(c["config"])
+    if change == "every layer rotated":
+        conf["no_rope_layers"] = [1, 1, 1, 1]
+        got = load(write_dir(tmp_path, "smollm3", conf)).logits(c["tokens"])
+        assert rel_err(got, c["logits"]) > 0.05
+        assert load(write_dir(tmp_path / "c", "smollm3", conf)).config.no_rope_interval is None
+    else:
+        del conf["no_rope_layers"]  # SmolLM3Config builds it from no_rope_layer_interval (4)
+        got = load(write_dir(tmp_path, "smollm3", conf)).logits(c["tokens"])
+        assert rel_err(got, c["logits"]) <= TOL
+        conf["no_rope_layer_interval"] = 2
+        got = load(write_dir(tmp_path / "2", "smollm3", conf)).logits(c["tokens"])
+        v = c["variants"]["no_rope_every_2"]
+        assert rel_err(got, v["logits"]) <= TOL
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_smollm3_config(hf_dirs, source):
+    """llama.cpp's GGUF has no key for the NoPE layers: its smollm3 graph leaves every 4th out,
+    as specdec does for that file; its q/k rows are permuted as llama's are."""
+    g = load(hf_dirs["smollm3"] if source == "hf" else FIXTURES / "smollm3.gguf").config
+    assert g.arch == "smollm3" and g.no_rope_interval == 4 and g.tied_embeddings
+    assert g.rope_neox == (source == "hf")
 
 
 # ---- speculation --------------------------------------------------------------------------

@@ -449,6 +449,26 @@ def test_longrope_hf_refusals(tmp_path, what):
     refused(gemma3_dir(tmp_path, change, "phi3_longrope"), needle)
 
 
+SMOLLM3_REFUSED = {  # 4 layers
+    "not periodic": (lambda c: c.update(no_rope_layers=[1, 0, 1, 1]), "breaks the pattern"),
+    "wrong length": (lambda c: c.update(no_rope_layers=[1, 1, 0]), "not an array of 4"),
+    "not 0 or 1": (lambda c: c.update(no_rope_layers=[1, 2, 1, 0]), "[1] must be 0 or 1"),
+    "string entry": (lambda c: c.update(no_rope_layers=[1, 1, 1, "0"]), "[3] must be 0 or 1"),
+    "interval 0": (lambda c: (c.pop("no_rope_layers"), c.update(no_rope_layer_interval=0)),
+                   "no_rope_layer_interval"),
+    "window": (lambda c: c.update(use_sliding_window=True, sliding_window=8),
+               "use_sliding_window"),
+}
+
+
+@pytest.mark.parametrize("what", list(SMOLLM3_REFUSED))
+def test_smollm3_hf_refusals(tmp_path, what):
+    """SmolLM3's NoPE layers other than every n-th, malformed lists, and its sliding window
+    (transformers puts it on the NoPE layers only) are refused by name."""
+    change, needle = SMOLLM3_REFUSED[what]
+    refused(gemma3_dir(tmp_path, change, "smollm3"), needle)
+
+
 def test_partial_rotary_only_in_phi3(tmp_path):
     """transformers applies partial rotary embeddings and LongRoPE the same way as llama.cpp in
     phi3 only; in a llama config they stay refused."""

@@ -113,6 +113,15 @@ CASES = {
                                                 n_heads=2, n_kv_heads=1, ffn=32,
                                                 context_length=64),
                       38, 40),
+    # SmolLM3: the llama graph with every 4th layer without RoPE (NoPE), tied embeddings; a
+    # variant (HF side) with a period of 2 as an explicit no_rope_layers list
+    "smollm3": ("SmolLM3Config",
+                dict(pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+                testing.RandomModelConfig(arch="smollm3", vocab=40, dim=16, n_layers=4,
+                                          n_heads=2, n_kv_heads=1, ffn=32, context_length=128,
+                                          tied=True, rms_eps=1e-6),
+                39, 40),
     # Mistral with a sliding window of 6 over 24 tokens
     "mistral_window": ("MistralConfig", dict(sliding_window=6),
                        testing.RandomModelConfig(arch="llama", context_length=128, **SMALL), 34,
@@ -120,7 +129,8 @@ CASES = {
 }
 
 
-VARIANTS = {"gemma3": {"query_pre_attn_scalar_32": dict(query_pre_attn_scalar=32),
+VARIANTS = {"smollm3": {"no_rope_every_2": dict(no_rope_layers=[1, 0, 1, 0])},
+            "gemma3": {"query_pre_attn_scalar_32": dict(query_pre_attn_scalar=32),
                        "final_logit_softcapping_3": dict(final_logit_softcapping=3.0)},
             "gemma2": {"query_pre_attn_scalar_32": dict(query_pre_attn_scalar=32),
                        "no_attn_softcap": dict(attn_logit_softcapping=None),

@@ -30,20 +30,24 @@ sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len) {
         {"gemma3_text", SD_ARCH_GEMMA3}, /* Hugging Face's text-only model */
         {"gemma2", SD_ARCH_GEMMA2},
         {"phi3", SD_ARCH_PHI3},
+        {"smollm3", SD_ARCH_SMOLLM3},
     };
-    static const char *const canonical[] = {"llama", "qwen2", "qwen3", "gemma3", "gemma2", "phi3"};
+    static const char *const canonical[] = {"llama",  "qwen2", "qwen3",  "gemma3",
+                                            "gemma2", "phi3",  "smollm3"};
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         if (strlen(known[i].name) == len && memcmp(name, known[i].name, len) == 0) {
             c->arch = known[i].arch;
             snprintf(c->arch_name, sizeof(c->arch_name), "%s", canonical[c->arch]);
             c->has_qkv_bias = c->arch == SD_ARCH_QWEN2;
             c->has_qk_norm = c->arch == SD_ARCH_QWEN3 || c->arch == SD_ARCH_GEMMA3;
+            c->no_rope_interval =
+                c->arch == SD_ARCH_SMOLLM3 ? 4 : 0; /* llama.cpp's, HF's default */
             return SD_OK;
         }
     }
     return sd_set_error(SD_ERR_UNSUPPORTED,
                         "unknown architecture '%.*s' (supported: llama, mistral, qwen2, qwen3, "
-                        "gemma2, gemma3, phi3)",
+                        "gemma2, gemma3, phi3, smollm3)",
                         (int)(len > 64 ? 64 : len), name);
 }
 
@@ -140,6 +144,10 @@ sd_status sd_config_check(const sd_config *c) {
                             "partial rotary embeddings, LongRoPE and a RoPE attention factor are "
                             "supported in phi3 models only, not in %s",
                             c->arch_name);
+    }
+    if (c->no_rope_interval < 0 || (c->no_rope_interval > 0 && c->arch != SD_ARCH_SMOLLM3)) {
+        return sd_set_error(SD_ERR_FORMAT, "layers without RoPE (every %d) in a %s model",
+                            c->no_rope_interval, c->arch_name);
     }
     if (c->rope_scaling == SD_ROPE_LONGROPE && c->rope_original_context <= 0) {
         return sd_set_error(SD_ERR_FORMAT, "LongRoPE needs its original context length > 0");
@@ -537,7 +545,8 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
     }
     /* llama.cpp's converter permutes llama q/k rows for adjacent-pair rotation; other
      * architectures keep rotate-half (NeoX) pairing. */
-    c->rope_neox = c->arch != SD_ARCH_LLAMA;
+    /* llama.cpp's converter permutes q/k rows for llama's adjacent pairs (smollm3's too) */
+    c->rope_neox = c->arch != SD_ARCH_LLAMA && c->arch != SD_ARCH_SMOLLM3;
     c->tied_embeddings = sd_gguf_find_tensor(g, "output.weight") == NULL;
     return sd_config_check(c);
 }

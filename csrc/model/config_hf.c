@@ -418,6 +418,52 @@ static sd_status window_from_hf(sd_config *c, const sd_json *cfg, const char *pa
     return SD_OK;
 }
 
+/* SmolLM3's layers without RoPE: "no_rope_layers" (per layer 1 = RoPE, 0 = none), else every
+ * "no_rope_layer_interval"-th (default 4) as SmolLM3Config builds the list. A list must follow
+ * such a period, the one llama.cpp hard-codes as 4 (its GGUF cannot state the list). */
+static sd_status nope_from_hf(sd_config *c, const sd_json *cfg, const char *path) {
+    int64_t n = 4;
+    const sd_json *iv = sd_json_get(cfg, "no_rope_layer_interval");
+    if (!is_null(iv) &&
+        (!sd_json_get_int(cfg, "no_rope_layer_interval", &n) || n < 1 || n > (1 << 20))) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: \"no_rope_layer_interval\" must be an integer >= 1, got %s", path,
+                            json_type_name(iv));
+    }
+    const sd_json *list = sd_json_get(cfg, "no_rope_layers");
+    if (!is_null(list)) {
+        if (list->type != SD_JSON_ARRAY || list->n != (size_t)c->n_layers) {
+            return sd_set_error(SD_ERR_FORMAT, "%s: \"no_rope_layers\" is not an array of %d", path,
+                                c->n_layers);
+        }
+        n = 0; /* the period its first layer without RoPE gives, or none */
+        for (size_t i = 0; i < list->n; i++) {
+            const sd_json *e = &list->items[i];
+            const int ok = (e->type == SD_JSON_NUMBER && e->is_integer &&
+                            (e->number == 0.0 || e->number == 1.0)) ||
+                           e->type == SD_JSON_BOOL;
+            if (!ok) {
+                return sd_set_error(SD_ERR_FORMAT,
+                                    "%s: \"no_rope_layers\"[%zu] must be 0 or 1, got %s", path, i,
+                                    json_type_name(e));
+            }
+            const int rope = e->type == SD_JSON_BOOL ? e->boolean : e->number != 0.0;
+            if (n == 0 && !rope) {
+                n = (int64_t)i + 1;
+            }
+            if (n > 0 && rope != ((int64_t)(i + 1) % n != 0)) {
+                return sd_set_error(SD_ERR_UNSUPPORTED,
+                                    "%s: \"no_rope_layers\"[%zu] = %d breaks the pattern of "
+                                    "every %lld-th layer without RoPE (only periodic NoPE layers "
+                                    "are supported)",
+                                    path, i, rope, (long long)n);
+            }
+        }
+    }
+    c->no_rope_interval = (int)n;
+    return SD_OK;
+}
+
 /* The period n of layer types that slide on l % n < n - 1: from "layer_types" when given (it
  * must follow such a period, or have no full layer: n = 0), else "sliding_window_pattern". */
 static sd_status gemma_pattern(sd_config *c, const sd_json *cfg, const char *path) {
@@ -593,6 +639,9 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
             SD_TRY(json_int(cfg, "original_max_position_embeddings", &c->rope_original_context, 1,
                             path));
         }
+    }
+    if (c->arch == SD_ARCH_SMOLLM3) {
+        SD_TRY(nope_from_hf(c, cfg, path));
     }
     if (sd_config_is_gemma(c)) {
         SD_TRY(gemma_from_hf(c, cfg, path));

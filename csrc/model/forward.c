@@ -454,8 +454,10 @@ static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int 
             sd_rmsnorm(s->q, s->q, L->q_norm, T * H, Dh, c->rms_eps);
             sd_rmsnorm(s->k, s->k, L->k_norm, T * Hkv, Dh, c->rms_eps);
         }
-        sd_rope_part(s->q, cs, T, H, Dh, R, c->rope_neox);
-        sd_rope_part(s->k, cs, T, Hkv, Dh, R, c->rope_neox);
+        if (c->no_rope_interval == 0 || (l + 1) % c->no_rope_interval != 0) { /* SmolLM3's NoPE */
+            sd_rope_part(s->q, cs, T, H, Dh, R, c->rope_neox);
+            sd_rope_part(s->k, cs, T, Hkv, Dh, R, c->rope_neox);
+        }
         for (size_t i = 0; q_scale != 1.0f && i < (size_t)T * (size_t)H * (size_t)Dh; i++) {
             s->q[i] *= q_scale;
         }

@@ -75,7 +75,7 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
     const sd_config *c = sd_model_config(self->model);
     PyObject *d = NULL, *rope = NULL, *types = NULL, *softcap = NULL, *local = NULL;
     PyObject *attn_softcap = NULL;
-    PyObject *window = NULL;
+    PyObject *window = NULL, *nope = NULL;
     const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt(c->head_dim);
     if ((rope = rope_scaling_dict(c)) == NULL || (types = PyTuple_New(c->n_layers)) == NULL ||
         (softcap = float_or_none(c->final_softcap)) == NULL ||
@@ -100,9 +100,18 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
     if (window == NULL) {
         goto done;
     }
+    if (c->no_rope_interval > 0) {
+        nope = PyLong_FromLong(c->no_rope_interval);
+    } else {
+        Py_INCREF(Py_None);
+        nope = Py_None;
+    }
+    if (nope == NULL) {
+        goto done;
+    }
     d = Py_BuildValue(
         "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:d,s:d,s:O,s:O,s:O,s:O,s:s,s:O,s:O,"
-        "s:O,s:O,s:d,s:O,s:O,s:i}",
+        "s:O,s:O,s:d,s:O,s:O,s:i,s:O}",
         "arch", c->arch_name, "vocab_size", c->vocab_size, "hidden_size", c->hidden_size,
         "n_layers", c->n_layers, "n_heads", c->n_heads, "n_kv_heads", c->n_kv_heads, "head_dim",
         c->head_dim, "ffn_size", c->ffn_size, "context_length", c->context_length, "rope_theta",
@@ -112,7 +121,7 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
         c->has_qk_norm ? Py_True : Py_False, "weight_type", sd_type_name(c->weight_type),
         "rope_scaling", rope, "rope_theta_local", local, "sliding_window", window, "layer_types",
         types, "attn_scale", scale, "final_softcap", softcap, "attn_softcap", attn_softcap,
-        "rope_dim", sd_config_rope_dim(c));
+        "rope_dim", sd_config_rope_dim(c), "no_rope_interval", nope);
 done:
     Py_XDECREF(rope);
     Py_XDECREF(types);
@@ -120,6 +129,7 @@ done:
     Py_XDECREF(attn_softcap);
     Py_XDECREF(local);
     Py_XDECREF(window);
+    Py_XDECREF(nope);
     return d;
 }
 

@@ -1,18 +1,18 @@
-"""llama.cpp itself on the LongRoPE fixture (tests/fixtures/families/phi3_longrope.gguf, written by
-llama.cpp's converter from a tiny Phi-3 with partial rotary embeddings and LongRoPE): its logits
-against transformers' (the fixture's) and specdec's.
+"""llama.cpp itself on the family fixtures whose GGUF llama.cpp's converter wrote
+(tests/fixtures/families/NAME.gguf): its logits against transformers' (the fixture's) and
+specdec's, for phi3_longrope (partial rotary embeddings and LongRoPE) and smollm3 (NoPE layers).
 
-The fixture's vocabulary is placeholders without merges, which llama.cpp's loader refuses, so a
-copy is written with a SentencePiece-style vocabulary of the same size (the tokenizer plays no
+The fixtures' vocabularies are placeholders without merges, which llama.cpp's loader refuses, so
+a copy is written with a SentencePiece-style vocabulary of the same size (the tokenizer plays no
 part in the logits) and without general.name (llama.cpp gives a model named "phi3" token
-attributes by name). llama.cpp pads its context to a multiple of 256, above the fixture's
-original context of 16, so it runs the long factors: compared with the fixture's "logits" and
-with specdec loaded with context_length=64. Both use f16 KV caches here.
+attributes by name). llama.cpp pads its context to a multiple of 256, above phi3_longrope's
+original context of 16, so it runs the long factors there: compared with the fixture's
+"logits" and with specdec loaded with context_length=64. Both use f16 KV caches here.
 
 Needs llama-cpp-python and the gguf-py of llama.cpp's source (the llama-cpp-python sdist
 carries it under vendor/llama.cpp/gguf-py); the test suite does not use this script.
 
-    python tools/phi3_longrope_llamacpp.py --gguf-py LLAMA_CPP_SOURCE_DIR/gguf-py
+    python tools/families_llamacpp.py --gguf-py LLAMA_CPP_SOURCE_DIR/gguf-py
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "fixtures" / "families" / "phi3_longrope"
+FIXTURES = ROOT / "tests" / "fixtures" / "families"
+CASES = {"phi3_longrope": {"context_length": 64}, "smollm3": {}}  # specdec.load's arguments
 
 
 def loadable_copy(gguf, src: Path, dst: Path) -> None:
@@ -77,21 +78,20 @@ def main() -> None:
 
     import specdec
 
-    case = json.loads(FIXTURE.with_suffix(".json").read_text())
-    tokens, ref = case["tokens"], np.asarray(case["logits"])
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "phi3_longrope.gguf"
-        loadable_copy(gguf, FIXTURE.with_suffix(".gguf"), path)
-        llm = Llama(model_path=str(path), n_ctx=len(tokens), logits_all=True, verbose=False,
-                    n_threads=2, n_batch=len(tokens), n_ubatch=len(tokens))
-        llm.eval(tokens)
-        got = np.array(llm.scores[:len(tokens)])
-        ours = specdec.load(str(path), context_length=64).logits(tokens)
-    print(f"llama.cpp context {llm.n_ctx()} (original 16: the long factors)")
-    print(f"llama.cpp against transformers: max|d| / max|ref| = {rel(got, ref):.2e}")
-    print(f"specdec against llama.cpp:      max|d| / max|ref| = {rel(ours, got):.2e}")
-    print(f"specdec against transformers:   max|d| / max|ref| = {rel(ours, ref):.2e}")
-
+    for name, kw in CASES.items():
+        case = json.loads((FIXTURES / f"{name}.json").read_text())
+        tokens, ref = case["tokens"], np.asarray(case["logits"])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{name}.gguf"
+            loadable_copy(gguf, FIXTURES / f"{name}.gguf", path)
+            llm = Llama(model_path=str(path), n_ctx=len(tokens), logits_all=True, verbose=False,
+                        n_threads=2, n_batch=len(tokens), n_ubatch=len(tokens))
+            llm.eval(tokens)
+            got = np.array(llm.scores[:len(tokens)])
+            ours = specdec.load(str(path), **kw).logits(tokens)
+        print(f"{name}: {len(tokens)} tokens, llama.cpp context {llm.n_ctx()}, max|d| / max|ref|:")
+        print(f"  llama.cpp against transformers {rel(got, ref):.2e}, specdec against llama.cpp "
+              f"{rel(ours, got):.2e}, specdec against transformers {rel(ours, ref):.2e}")
 
 if __name__ == "__main__":
     main()
