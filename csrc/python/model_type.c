@@ -69,6 +69,14 @@ static PyObject *float_or_none(float x) {
     return PyFloat_FromDouble((double)x);
 }
 
+/* n, or None when n is 0 (a feature the model does not have). */
+static PyObject *int_or_none(int n) {
+    if (n <= 0) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLong(n);
+}
+
 /* The fields of specdec.model.ModelConfig. */
 static PyObject *model_config(sd_py_Model *self, void *closure) {
     (void)closure;
@@ -91,22 +99,8 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
         }
         PyTuple_SET_ITEM(types, l, t);
     }
-    if (c->sliding_window > 0) {
-        window = PyLong_FromLong(c->sliding_window);
-    } else {
-        Py_INCREF(Py_None);
-        window = Py_None;
-    }
-    if (window == NULL) {
-        goto done;
-    }
-    if (c->no_rope_interval > 0) {
-        nope = PyLong_FromLong(c->no_rope_interval);
-    } else {
-        Py_INCREF(Py_None);
-        nope = Py_None;
-    }
-    if (nope == NULL) {
+    if ((window = int_or_none(c->sliding_window)) == NULL ||
+        (nope = int_or_none(c->no_rope_interval)) == NULL) {
         goto done;
     }
     d = Py_BuildValue(
