@@ -423,9 +423,16 @@ LONGROPE_REFUSED = {  # phi3_longrope: 12 rotary dimensions of 16 (6 factors), c
     "factor not a list": (_rp(short_factor=2.0), "short_factor\" must be an array"),
     "zero factor": (_rp(long_factor=[1.0, 0.0, 1.0, 1.0, 1.0, 1.0]), "long_factor\"[1] must be"),
     "string factor": (_rp(short_factor=["1"] * 6), "short_factor\"[0] must be"),
+    # transformers reads the top-level original context (Phi3Config's 4096 when absent) over
+    # rope_parameters' own: a disagreement is refused rather than read either way
+    "object disagrees with the top level": (
+        _rp(original_max_position_embeddings=20), "must be the integer 16 of the top level"),
+    "only in the object": (lambda c: c.pop("original_max_position_embeddings"),
+                           "must be the integer 4096 of the top level"),
     "original beyond the context": (
-        lambda c: (c["rope_parameters"].update(original_max_position_embeddings=65)),
-        "original_max_position_embeddings"),
+        lambda c: (c.update(original_max_position_embeddings=65),
+                   c["rope_parameters"].update(original_max_position_embeddings=65)),
+        "original_max_position_embeddings 65 is not in [1, max_position_embeddings 64]"),
     "no original": (lambda c: (c["rope_parameters"].pop("original_max_position_embeddings"),
                                c.pop("original_max_position_embeddings")),
                     "original_max_position_embeddings"),

@@ -247,23 +247,24 @@ static sd_status longrope_from_json(sd_config *c, const sd_json *rp, const char 
     const int n = sd_config_rope_dim(c) / 2;
     SD_TRY(longrope_factors(c->rope_short_factors, rp, "short_factor", n, field, path));
     SD_TRY(longrope_factors(c->rope_long_factors, rp, "long_factor", n, field, path));
-    int64_t orig = c->rope_original_context;
-    if (!is_null(sd_json_get(rp, "original_max_position_embeddings"))) {
-        if (!sd_json_get_int(rp, "original_max_position_embeddings", &orig)) {
-            return sd_set_error(SD_ERR_FORMAT,
-                                "%s: \"%s\".\"original_max_position_embeddings\" must be an "
-                                "integer",
-                                path, field);
-        }
+    /* transformers takes config.json's top-level value (Phi3Config's default 4096 when
+     * absent, already in c) over this object's: one that disagrees is refused */
+    const int64_t orig = c->rope_original_context;
+    int64_t stated = orig;
+    if (!is_null(sd_json_get(rp, "original_max_position_embeddings")) &&
+        (!sd_json_get_int(rp, "original_max_position_embeddings", &stated) || stated != orig)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: \"%s\".\"original_max_position_embeddings\" must be the "
+                            "integer %lld of the top level (transformers reads that one; "
+                            "Phi3Config's default 4096 when absent)",
+                            path, field, (long long)orig);
     }
     if (orig <= 0 || orig > c->context_length) {
         return sd_set_error(SD_ERR_FORMAT,
-                            "%s: LongRoPE needs \"original_max_position_embeddings\" (in "
-                            "\"%s\" or at the top level) in [1, max_position_embeddings %d], "
-                            "got %lld",
-                            path, field, c->context_length, (long long)orig);
+                            "%s: LongRoPE's original_max_position_embeddings %lld is not in [1, "
+                            "max_position_embeddings %d]",
+                            path, (long long)orig, c->context_length);
     }
-    c->rope_original_context = (int)orig;
     const double old = c->rope_original_context;
     double factor = (double)c->context_length / old, af = 0.0;
     int has_factor = 0, has_af = 0;
@@ -635,10 +636,9 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
         if (!is_null(pr)) {
             SD_TRY(partial_rotary(c, pr, "\"partial_rotary_factor\"", path));
         }
-        if (!is_null(sd_json_get(cfg, "original_max_position_embeddings"))) {
-            SD_TRY(json_int(cfg, "original_max_position_embeddings", &c->rope_original_context, 1,
-                            path));
-        }
+        c->rope_original_context = 4096; /* Phi3Config's default */
+        SD_TRY(
+            json_int(cfg, "original_max_position_embeddings", &c->rope_original_context, 0, path));
     }
     if (c->arch == SD_ARCH_SMOLLM3) {
         SD_TRY(nope_from_hf(c, cfg, path));
