@@ -79,15 +79,19 @@ typedef enum {
 
 /* How RoPE's inverse frequencies inv[i] = theta^(-2i/Dh) are scaled for longer contexts. */
 typedef enum {
-    SD_ROPE_DEFAULT = 0, /* unscaled */
-    SD_ROPE_LINEAR = 1,  /* position interpolation: inv[i] / factor */
-    SD_ROPE_LLAMA3 = 2,  /* Llama 3.1: wavelengths 2pi/inv[i] above original_context /
-                          * low_freq_factor are divided by factor, those below original_context /
-                          * high_freq_factor are kept, a linear blend in 1/wavelength between */
-    SD_ROPE_FACTORS = 3, /* inv[i] / f[i], the per-frequency divisors a GGUF file stores in
-                          * rope_freqs.weight (llama.cpp's form of llama3 scaling) */
-    SD_ROPE_LONGROPE = 4 /* Phi-3's LongRoPE: inv[i] / f[i] with f the short factors, or (rope_long)
-                          * the long ones; cos and sin times rope_attn_factor */
+    SD_ROPE_DEFAULT = 0,  /* unscaled */
+    SD_ROPE_LINEAR = 1,   /* position interpolation: inv[i] / factor */
+    SD_ROPE_LLAMA3 = 2,   /* Llama 3.1: wavelengths 2pi/inv[i] above original_context /
+                           * low_freq_factor are divided by factor, those below original_context /
+                           * high_freq_factor are kept, a linear blend in 1/wavelength between */
+    SD_ROPE_FACTORS = 3,  /* inv[i] / f[i], the per-frequency divisors a GGUF file stores in
+                           * rope_freqs.weight (llama.cpp's form of llama3 scaling) */
+    SD_ROPE_LONGROPE = 4, /* Phi-3's LongRoPE: inv[i] / f[i] with f the short factors, or
+                           * (rope_long) the long ones; cos and sin times rope_attn_factor */
+    SD_ROPE_YARN = 5      /* YaRN: inv[i] blended from inv[i] / factor (interpolated) to inv[i]
+                           * (extrapolated) over the frequencies that turn between beta_slow and
+                           * beta_fast times in the original context; cos and sin times
+                           * rope_attn_factor */
 } sd_rope_scaling;
 
 /* Most RoPE frequencies a model has (a head of up to 512 dimensions). */
@@ -127,12 +131,15 @@ typedef struct {
     float rope_factor;      /* LINEAR and LLAMA3: how many times the original context */
     float rope_low_freq_factor;  /* LLAMA3 */
     float rope_high_freq_factor; /* LLAMA3 */
-    int rope_original_context;   /* LLAMA3, LONGROPE: original_max_position_embeddings */
+    int rope_original_context;   /* LLAMA3, LONGROPE, YARN: original_max_position_embeddings */
+    float rope_beta_fast;        /* YARN: rotations in the original context below which a
+                                  * frequency is interpolated (32) */
+    float rope_beta_slow;        /* YARN: above which it is kept (1) */
     int no_rope_interval;        /* > 0: layer l applies no RoPE when (l + 1) % it == 0 (SmolLM3's
                                   * NoPE layers, every 4th); 0: every layer does */
     int rope_dim;           /* rotated dimensions of each head, the first rope_dim (even; 0 = all
                              * Dh): Phi-4-mini's partial rotary embeddings */
-    float rope_attn_factor; /* LONGROPE: cos and sin are multiplied by it (0 = 1) */
+    float rope_attn_factor; /* LONGROPE, YARN: cos and sin are multiplied by it (0 = 1) */
     int rope_long;          /* LONGROPE: 1 = the long factors (a context above the original) */
     float rope_short_factors[SD_ROPE_MAX_FREQS]; /* LONGROPE: (rope_dim / 2) divisors */
     float rope_long_factors[SD_ROPE_MAX_FREQS];  /* LONGROPE: (rope_dim / 2) divisors */

@@ -2,7 +2,8 @@
 linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim), Mistral's
 sliding window, Gemma 3 (local and global layers, sandwich norms, GeGLU), Gemma 2 (windows on
 alternate layers, attention and final soft-caps), Phi-3 (fused matrices, a window), Phi-3.5 /
-Phi-4-mini's partial rotary embeddings and LongRoPE, and SmolLM3 (NoPE layers), each a tiny random model whose logits
+Phi-4-mini's partial rotary embeddings and LongRoPE, SmolLM3 (NoPE layers) and YaRN (qwen2),
+each a tiny random model whose logits
 transformers recorded (tools/record_families.py, tests/fixtures/families/). The Hugging Face
 directory is rebuilt here from the recorded config.json and the seed of its weights; the GGUF
 file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV
@@ -23,7 +24,7 @@ from tinymodels import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
 NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3", "gemma2",
-         "phi3", "phi3_longrope", "smollm3"]
+         "phi3", "phi3_longrope", "smollm3", "qwen2_yarn"]
 TOL = 1e-3
 # how each case is loaded for its recorded tokens: phi3_longrope's 40 pass its original context
 # of 16, so it runs with its long factors (its short ones: the LongRoPE tests below)
@@ -126,7 +127,7 @@ def test_one_token_decode_matches_transformers(hf_dirs, name):
 
 
 @pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3", "gemma2",
-                                  "phi3", "phi3_longrope", "smollm3"])
+                                  "phi3", "phi3_longrope", "smollm3", "qwen2_yarn"])
 def test_tree_verify_matches_transformers(hf_dirs, name):
     """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
     sibling sits before each of its nodes in the cache. Each branch node sits at position
@@ -218,7 +219,7 @@ def test_gemma3_config_of_transformers_4_is_the_same(tmp_path):
 
 
 @pytest.mark.parametrize("name,variant", [
-    ("smollm3", "no_rope_every_2"),
+    ("smollm3", "no_rope_every_2"), ("qwen2_yarn", "betas"), ("qwen2_yarn", "mscale"),
     ("gemma3", "query_pre_attn_scalar_32"), ("gemma3", "final_logit_softcapping_3"),
     ("gemma2", "query_pre_attn_scalar_32"), ("gemma2", "no_attn_softcap"),
     ("gemma2", "no_final_softcap")])
@@ -436,6 +437,59 @@ def test_context_length_caps_any_model(hf_dirs):
             load(hf_dirs["llama3_rope"], context_length=bad)
 
 
+# ---- YaRN ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["unscaled", "linear", "no attention factor", "other ramp"])
+def test_yarn_breaks_would_fail(tmp_path, change):
+    """What the fixture catches: YaRN left out or read as linear scaling, cos and sin left
+    unscaled, and another correction range (betas 16 and 2: frequencies 0 to 3 in place of
+    0 to 5)."""
+    c = case("qwen2_yarn")
+    rp = dict(c["config"]["rope_parameters"])
+    if change == "unscaled":
+        rp = {"rope_type": "default", "rope_theta": rp["rope_theta"]}
+    elif change == "linear":
+        rp = {"rope_type": "linear", "rope_theta": rp["rope_theta"], "factor": rp["factor"]}
+    elif change == "no attention factor":
+        rp["attention_factor"] = 1.0
+    else:
+        rp.update(beta_fast=16.0, beta_slow=2.0)
+    got = load(write_dir(tmp_path, "qwen2_yarn", dict(c["config"], rope_parameters=rp)))
+    assert rel_err(got.logits(c["tokens"]), c["logits"]) > 0.01
+
+
+def test_yarn_config_of_transformers_4_and_the_top_level_context(tmp_path):
+    """transformers < 5 wrote YaRN as "rope_scaling" with a top-level rope_theta; a top-level
+    original_max_position_embeddings is the one transformers reads (one in the object must then
+    agree); without either the original context is max_position_embeddings."""
+    c = case("qwen2_yarn")
+    conf = dict(c["config"])
+    rp = dict(conf.pop("rope_parameters"))
+    conf["rope_theta"] = rp.pop("rope_theta")
+    conf["rope_scaling"] = dict(rp, type=rp.pop("rope_type"))
+    assert rel_err(load(write_dir(tmp_path / "a", "qwen2_yarn", conf)).logits(c["tokens"]),
+                   c["logits"]) <= TOL
+    orig = conf["rope_scaling"].pop("original_max_position_embeddings")
+    top = dict(conf, original_max_position_embeddings=orig)
+    assert rel_err(load(write_dir(tmp_path / "b", "qwen2_yarn", top)).logits(c["tokens"]),
+                   c["logits"]) <= TOL
+    m = load(write_dir(tmp_path / "c", "qwen2_yarn", conf))  # neither: 256, the factor as stated
+    assert m.config.rope_scaling["original_context"] == 256
+    assert rel_err(m.logits(c["tokens"]), c["logits"]) > 0.01
+    top["rope_scaling"] = dict(conf["rope_scaling"], original_max_position_embeddings=32)
+    with pytest.raises(ValueError, match="disagrees with the top level"):
+        load(write_dir(tmp_path / "d", "qwen2_yarn", top))
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_config_shows_yarn(hf_dirs, source):
+    g = load(hf_dirs["qwen2_yarn"] if source == "hf" else FIXTURES / "qwen2_yarn.gguf").config
+    assert g.rope_scaling == {"type": "yarn", "factor": 4.0, "original_context": 64,
+                              "beta_fast": 32.0, "beta_slow": 1.0,
+                              "attention_factor": pytest.approx(0.1 * np.log(4.0) + 1.0)}
+
+
 # ---- SmolLM3's layers without RoPE ---------------------------------------------------------
 
 
@@ -468,6 +522,21 @@ def test_smollm3_config(hf_dirs, source):
     g = load(hf_dirs["smollm3"] if source == "hf" else FIXTURES / "smollm3.gguf").config
     assert g.arch == "smollm3" and g.no_rope_interval == 4 and g.tied_embeddings
     assert g.rope_neox == (source == "hf")
+
+
+@pytest.mark.parametrize("name", ["phi3_longrope", "qwen2_yarn", "smollm3"])
+def test_cuda_refuses_what_its_forward_lacks(name):
+    """The CUDA forward rotates whole heads, unscaled, on every layer: a model with partial
+    rotary embeddings, YaRN's or LongRoPE's scaled cos and sin, or NoPE layers is refused there
+    by name (checked before any GPU is looked for, so in every CUDA build)."""
+    from specdec import _core
+
+    with pytest.raises(ValueError) as e:
+        specdec.load(str(FIXTURES / f"{name}.gguf"), device="cuda")
+    if _core.built_with_cuda():
+        assert "the CUDA backend has no" in str(e.value) and "use the CPU" in str(e.value)
+    else:
+        assert "no CUDA backend" in str(e.value)
 
 
 # ---- speculation --------------------------------------------------------------------------

@@ -42,7 +42,14 @@ def refused(path, *needles):
 
 HF_REFUSED = [
     ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
-                         "original_max_position_embeddings": 16}, "yarn"),
+                         "original_max_position_embeddings": 16, "truncate": False}, "truncate"),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 0.0, "rope_theta": 1e4}, "YaRN's factor"),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                         "beta_fast": -1.0}, "beta_fast -1"),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                         "low_freq_factor": 1.0}, "low_freq_factor"),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                         "original_max_position_embeddings": "16"}, "must be an integer"),
     ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0}, "dynamic"),
     ("rope_scaling", {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}, "longrope"),
     ("rope_parameters", dict(LLAMA3, attention_factor=2.0), "attention_factor"),
@@ -160,7 +167,7 @@ GGUF_REFUSED = [
     ("llama.attention.sliding_window_pattern", GGUF_U32, 6),
     ("llama.rope.scaling.attn_factor", GGUF_F32, 2.0),
     ("llama.rope.scaling.alpha", GGUF_F32, 1000.0),
-    ("llama.rope.scaling.type", GGUF_STRING, "yarn"),
+    ("llama.rope.scaling.type", GGUF_STRING, "dynamic"),
     ("llama.rope.scaling.type", GGUF_STRING, "longrope"),
     ("llama.attention.value_length", GGUF_U32, 4),
 ]
@@ -170,6 +177,46 @@ GGUF_REFUSED = [
                          ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(GGUF_REFUSED)])
 def test_gguf_key_refused_by_name(tmp_path, key, vtype, value):
     refused(gguf(tmp_path, [(key, vtype, value)]), key)
+
+
+@pytest.mark.parametrize("kv,needle", [
+    ([], "YaRN needs a factor > 0"),
+    ([("llama.rope.scaling.factor", GGUF_F32, 4.0),
+      ("llama.rope.scaling.yarn_beta_fast", GGUF_F32, 16.0)], "llama.rope.scaling.yarn_beta_fast"),
+    ([("llama.rope.scaling.factor", GGUF_F32, 4.0),
+      ("llama.rope.scaling.yarn_attn_factor", GGUF_F32, 1.0)], "yarn_attn_factor"),
+    ([("llama.rope.scaling.factor", GGUF_F32, 4.0),
+      ("llama.rope.scaling.yarn_log_multiplier", GGUF_F32, 0.1)], "yarn_log_multiplier"),
+])
+def test_gguf_yarn_refusals(tmp_path, kv, needle):
+    """llama.cpp reads no rope.scaling.yarn_* key for the llama graphs, while the model's
+    transformers config that set one computes with it: a value other than llama.cpp's is
+    refused, and so is YaRN without a factor."""
+    refused(gguf(tmp_path, [("llama.rope.scaling.type", GGUF_STRING, "yarn")] + kv), needle)
+
+
+def test_gguf_yarn_with_llamacpp_values_loads(tmp_path):
+    """The yarn_* keys stating what llama.cpp computes anyway (beta 32 and 1, the attention
+    factor 0.1 ln 4 + 1) are no ambiguity."""
+    kv = [("llama.rope.scaling.type", GGUF_STRING, "yarn"),
+          ("llama.rope.scaling.factor", GGUF_F32, 4.0),
+          ("llama.rope.scaling.original_context_length", GGUF_U32, 16),
+          ("llama.rope.scaling.yarn_beta_fast", GGUF_F32, 32.0),
+          ("llama.rope.scaling.yarn_beta_slow", GGUF_F32, 1.0),
+          ("llama.rope.scaling.yarn_attn_factor", GGUF_F32, 0.1 * math.log(4.0) + 1.0)]
+    rs = specdec.load(str(gguf(tmp_path, kv))).config.rope_scaling
+    assert rs["type"] == "yarn" and rs["original_context"] == 16 and rs["factor"] == 4.0
+
+
+@pytest.mark.parametrize("name", ["gemma3", "phi3"])
+def test_yarn_refused_outside_the_llama_graphs(tmp_path, name):
+    def change(c):
+        rp = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}
+        if name == "gemma3":
+            c["rope_parameters"]["full_attention"] = rp
+        else:
+            c["rope_parameters"] = rp
+    refused(gemma3_dir(tmp_path, change, name), "YaRN", name)
 
 
 def test_gguf_linear_without_factor_refused(tmp_path):

@@ -1,6 +1,7 @@
 """llama.cpp itself on the family fixtures whose GGUF llama.cpp's converter wrote
 (tests/fixtures/families/NAME.gguf): its logits against transformers' (the fixture's) and
-specdec's, for phi3_longrope (partial rotary embeddings and LongRoPE) and smollm3 (NoPE layers).
+specdec's, for phi3_longrope (partial rotary embeddings and LongRoPE), smollm3 (NoPE layers)
+and qwen2_yarn (YaRN).
 
 The fixtures' vocabularies are placeholders without merges, which llama.cpp's loader refuses, so
 a copy is written with a SentencePiece-style vocabulary of the same size (the tokenizer plays no
@@ -27,7 +28,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "families"
-CASES = {"phi3_longrope": {"context_length": 64}, "smollm3": {}}  # specdec.load's arguments
+CASES = {"phi3_longrope": {"context_length": 64}, "smollm3": {}, "qwen2_yarn": {}}  # specdec.load's arguments
 
 
 def loadable_copy(gguf, src: Path, dst: Path) -> None:

@@ -122,6 +122,18 @@ CASES = {
                                           n_heads=2, n_kv_heads=1, ffn=32, context_length=128,
                                           tied=True, rms_eps=1e-6),
                 39, 40),
+    # YaRN on qwen2 (biases, rotate-half RoPE): factor 4 over an original context of 64,
+    # theta 100 and 16-dimensional heads so that the ramp between the extrapolated and the
+    # interpolated frequencies spans dimensions 0 to 5 (beta_fast 32, beta_slow 1); variants
+    # (HF side): other betas and mscale / mscale_all_dim
+    "qwen2_yarn": ("Qwen2Config",
+                   dict(rope_parameters=dict(rope_type="yarn", rope_theta=100.0, factor=4.0,
+                                             original_max_position_embeddings=64)),
+                   testing.RandomModelConfig(arch="qwen2", vocab=40, dim=32, n_layers=2,
+                                             n_heads=2, n_kv_heads=1, ffn=32,
+                                             context_length=256, rope_theta=100.0,
+                                             rms_eps=1e-6),
+                   40, 40),
     # Mistral with a sliding window of 6 over 24 tokens
     "mistral_window": ("MistralConfig", dict(sliding_window=6),
                        testing.RandomModelConfig(arch="llama", context_length=128, **SMALL), 34,
@@ -130,6 +142,14 @@ CASES = {
 
 
 VARIANTS = {"smollm3": {"no_rope_every_2": dict(no_rope_layers=[1, 0, 1, 0])},
+            "qwen2_yarn": {
+                "betas": dict(rope_parameters=dict(rope_type="yarn", rope_theta=100.0, factor=4.0,
+                                                   original_max_position_embeddings=64,
+                                                   beta_fast=8.0, beta_slow=0.5)),
+                "mscale": dict(rope_parameters=dict(rope_type="yarn", rope_theta=100.0,
+                                                    factor=4.0,
+                                                    original_max_position_embeddings=64,
+                                                    mscale=1.0, mscale_all_dim=0.5))},
             "gemma3": {"query_pre_attn_scalar_32": dict(query_pre_attn_scalar=32),
                        "final_logit_softcapping_3": dict(final_logit_softcapping=3.0)},
             "gemma2": {"query_pre_attn_scalar_32": dict(query_pre_attn_scalar=32),

@@ -122,7 +122,7 @@ sd_status sd_config_check(const sd_config *c) {
                             (double)c->rope_low_freq_factor, (double)c->rope_high_freq_factor,
                             c->rope_original_context);
     }
-    if (c->rope_scaling < SD_ROPE_DEFAULT || c->rope_scaling > SD_ROPE_LONGROPE) {
+    if (c->rope_scaling < SD_ROPE_DEFAULT || c->rope_scaling > SD_ROPE_YARN) {
         return sd_set_error(SD_ERR_INVALID_ARG, "unknown RoPE scaling %d", c->rope_scaling);
     }
     if (c->rope_dim < 0 || c->rope_dim > c->head_dim || c->rope_dim % 2 != 0) {
@@ -139,11 +139,27 @@ sd_status sd_config_check(const sd_config *c) {
      * architectures would not apply partial rotary embeddings the same way) */
     if (c->arch != SD_ARCH_PHI3 &&
         ((c->rope_dim != 0 && c->rope_dim != c->head_dim) || c->rope_scaling == SD_ROPE_LONGROPE ||
-         (c->rope_attn_factor != 0.0f && c->rope_attn_factor != 1.0f))) {
+         (c->rope_attn_factor != 0.0f && c->rope_attn_factor != 1.0f &&
+          c->rope_scaling != SD_ROPE_YARN))) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "partial rotary embeddings, LongRoPE and a RoPE attention factor are "
                             "supported in phi3 models only, not in %s",
                             c->arch_name);
+    }
+    if (c->rope_scaling == SD_ROPE_YARN && (c->arch == SD_ARCH_PHI3 || sd_config_is_gemma(c))) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "YaRN RoPE scaling is supported in llama, qwen2, qwen3 and smollm3 "
+                            "models, not in %s",
+                            c->arch_name);
+    }
+    if (c->rope_scaling == SD_ROPE_YARN &&
+        (!positive(c->rope_factor) || c->rope_original_context <= 0 ||
+         !positive(c->rope_beta_fast) || !positive(c->rope_beta_slow))) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "YaRN needs factor > 0, beta_fast > 0, beta_slow > 0 and "
+                            "original_max_position_embeddings > 0 (got %g, %g, %g, %d)",
+                            (double)c->rope_factor, (double)c->rope_beta_fast,
+                            (double)c->rope_beta_slow, c->rope_original_context);
     }
     if (c->no_rope_interval < 0 || (c->no_rope_interval > 0 && c->arch != SD_ARCH_SMOLLM3)) {
         return sd_set_error(SD_ERR_FORMAT, "layers without RoPE (every %d) in a %s model",
@@ -167,6 +183,26 @@ const char *sd_config_context_note(const sd_config *c, char *buf, size_t n) {
     return buf;
 }
 
+/* The frequency index where a wavelength turns `rotations` times in the original context. */
+static double yarn_dim(const sd_config *c, double rotations) {
+    const double R = sd_config_rope_dim(c);
+    return R * log((double)c->rope_original_context / (rotations * SD_TWO_PI)) /
+           (2.0 * log((double)c->rope_theta));
+}
+
+void sd_config_yarn_ramp(const sd_config *c, double *lo, double *hi) {
+    const int R = sd_config_rope_dim(c);
+    *lo = floor(yarn_dim(c, c->rope_beta_fast));
+    *hi = ceil(yarn_dim(c, c->rope_beta_slow));
+    *lo = *lo > 0.0 ? *lo : 0.0;
+    *hi = *hi < R - 1 ? *hi : R - 1;
+    *hi = *hi == *lo ? *hi + 0.001 : *hi;
+}
+
+double sd_config_yarn_mscale(double factor, double mscale) {
+    return factor <= 1.0 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+}
+
 int sd_config_rope_dim(const sd_config *c) {
     return c->rope_dim > 0 ? c->rope_dim : c->head_dim;
 }
@@ -176,6 +212,10 @@ void sd_config_rope_freq(double *inv, const sd_config *c, const float *factors) 
     const double high = c->rope_high_freq_factor, old = c->rope_original_context;
     const int dims = sd_config_rope_dim(c);
     const float *longrope = c->rope_long ? c->rope_long_factors : c->rope_short_factors;
+    double ramp_lo = 0.0, ramp_hi = 1.0;
+    if (c->rope_scaling == SD_ROPE_YARN) {
+        sd_config_yarn_ramp(c, &ramp_lo, &ramp_hi);
+    }
     for (int i = 0; i < dims / 2; i++) {
         double f = pow((double)c->rope_theta, -2.0 * i / dims);
         if (c->rope_scaling == SD_ROPE_LINEAR) {
@@ -184,6 +224,11 @@ void sd_config_rope_freq(double *inv, const sd_config *c, const float *factors) 
             f /= (double)factors[i];
         } else if (c->rope_scaling == SD_ROPE_LONGROPE) {
             f /= (double)longrope[i];
+        } else if (c->rope_scaling == SD_ROPE_YARN) {
+            /* extrapolated (kept) below the ramp, interpolated above it, blended linearly */
+            double r = ((double)i - ramp_lo) / (ramp_hi - ramp_lo);
+            r = r < 0.0 ? 0.0 : r > 1.0 ? 1.0 : r;
+            f = f / factor * r + f * (1.0 - r);
         } else if (c->rope_scaling == SD_ROPE_LLAMA3) {
             /* long wavelengths (low frequencies) are interpolated, short ones kept, the band
              * between blended linearly in old / wavelength */
@@ -315,6 +360,52 @@ static sd_status refuse_gguf_keys(const sd_gguf *g, const sd_config *c) {
     return SD_OK;
 }
 
+/* YaRN as llama.cpp reads it for the llama graphs: rope.scaling.factor, the original context
+ * (rope.scaling.original_context_length, else the context length), beta_fast 32 and beta_slow 1,
+ * cos and sin times 0.1 ln(factor) + 1. llama.cpp reads no rope.scaling.yarn_* key for these
+ * architectures, while the checkpoint's transformers config that set one would compute with
+ * it: a file stating another value than llama.cpp's is refused. */
+static sd_status yarn_from_gguf(sd_config *c, const sd_gguf *g, double factor) {
+    if (!(factor > 0.0) || !isfinite(factor)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "metadata '%s.rope.scaling.factor' = %g: YaRN needs a factor > 0",
+                            c->arch_name, factor);
+    }
+    int64_t v = c->context_length;
+    if (gguf_int(g, c, "rope.scaling.original_context_length", &v) && (v <= 0 || v > (1 << 30))) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "metadata '%s.rope.scaling.original_context_length' = %lld is out of "
+                            "range",
+                            c->arch_name, (long long)v);
+    }
+    const double mscale = sd_config_yarn_mscale(factor, 1.0);
+    const struct {
+        const char *suffix;
+        double llamacpp; /* the value llama.cpp computes with */
+    } keys[] = {
+        {"rope.scaling.yarn_beta_fast", 32.0},     {"rope.scaling.yarn_beta_slow", 1.0},
+        {"rope.scaling.yarn_ext_factor", 1.0},     {"rope.scaling.yarn_attn_factor", mscale},
+        {"rope.scaling.yarn_log_multiplier", 0.0},
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        double x = 0.0;
+        if (gguf_float(g, c, keys[i].suffix, &x) &&
+            !(fabs(x - keys[i].llamacpp) <= 1e-6 * fabs(keys[i].llamacpp))) {
+            return sd_set_error(SD_ERR_UNSUPPORTED,
+                                "metadata '%s.%s' = %g is not supported (llama.cpp computes a "
+                                "%s model with %g)",
+                                c->arch_name, keys[i].suffix, x, c->arch_name, keys[i].llamacpp);
+        }
+    }
+    c->rope_scaling = SD_ROPE_YARN;
+    c->rope_factor = (float)factor;
+    c->rope_original_context = (int)v;
+    c->rope_beta_fast = 32.0f;
+    c->rope_beta_slow = 1.0f;
+    c->rope_attn_factor = (float)mscale;
+    return SD_OK;
+}
+
 /* RoPE scaling as llama.cpp reads it: rope.scaling.type (default linear when a factor is
  * given), rope.scaling.factor (or the older rope.scale_linear), and rope_freqs.weight. */
 static sd_status rope_from_gguf(sd_config *c, const sd_gguf *g) {
@@ -328,10 +419,24 @@ static sd_status rope_from_gguf(sd_config *c, const sd_gguf *g) {
     }
     const int is_none = type != NULL && len == 4 && memcmp(type, "none", 4) == 0;
     const int is_linear = type == NULL || (len == 6 && memcmp(type, "linear", 6) == 0);
-    if (type != NULL && !is_none && !is_linear) {
+    const int is_yarn = type != NULL && len == 4 && memcmp(type, "yarn", 4) == 0;
+    /* phi3's factors come as tensors (longrope_from_gguf); the type may be stated as well */
+    const int is_longrope =
+        type != NULL && len == 8 && memcmp(type, "longrope", 8) == 0 && c->arch == SD_ARCH_PHI3;
+    if (type != NULL && !is_none && !is_linear && !is_yarn && !is_longrope) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "metadata '%s' = '%.*s' is not supported (supported: none, linear)",
+                            "metadata '%s' = '%.*s' is not supported (supported: none, linear, "
+                            "yarn; longrope in phi3)",
                             key, (int)(len > 32 ? 32 : len), type);
+    }
+    if (is_longrope && sd_gguf_find_tensor(g, "rope_factors_long.weight") == NULL) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "metadata '%s' is longrope but the tensors rope_factors_long and "
+                            "rope_factors_short are missing",
+                            key);
+    }
+    if (is_yarn) {
+        return yarn_from_gguf(c, g, factor);
     }
     if (is_none && factor != 0.0 && factor != 1.0) { /* llama.cpp would still scale by it */
         return sd_set_error(SD_ERR_UNSUPPORTED,

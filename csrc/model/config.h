@@ -55,6 +55,15 @@ int sd_config_layer_slides(const sd_config *c, int l);
  * running with its short factors takes a longer context; "" otherwise. Returns buf. */
 const char *sd_config_context_note(const sd_config *c, char *buf, size_t n);
 
+/* YaRN's ramp for c: frequencies i <= lo are interpolated, i >= hi kept, a linear blend between
+ * (the correction range of the frequencies that turn beta_fast and beta_slow times in the
+ * original context, floor and ceiling, within [0, R - 1]; hi > lo). */
+void sd_config_yarn_ramp(const sd_config *c, double *lo, double *hi);
+
+/* YaRN's attention factor for a context `factor` times the original: 0.1 mscale ln(factor) + 1
+ * (1 for factor <= 1). */
+double sd_config_yarn_mscale(double factor, double mscale);
+
 /* The rotated dimensions of each head: the first sd_config_rope_dim(c) (c->rope_dim, or Dh). */
 int sd_config_rope_dim(const sd_config *c);
 

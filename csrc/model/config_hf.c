@@ -284,6 +284,74 @@ static sd_status longrope_from_json(sd_config *c, const sd_json *rp, const char 
     return SD_OK;
 }
 
+/* YaRN as transformers computes it (llama, qwen2, qwen3, smollm3): factor (when null, the
+ * context length over the original one); the original context from config.json's top level
+ * (which transformers prefers; one in the object must agree), the object, or the context
+ * length; beta_fast and beta_slow (32 and 1 when absent, null or 0); cos and sin times
+ * attention_factor, by default mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
+ * both are given and non-zero, else 0.1 ln(factor) + 1. Only the rounded correction range
+ * ("truncate" true, the default). */
+static sd_status yarn_from_json(sd_config *c, const sd_json *rp, const char *field,
+                                const char *path) {
+    int64_t orig = c->rope_original_context, stated = 0;
+    const int in_object = !is_null(sd_json_get(rp, "original_max_position_embeddings"));
+    if (in_object && !sd_json_get_int(rp, "original_max_position_embeddings", &stated)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: \"%s\".\"original_max_position_embeddings\" must be an integer",
+                            path, field);
+    }
+    if (in_object && orig > 0 && stated != orig) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: \"%s\".\"original_max_position_embeddings\" %lld disagrees with "
+                            "the top level's %lld (transformers reads that one)",
+                            path, field, (long long)stated, (long long)orig);
+    }
+    orig = orig > 0 ? orig : in_object ? stated : c->context_length;
+    if (orig <= 0 || orig > (1 << 30)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: YaRN's original_max_position_embeddings %lld is out of range",
+                            path, (long long)orig);
+    }
+    double factor = (double)c->context_length / (double)orig, af = 0.0, ms = 0.0, ms_all = 0.0;
+    double fast = 0.0, slow = 0.0;
+    int has = 0, has_af = 0, truncate = 1, said = 0;
+    SD_TRY(sd_config_json_number(rp, "factor", &factor, &has, path));
+    SD_TRY(sd_config_json_number(rp, "attention_factor", &af, &has_af, path));
+    SD_TRY(sd_config_json_number(rp, "mscale", &ms, &has, path));
+    SD_TRY(sd_config_json_number(rp, "mscale_all_dim", &ms_all, &has, path));
+    SD_TRY(sd_config_json_number(rp, "beta_fast", &fast, &has, path));
+    SD_TRY(sd_config_json_number(rp, "beta_slow", &slow, &has, path));
+    SD_TRY(sd_config_json_bool(rp, "truncate", &truncate, &said, path));
+    if (!truncate) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "%s: \"%s\".\"truncate\" = false (YaRN without a rounded correction "
+                            "range) is not supported",
+                            path, field);
+    }
+    fast = fast != 0.0 ? fast : 32.0; /* transformers: `or 32` */
+    slow = slow != 0.0 ? slow : 1.0;
+    if (!(factor > 0.0) || !isfinite(factor) || !(fast > 0.0) || !isfinite(fast) || !(slow > 0.0) ||
+        !isfinite(slow) || (has_af && (!(af > 0.0) || !isfinite(af))) || !isfinite(ms) ||
+        !isfinite(ms_all)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "%s: \"%s\": YaRN's factor %g, beta_fast %g, beta_slow %g and "
+                            "attention_factor %g must be finite and > 0",
+                            path, field, factor, fast, slow, af);
+    }
+    if (!has_af) {
+        af = ms != 0.0 && ms_all != 0.0
+                 ? sd_config_yarn_mscale(factor, ms) / sd_config_yarn_mscale(factor, ms_all)
+                 : sd_config_yarn_mscale(factor, 1.0);
+    }
+    c->rope_scaling = SD_ROPE_YARN;
+    c->rope_factor = (float)factor;
+    c->rope_original_context = (int)orig;
+    c->rope_beta_fast = (float)fast;
+    c->rope_beta_slow = (float)slow;
+    c->rope_attn_factor = (float)af;
+    return SD_OK;
+}
+
 /* RoPE settings of one object (rope_parameters or rope_scaling) into c. Keys other than the
  * ones its type reads are refused, so nothing in it goes unread. */
 static sd_status rope_from_json(sd_config *c, const sd_json *rp, const char *field,
@@ -313,10 +381,12 @@ static sd_status rope_from_json(sd_config *c, const sd_json *rp, const char *fie
         n_keys = 4;
     } else if (strcmp(type, "longrope") == 0 || strcmp(type, "su") == 0) {
         SD_TRY(longrope_from_json(c, rp, field, path));
+    } else if (strcmp(type, "yarn") == 0) {
+        SD_TRY(yarn_from_json(c, rp, field, path));
     } else {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "%s: \"%s\" of type \"%s\" is not supported (supported: default, "
-                            "linear, llama3; longrope in phi3)",
+                            "linear, llama3, yarn; longrope in phi3)",
                             path, field, type);
     }
     double v[4] = {0, 0, 0, 0};
@@ -347,8 +417,14 @@ static sd_status rope_from_json(sd_config *c, const sd_json *rp, const char *fie
                     strcmp(key, "rope_theta") == 0 ||
                     (strcmp(key, "partial_rotary_factor") == 0 &&
                      (c->arch == SD_ARCH_PHI3 || json_neutral(&rp->items[k], SD_NEUTRAL_ONE)));
+        static const char *const yarn_keys[] = {
+            "factor",    "attention_factor", "mscale",   "mscale_all_dim",
+            "beta_fast", "beta_slow",        "truncate", "original_max_position_embeddings"};
         for (int i = 0; i < 5 && !known && c->rope_scaling == SD_ROPE_LONGROPE; i++) {
             known = strcmp(key, longrope_keys[i]) == 0;
+        }
+        for (int i = 0; i < 8 && !known && c->rope_scaling == SD_ROPE_YARN; i++) {
+            known = strcmp(key, yarn_keys[i]) == 0;
         }
         for (int i = 0; i < n_keys && !known; i++) {
             known = strcmp(key, llama3_keys[i]) == 0;
@@ -379,7 +455,8 @@ static sd_status rope_from_hf(sd_config *c, const sd_json *cfg, const char *path
              t.rope_theta != c->rope_theta || t.rope_low_freq_factor != c->rope_low_freq_factor ||
              t.rope_high_freq_factor != c->rope_high_freq_factor ||
              t.rope_original_context != c->rope_original_context || t.rope_dim != c->rope_dim ||
-             t.rope_attn_factor != c->rope_attn_factor ||
+             t.rope_attn_factor != c->rope_attn_factor || t.rope_beta_fast != c->rope_beta_fast ||
+             t.rope_beta_slow != c->rope_beta_slow ||
              memcmp(t.rope_short_factors, c->rope_short_factors, sizeof(c->rope_short_factors)) !=
                  0 ||
              memcmp(t.rope_long_factors, c->rope_long_factors, sizeof(c->rope_long_factors)) !=
@@ -637,9 +714,9 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
             SD_TRY(partial_rotary(c, pr, "\"partial_rotary_factor\"", path));
         }
         c->rope_original_context = 4096; /* Phi3Config's default */
-        SD_TRY(
-            json_int(cfg, "original_max_position_embeddings", &c->rope_original_context, 0, path));
     }
+    /* the top-level original context transformers prefers for LongRoPE and YaRN */
+    SD_TRY(json_int(cfg, "original_max_position_embeddings", &c->rope_original_context, 0, path));
     if (c->arch == SD_ARCH_SMOLLM3) {
         SD_TRY(nope_from_hf(c, cfg, path));
     }

@@ -57,6 +57,12 @@ static PyObject *rope_scaling_dict(const sd_config *c) {
                              c->rope_long ? "long" : "short", "original_context",
                              c->rope_original_context, "attention_factor",
                              (double)c->rope_attn_factor);
+    case SD_ROPE_YARN:
+        return Py_BuildValue("{s:s,s:d,s:i,s:d,s:d,s:d}", "type", "yarn", "factor",
+                             (double)c->rope_factor, "original_context", c->rope_original_context,
+                             "beta_fast", (double)c->rope_beta_fast, "beta_slow",
+                             (double)c->rope_beta_slow, "attention_factor",
+                             (double)c->rope_attn_factor);
     default: Py_RETURN_NONE;
     }
 }
