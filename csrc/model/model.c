@@ -549,10 +549,10 @@ static sd_status finish_model(sd_model *m, const sd_model_params *p) {
          sd_config_rope_dim(c) != c->head_dim || c->attn_scale > 0.0f || c->final_softcap > 0.0f ||
          c->attn_softcap > 0.0f)) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "the CUDA backend has no %s layers yet (q/k norms, gemma's sandwich "
-                            "norms, GeGLU, local layers, soft-caps, fused matrices, layers "
-                            "without RoPE, YaRN's or LongRoPE's scaled cos and sin, partial "
-                            "rotary embeddings): use the CPU",
+                            "the CUDA backend cannot compute this %s model yet (it has no q/k "
+                            "norms, gemma's sandwich norms, GeGLU, local layers, soft-caps, "
+                            "fused matrices, layers without RoPE, YaRN's or LongRoPE's scaled "
+                            "cos and sin, partial rotary embeddings): use the CPU",
                             c->arch_name);
     }
     if (p->device == SD_DEVICE_CUDA) {
