@@ -39,8 +39,8 @@ class ModelConfig:
     qk_norm: bool              # per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     weight_type: str
     rope_scaling: Optional[dict]       # None, or {"type": "linear" | "llama3" | "factors" |
-    #                                    "longrope", ...}; longrope's "factors": "short" | "long"
-    #                                    (chosen by load's context_length)
+    #                                    "longrope" | "yarn", ...}; longrope's "factors":
+    #                                    "short" | "long" (chosen by load's context_length)
     rope_theta_local: Optional[float]  # the sliding-window layers' own RoPE base (gemma)
     sliding_window: Optional[int]      # a token sees itself and the window - 1 before it
     layer_types: Tuple[str, ...]       # per layer: "sliding_attention" or "full_attention"

@@ -865,7 +865,9 @@ def test_corrupt_files_and_unsupported_settings_are_named(tmp_path):
     with pytest.raises(ValueError, match="config.json: json: unexpected character"):
         specdec.Eagle(d)
     for extra, match in ((dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-                          "\"rope_scaling\" of type \"yarn\" is not supported"),
+                          "YaRN RoPE scaling in a head is not supported"),
+                         (dict(rope_scaling={"rope_type": "dynamic", "factor": 4.0}),
+                          "\"rope_scaling\" of type \"dynamic\" is not supported"),
                          (dict(hidden_act="gelu"), "\"hidden_act\" = \"gelu\" is not supported"),
                          (dict(draft_vocab_size=41), "draft_vocab_size 41 disagrees with lm_head")):
         (d / "config.json").write_text(json.dumps(dict(cfg, **extra)))

@@ -598,6 +598,10 @@ sd_status sd_head_load(sd_head **out, const char *path) {
         st = sd_set_error(SD_ERR_UNSUPPORTED, "%s: a head's layer must be a llama layer, not %s",
                           buf, h->cfg.arch_name);
     }
+    if (st == SD_OK && h->cfg.rope_scaling == SD_ROPE_YARN) { /* no checkpoint has one */
+        st = sd_set_error(SD_ERR_UNSUPPORTED, "%s: YaRN RoPE scaling in a head is not supported",
+                          buf);
+    }
     if (st == SD_OK) {
         h->vocab = h->cfg.vocab_size;
         st = speculators_settings(h, cfg, buf);
