@@ -2,7 +2,7 @@
  * config.json). Every key that changes the arithmetic is either read into sd_config or, when the
  * forward does not implement it, refused with a message naming it: a model never loads and then
  * computes something else. Also the range checks, and RoPE's inverse frequencies under the
- * supported scalings (none, linear, llama3, per-frequency divisors, LongRoPE). */
+ * supported scalings (none, linear, llama3, per-frequency divisors, LongRoPE, YaRN). */
 #include "model/config.h"
 
 #include <math.h>
@@ -312,8 +312,7 @@ static const struct {
     const char *suffix;
     sd_neutral ok;
     const char *what;
-    unsigned
-        reads; /* the architectures that read this key themselves (SD_CFG_GEMMA2 | SD_CFG_GEMMA3) */
+    unsigned reads; /* the architectures that read this key themselves (SD_CFG_* bits) */
 } g_gguf_refused[] = {
     {"attn_logit_softcapping", SD_NEUTRAL_ZERO, "attention logit soft-capping", SD_CFG_GEMMA2},
     {"final_logit_softcapping", SD_NEUTRAL_ZERO, "final logit soft-capping",
