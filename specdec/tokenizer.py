@@ -76,6 +76,22 @@ _REGEXES_GPT2 = (_RE_GPT2,)
 _REGEXES_DIGITS_GPT2 = (r"\p{N}", _RE_GPT2)
 _REGEXES_LLAMA3 = (_RE_LLAMA3,)
 _REGEXES_QWEN2 = (_RE_QWEN2,)
+# LLAMA_VOCAB_PRE_TYPE_GPT4O: tokenizer.json's expression (upper-case runs, then lower-case ones,
+# with combining marks), then llama.cpp's rewrite of it by look-aheads, cut again: where the two
+# differ (an upper-case letter outside ASCII before an upper-case run, a combining mark) the
+# second one's pieces are llama.cpp's (tests/fixtures/pretokenizer_gpt_4o.json).
+_RE_GPT4O_CASE = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_RE_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+             + _RE_GPT4O_CASE
+             + r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+             + _RE_GPT4O_CASE
+             + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_GPT4O_LOOKAHEAD = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+                       + _RE_CONTRACTIONS_CI
+                       + r"?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+                       + _RE_CONTRACTIONS_CI
+                       + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_REGEXES_GPT4O = (_RE_GPT4O, _RE_GPT4O_LOOKAHEAD)
 
 
 class _Pre:
@@ -112,6 +128,8 @@ def _pre_table() -> Dict[str, _Pre]:
         t[name] = _Pre(_REGEXES_QWEN2, clean_spaces=False)
     for name in ("stablelm2", "megrez"):
         t[name] = _Pre(_REGEXES_QWEN2)
+    for name in ("gpt-4o", "llama4", "kanana2", "talkie"):
+        t[name] = _Pre(_REGEXES_GPT4O, clean_spaces=False)
     return t
 
 

@@ -17,6 +17,7 @@ import itertools
 import json
 import struct
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -764,3 +765,38 @@ def test_smollm2_llamacpp_fixture(llamacpp_fx, smollm2):
     assert prompts
     for p in prompts:
         assert smollm2.encode(p["text"]) == p["tokens"], p.get("name", p["text"])
+
+
+# ---- llama.cpp's gpt-4o pre-tokenizer (GPT-4o-style vocabularies: Phi-4, Llama 4) ---------------
+
+PRETOK_GPT4O = Path(__file__).parent / "fixtures" / "pretokenizer_gpt_4o.json"
+
+
+def _gpt4o_tokenizer() -> tuple[Tokenizer, dict]:
+    fx = json.loads(PRETOK_GPT4O.read_text(encoding="utf-8"))
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": fx["pre"],
+            "tokenizer.ggml.tokens": fx["tokens"],
+            "tokenizer.ggml.token_type": [1] * len(fx["tokens"]),
+            "tokenizer.ggml.merges": fx["merges"]}
+    return Tokenizer.from_gguf_metadata(meta), fx
+
+
+def test_gpt4o_pretokenizer_matches_llamacpp():
+    """llama.cpp's token ids (tools/record_pretokenizer.py) for a byte-level vocabulary whose
+    merges cross case, script and mark boundaries, so that every cut shows: the same ids here."""
+    tok, fx = _gpt4o_tokenizer()
+    assert "gpt-4o" in SUPPORTED_GGUF_PRE and "llama4" in SUPPORTED_GGUF_PRE
+    for text, ids in fx["ids"].items():
+        assert tok.encode(text, parse_special=False) == ids, text
+        assert tok.decode(ids) == text
+
+
+def test_gpt4o_tokenizer_json_expression_alone_would_fail(monkeypatch):
+    """tokenizer.json's expression alone (without llama.cpp's look-ahead rewrite after it) cuts
+    "ÉCOLE" and combining marks otherwise than llama.cpp: the fixture tells them apart."""
+    from specdec import tokenizer as T
+
+    monkeypatch.setitem(T._PRE, "gpt-4o", T._Pre((T._RE_GPT4O,), clean_spaces=False))
+    tok, fx = _gpt4o_tokenizer()
+    differ = [t for t, ids in fx["ids"].items() if tok.encode(t, parse_special=False) != ids]
+    assert "ÉCOLE" in differ and "e\u0301" in differ
