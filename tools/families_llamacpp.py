@@ -28,11 +28,13 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "families"
-CASES = {"phi3_longrope": {"context_length": 64}, "smollm3": {}, "qwen2_yarn": {}}  # specdec.load's arguments
+# specdec.load's arguments for each case
+CASES = {"phi3_longrope": {"context_length": 64}, "smollm3": {}, "qwen2_yarn": {}}
 
 
-def loadable_copy(gguf, src: Path, dst: Path) -> None:
-    """src with its tokenizer keys replaced by a SentencePiece vocabulary llama.cpp loads."""
+def retokenized_copy(gguf, src: Path, dst: Path, add_vocab) -> None:
+    """src without its tokenizer keys and general.name (llama.cpp gives a model named "phi3"
+    token attributes by name), add_vocab(writer, n_vocab) writing the vocabulary instead."""
     r = gguf.GGUFReader(str(src))
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     w = gguf.GGUFWriter(str(dst), arch=arch)
@@ -50,17 +52,21 @@ def loadable_copy(gguf, src: Path, dst: Path) -> None:
             w.add_key_value(f.name, bytes(f.parts[-1]).decode(), t)
         else:
             w.add_key_value(f.name, f.parts[-1].tolist()[0], t)
-    n = next(t for t in r.tensors if t.name == "token_embd.weight").shape.tolist()[-1]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(["<unk>", "<s>", "</s>", "<0x0A>"] + [f"<t{i}>" for i in range(4, n)])
-    w.add_token_scores([0.0] * n)
-    w.add_token_types([2, 3, 3, 6] + [1] * (n - 4))
+    add_vocab(w, next(t for t in r.tensors if t.name == "token_embd.weight").shape.tolist()[-1])
     for t in r.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def sentencepiece_vocab(w, n: int) -> None:
+    """A SentencePiece-style vocabulary of n placeholder tokens that llama.cpp loads."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>", "<0x0A>"] + [f"<t{i}>" for i in range(4, n)])
+    w.add_token_scores([0.0] * n)
+    w.add_token_types([2, 3, 3, 6] + [1] * (n - 4))
 
 
 def rel(a, b) -> float:
@@ -84,7 +90,7 @@ def main() -> None:
         tokens, ref = case["tokens"], np.asarray(case["logits"])
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / f"{name}.gguf"
-            loadable_copy(gguf, FIXTURES / f"{name}.gguf", path)
+            retokenized_copy(gguf, FIXTURES / f"{name}.gguf", path, sentencepiece_vocab)
             llm = Llama(model_path=str(path), n_ctx=len(tokens), logits_all=True, verbose=False,
                         n_threads=2, n_batch=len(tokens), n_ubatch=len(tokens))
             llm.eval(tokens)

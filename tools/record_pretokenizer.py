@@ -24,8 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 CARRIER = ROOT / "tests" / "fixtures" / "families" / "smollm3.gguf"
 
@@ -64,33 +62,17 @@ def train_vocab() -> tuple[list[str], list[str]]:
 
 
 def write_gguf(gguf, path: Path, pre: str, tokens: list[str], merges: list[str]) -> None:
-    r = gguf.GGUFReader(str(CARRIER))
-    w = gguf.GGUFWriter(str(path), arch=bytes(r.fields["general.architecture"].parts[-1]).decode())
-    for f in r.fields.values():
-        if f.name.startswith(("GGUF.", "tokenizer.")) or f.name in ("general.architecture",
-                                                                    "general.name"):
-            continue
-        t = f.types[0]
-        if t == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            vals = ([bytes(f.parts[i]).decode() for i in f.data]
-                    if sub == gguf.GGUFValueType.STRING else [f.parts[i].tolist()[0] for i in f.data])
-            w.add_key_value(f.name, vals, t, sub_type=sub)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_key_value(f.name, bytes(f.parts[-1]).decode(), t)
-        else:
-            w.add_key_value(f.name, f.parts[-1].tolist()[0], t)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types([1] * len(tokens))
-    w.add_token_merges(merges)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    """The carrier model with this vocabulary (tools/families_llamacpp.py writes the file)."""
+    from families_llamacpp import retokenized_copy
+
+    def vocab(w, n: int) -> None:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types([1] * len(tokens))
+        w.add_token_merges(merges)
+
+    retokenized_copy(gguf, CARRIER, path, vocab)
 
 
 def main() -> None:
