@@ -73,8 +73,9 @@ typedef enum {
     SD_ARCH_QWEN3 = 2,
     SD_ARCH_GEMMA3 = 3,
     SD_ARCH_GEMMA2 = 4,
-    SD_ARCH_PHI3 = 5,   /* the llama graph; q/k/v and gate/up fused in the file, split at load */
-    SD_ARCH_SMOLLM3 = 6 /* the llama graph without RoPE on every no_rope_interval-th layer */
+    SD_ARCH_PHI3 = 5,    /* the llama graph; q/k/v and gate/up fused in the file, split at load */
+    SD_ARCH_SMOLLM3 = 6, /* the llama graph without RoPE on every no_rope_interval-th layer */
+    SD_ARCH_GRANITE = 7  /* the llama graph with scaled embeddings, residuals, attention, logits */
 } sd_arch;
 
 /* How RoPE's inverse frequencies inv[i] = theta^(-2i/Dh) are scaled for longer contexts. */
@@ -135,8 +136,12 @@ typedef struct {
     float rope_beta_fast;        /* YARN: rotations in the original context below which a
                                   * frequency is interpolated (32) */
     float rope_beta_slow;        /* YARN: above which it is kept (1) */
-    int no_rope_interval;        /* > 0: layer l applies no RoPE when (l + 1) % it == 0 (SmolLM3's
-                                  * NoPE layers, every 4th); 0: every layer does */
+    float embed_scale;           /* > 0: the token embeddings times it (granite; gemma's sqrt(D) is
+                                  * applied apart) */
+    float residual_scale;   /* > 0: each block's output times it before it is added (granite) */
+    float logit_scale;      /* > 0: the logits divided by it (granite) */
+    int no_rope_interval;   /* > 0: layer l applies no RoPE when (l + 1) % it == 0 (SmolLM3's
+                             * NoPE layers, every 4th); 0: every layer does */
     int rope_dim;           /* rotated dimensions of each head, the first rope_dim (even; 0 = all
                              * Dh): Phi-4-mini's partial rotary embeddings */
     float rope_attn_factor; /* LONGROPE, YARN: cos and sin are multiplied by it (0 = 1) */

@@ -50,6 +50,9 @@ class ModelConfig:
     rope_dim: int                      # rotated dimensions of each head: head_dim, or fewer
     #                                    (partial rotary embeddings, Phi-4-mini)
     no_rope_interval: Optional[int]    # every n-th layer applies no RoPE (SmolLM3: 4), or None
+    embed_scale: Optional[float]       # the embeddings times it (granite), or None
+    residual_scale: Optional[float]    # each block's output times it (granite), or None
+    logit_scale: Optional[float]       # the logits divided by it (granite), or None
 
 
 class Model:

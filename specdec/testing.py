@@ -25,10 +25,11 @@ import numpy as np
 
 @dataclass(frozen=True)
 class RandomModelConfig:
-    """Shape and hyper-parameters of a random llama/qwen2/qwen3/gemma2/gemma3/phi3/smollm3
-    model."""
+    """Shape and hyper-parameters of a random llama/qwen2/qwen3/gemma2/gemma3/phi3/smollm3/
+    granite model."""
 
-    arch: str = "llama"  # "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3" or "smollm3"
+    arch: str = "llama"  # "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3",
+    #                      or "granite"
     vocab: int = 64
     dim: int = 32
     n_layers: int = 2
@@ -389,7 +390,7 @@ def gguf_tensors(cfg: RandomModelConfig, weights: dict, dtype: str = "F32") -> l
         if hf not in weights:
             continue
         a = np.asarray(weights[hf], dtype=np.float32)
-        if cfg.arch in ("llama", "smollm3"):
+        if cfg.arch in ("llama", "smollm3", "granite"):
             # only for the llama graph's adjacent pairs; qwen2 is rotate-half (NEOX) in llama.cpp
             if hf.endswith("self_attn.q_proj.weight") or hf.endswith("self_attn.q_proj.bias"):
                 a = permute_qk(a, cfg.n_heads)

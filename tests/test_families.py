@@ -2,8 +2,8 @@
 linear, from rope_parameters or rope_scaling), qwen3 (q/k norms, explicit head_dim), Mistral's
 sliding window, Gemma 3 (local and global layers, sandwich norms, GeGLU), Gemma 2 (windows on
 alternate layers, attention and final soft-caps), Phi-3 (fused matrices, a window), Phi-3.5 /
-Phi-4-mini's partial rotary embeddings and LongRoPE, SmolLM3 (NoPE layers) and YaRN (qwen2),
-each a tiny random model whose logits
+Phi-4-mini's partial rotary embeddings and LongRoPE, SmolLM3 (NoPE layers), YaRN (qwen2) and
+Granite (multipliers), each a tiny random model whose logits
 transformers recorded (tools/record_families.py, tests/fixtures/families/). The Hugging Face
 directory is rebuilt here from the recorded config.json and the seed of its weights; the GGUF
 file is the one llama.cpp's converter wrote. Agreement: max|d| / max|ref| <= 1e-3 with an f32 KV
@@ -24,7 +24,7 @@ from tinymodels import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "families"
 NAMES = ["llama3_rope", "llama_linear_rope", "qwen3", "mistral_window", "gemma3", "gemma2",
-         "phi3", "phi3_longrope", "smollm3", "qwen2_yarn"]
+         "phi3", "phi3_longrope", "smollm3", "qwen2_yarn", "granite"]
 TOL = 1e-3
 # how each case is loaded for its recorded tokens: phi3_longrope's 40 pass its original context
 # of 16, so it runs with its long factors (its short ones: the LongRoPE tests below)
@@ -127,7 +127,7 @@ def test_one_token_decode_matches_transformers(hf_dirs, name):
 
 
 @pytest.mark.parametrize("name", ["mistral_window", "llama3_rope", "qwen3", "gemma3", "gemma2",
-                                  "phi3", "phi3_longrope", "smollm3", "qwen2_yarn"])
+                                  "phi3", "phi3_longrope", "smollm3", "qwen2_yarn", "granite"])
 def test_tree_verify_matches_transformers(hf_dirs, name):
     """A draft tree after a prefix of P: the recorded tokens P.. form one branch, and a decoy
     sibling sits before each of its nodes in the cache. Each branch node sits at position
@@ -490,6 +490,27 @@ def test_config_shows_yarn(hf_dirs, source):
                               "attention_factor": pytest.approx(0.1 * np.log(4.0) + 1.0)}
 
 
+# ---- Granite's multipliers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["embedding_multiplier", "residual_multiplier",
+                                 "attention_multiplier", "logits_scaling"])
+def test_granite_multipliers_would_fail(tmp_path, key):
+    """Each multiplier left at GraniteConfig's 1 moves the logits far off the fixture's."""
+    c = case("granite")
+    got = load(write_dir(tmp_path, "granite", dict(c["config"], **{key: 1.0})))
+    assert rel_err(got.logits(c["tokens"]), c["logits"]) > 0.01
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_granite_config(hf_dirs, source):
+    """The converter writes the multipliers as granite.embedding_scale, residual_scale,
+    attention.scale and logit_scale; the q/k rows permuted as llama's."""
+    g = load(hf_dirs["granite"] if source == "hf" else FIXTURES / "granite.gguf").config
+    assert (g.embed_scale, g.residual_scale, g.logit_scale) == (6.0, 0.25, 4.0)
+    assert g.attn_scale == pytest.approx(0.2) and g.rope_neox == (source == "hf")
+
+
 # ---- SmolLM3's layers without RoPE ---------------------------------------------------------
 
 
@@ -524,7 +545,7 @@ def test_smollm3_config(hf_dirs, source):
     assert g.rope_neox == (source == "hf")
 
 
-@pytest.mark.parametrize("name", ["phi3_longrope", "qwen2_yarn", "smollm3"])
+@pytest.mark.parametrize("name", ["phi3_longrope", "qwen2_yarn", "smollm3", "granite"])
 def test_cuda_refuses_what_its_forward_lacks(name):
     """The CUDA forward rotates whole heads, unscaled, on every layer: a model with partial
     rotary embeddings, YaRN's or LongRoPE's scaled cos and sin, or NoPE layers is refused there

@@ -523,6 +523,27 @@ def test_smollm3_hf_refusals(tmp_path, what):
     refused(gemma3_dir(tmp_path, change, "smollm3"), needle)
 
 
+@pytest.mark.parametrize("key,value", [("embedding_multiplier", 0.0),
+                                       ("residual_multiplier", -1.0),
+                                       ("logits_scaling", "4"), ("attention_multiplier", 0.0)])
+def test_granite_hf_refusals(tmp_path, key, value):
+    refused(gemma3_dir(tmp_path, lambda c: c.update({key: value}), "granite"), key)
+
+
+@pytest.mark.parametrize("what", ["no logit_scale", "zero logit_scale", "negative residual"])
+def test_granite_gguf_refusals(tmp_path, what):
+    """llama.cpp requires granite.logit_scale (the logits are divided by it)."""
+    fx = fixture("granite")
+    cfg = testing.RandomModelConfig(**fx["weights"]["shape"])
+    kv = {"no logit_scale": [],
+          "zero logit_scale": [("granite.logit_scale", GGUF_F32, 0.0)],
+          "negative residual": [("granite.logit_scale", GGUF_F32, 4.0),
+                                ("granite.residual_scale", GGUF_F32, -0.5)]}[what]
+    p = tmp_path / "g.gguf"
+    testing.write_gguf(p, cfg, testing.random_weights(cfg, fx["weights"]["seed"]), extra_kv=kv)
+    refused(p, "logit_scale" if what != "negative residual" else "residual_scale")
+
+
 def test_partial_rotary_only_in_phi3(tmp_path):
     """transformers applies partial rotary embeddings and LongRoPE the same way as llama.cpp in
     phi3 only; in a llama config they stay refused."""

@@ -1,7 +1,7 @@
 """llama.cpp itself on the family fixtures whose GGUF llama.cpp's converter wrote
 (tests/fixtures/families/NAME.gguf): its logits against transformers' (the fixture's) and
-specdec's, for phi3_longrope (partial rotary embeddings and LongRoPE), smollm3 (NoPE layers)
-and qwen2_yarn (YaRN).
+specdec's, for phi3_longrope (partial rotary embeddings and LongRoPE), smollm3 (NoPE layers),
+qwen2_yarn (YaRN) and granite (its multipliers).
 
 The fixtures' vocabularies are placeholders without merges, which llama.cpp's loader refuses, so
 a copy is written with a SentencePiece-style vocabulary of the same size (the tokenizer plays no
@@ -29,7 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "families"
 # specdec.load's arguments for each case
-CASES = {"phi3_longrope": {"context_length": 64}, "smollm3": {}, "qwen2_yarn": {}}
+CASES = {"phi3_longrope": {"context_length": 64}, "smollm3": {}, "qwen2_yarn": {},
+         "granite": {}}
 
 
 def retokenized_copy(gguf, src: Path, dst: Path, add_vocab) -> None:

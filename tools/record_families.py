@@ -134,6 +134,17 @@ CASES = {
                                              context_length=256, rope_theta=100.0,
                                              rms_eps=1e-6),
                    40, 40),
+    # Granite: the llama graph with its four multipliers away from 1 (embeddings x 6, each
+    # block's output x 0.25, attention scale 0.2 in place of 1/sqrt(8), logits / 4)
+    "granite": ("GraniteConfig",
+                dict(embedding_multiplier=6.0, residual_multiplier=0.25,
+                     attention_multiplier=0.2, logits_scaling=4.0, pad_token_id=0,
+                     bos_token_id=1, eos_token_id=2,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+                testing.RandomModelConfig(arch="granite", vocab=40, dim=16, n_layers=2,
+                                          n_heads=2, n_kv_heads=1, ffn=32, context_length=128,
+                                          tied=True, rms_eps=1e-6),
+                41, 40),
     # Mistral with a sliding window of 6 over 24 tokens
     "mistral_window": ("MistralConfig", dict(sliding_window=6),
                        testing.RandomModelConfig(arch="llama", context_length=128, **SMALL), 34,

@@ -31,9 +31,10 @@ sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len) {
         {"gemma2", SD_ARCH_GEMMA2},
         {"phi3", SD_ARCH_PHI3},
         {"smollm3", SD_ARCH_SMOLLM3},
+        {"granite", SD_ARCH_GRANITE},
     };
-    static const char *const canonical[] = {"llama",  "qwen2", "qwen3",  "gemma3",
-                                            "gemma2", "phi3",  "smollm3"};
+    static const char *const canonical[] = {"llama",  "qwen2", "qwen3",   "gemma3",
+                                            "gemma2", "phi3",  "smollm3", "granite"};
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
         if (strlen(known[i].name) == len && memcmp(name, known[i].name, len) == 0) {
             c->arch = known[i].arch;
@@ -47,7 +48,7 @@ sd_status sd_config_set_arch(sd_config *c, const char *name, size_t len) {
     }
     return sd_set_error(SD_ERR_UNSUPPORTED,
                         "unknown architecture '%.*s' (supported: llama, mistral, qwen2, qwen3, "
-                        "gemma2, gemma3, phi3, smollm3)",
+                        "gemma2, gemma3, phi3, smollm3, granite)",
                         (int)(len > 64 ? 64 : len), name);
 }
 
@@ -160,6 +161,20 @@ sd_status sd_config_check(const sd_config *c) {
                             "original_max_position_embeddings > 0 (got %g, %g, %g, %d)",
                             (double)c->rope_factor, (double)c->rope_beta_fast,
                             (double)c->rope_beta_slow, c->rope_original_context);
+    }
+    if (!(c->embed_scale >= 0.0f) || !isfinite(c->embed_scale) || !(c->residual_scale >= 0.0f) ||
+        !isfinite(c->residual_scale) || !(c->logit_scale >= 0.0f) || !isfinite(c->logit_scale)) {
+        return sd_set_error(SD_ERR_FORMAT,
+                            "embedding scale %g, residual scale %g or logit scale %g is not "
+                            "finite and > 0",
+                            (double)c->embed_scale, (double)c->residual_scale,
+                            (double)c->logit_scale);
+    }
+    if (c->arch != SD_ARCH_GRANITE &&
+        (c->embed_scale > 0.0f || c->residual_scale > 0.0f || c->logit_scale > 0.0f)) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "embedding, residual and logit scales in a %s model (granite only)",
+                            c->arch_name);
     }
     if (c->no_rope_interval < 0 || (c->no_rope_interval > 0 && c->arch != SD_ARCH_SMOLLM3)) {
         return sd_set_error(SD_ERR_FORMAT, "layers without RoPE (every %d) in a %s model",
@@ -317,10 +332,10 @@ static const struct {
     {"attn_logit_softcapping", SD_NEUTRAL_ZERO, "attention logit soft-capping", SD_CFG_GEMMA2},
     {"final_logit_softcapping", SD_NEUTRAL_ZERO, "final logit soft-capping",
      SD_CFG_GEMMA2 | SD_CFG_GEMMA3},
-    {"attention.scale", SD_NEUTRAL_ABSENT, "a custom attention scale", 0},
-    {"embedding_scale", SD_NEUTRAL_ONE, "embedding scaling", 0},
-    {"logit_scale", SD_NEUTRAL_ONE, "logit scaling", 0},
-    {"residual_scale", SD_NEUTRAL_ONE, "residual scaling", 0},
+    {"attention.scale", SD_NEUTRAL_ABSENT, "a custom attention scale", SD_CFG_GRANITE},
+    {"embedding_scale", SD_NEUTRAL_ONE, "embedding scaling", SD_CFG_GRANITE},
+    {"logit_scale", SD_NEUTRAL_ONE, "logit scaling", SD_CFG_GRANITE},
+    {"residual_scale", SD_NEUTRAL_ONE, "residual scaling", SD_CFG_GRANITE},
     {"expert_count", SD_NEUTRAL_ZERO, "mixture of experts", 0},
     {"attention.clamp_kqv", SD_NEUTRAL_ZERO, "clamping of q/k/v", 0},
     {"attention.causal", SD_NEUTRAL_TRUE, "non-causal attention", 0},
@@ -460,6 +475,24 @@ static sd_status rope_from_gguf(sd_config *c, const sd_gguf *g) {
                                 factor);
         }
         c->rope_scaling = SD_ROPE_FACTORS;
+    }
+    return SD_OK;
+}
+
+/* Granite's scales as llama.cpp reads them: logit_scale (required), and embedding_scale,
+ * residual_scale (0 or absent: none) and attention.scale (0 or absent: 1/sqrt(Dh)). */
+static sd_status granite_from_gguf(sd_config *c, const sd_gguf *g) {
+    static const char *const keys[] = {"logit_scale", "embedding_scale", "residual_scale",
+                                       "attention.scale"};
+    float *dst[] = {&c->logit_scale, &c->embed_scale, &c->residual_scale, &c->attn_scale};
+    for (int i = 0; i < 4; i++) {
+        double v = 0.0;
+        const int has = gguf_float(g, c, keys[i], &v);
+        if ((i == 0 && !has) || !(v >= 0.0) || !isfinite(v) || (i == 0 && v == 0.0)) {
+            return sd_set_error(SD_ERR_FORMAT, "metadata '%s.%s' is %s", c->arch_name, keys[i],
+                                has ? "not finite and > 0" : "missing");
+        }
+        *dst[i] = (float)v;
     }
     return SD_OK;
 }
@@ -633,6 +666,9 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
         c->sliding_window = v < (1 << 30) ? (int)v : (1 << 30);
     }
     SD_TRY(refuse_gguf_keys(g, c));
+    if (c->arch == SD_ARCH_GRANITE) {
+        SD_TRY(granite_from_gguf(c, g));
+    }
     SD_TRY(rope_from_gguf(c, g));
     SD_TRY(longrope_from_gguf(c, g));
     const sd_tensor_info *emb = sd_gguf_find_tensor(g, "token_embd.weight");
@@ -649,8 +685,9 @@ sd_status sd_config_from_gguf(sd_config *c, const sd_gguf *g) {
     }
     /* llama.cpp's converter permutes llama q/k rows for adjacent-pair rotation; other
      * architectures keep rotate-half (NeoX) pairing. */
-    /* llama.cpp's converter permutes q/k rows for llama's adjacent pairs (smollm3's too) */
-    c->rope_neox = c->arch != SD_ARCH_LLAMA && c->arch != SD_ARCH_SMOLLM3;
+    /* llama.cpp's converter permutes q/k rows for llama's adjacent pairs (smollm3's, granite's) */
+    c->rope_neox =
+        c->arch != SD_ARCH_LLAMA && c->arch != SD_ARCH_SMOLLM3 && c->arch != SD_ARCH_GRANITE;
     c->tied_embeddings = sd_gguf_find_tensor(g, "output.weight") == NULL;
     return sd_config_check(c);
 }

@@ -16,6 +16,7 @@
 #define SD_CFG_GEMMA2 (1u << SD_ARCH_GEMMA2)
 #define SD_CFG_GEMMA3 (1u << SD_ARCH_GEMMA3)
 #define SD_CFG_PHI3 (1u << SD_ARCH_PHI3)
+#define SD_CFG_GRANITE (1u << SD_ARCH_GRANITE)
 typedef enum { SD_NEUTRAL_ABSENT, SD_NEUTRAL_ZERO, SD_NEUTRAL_ONE, SD_NEUTRAL_TRUE } sd_neutral;
 
 /* Set c->arch, arch_name and the flags that follow from the architecture named name[0..len)

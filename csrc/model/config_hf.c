@@ -119,10 +119,10 @@ static const struct {
      SD_CFG_GEMMA2 | SD_CFG_GEMMA3},
     {"query_pre_attn_scalar", SD_NEUTRAL_ABSENT, "a custom attention scale",
      SD_CFG_GEMMA2 | SD_CFG_GEMMA3},
-    {"attention_multiplier", SD_NEUTRAL_ABSENT, "a custom attention scale", 0},
-    {"embedding_multiplier", SD_NEUTRAL_ONE, "embedding scaling", 0},
-    {"logits_scaling", SD_NEUTRAL_ONE, "logit scaling", 0},
-    {"residual_multiplier", SD_NEUTRAL_ONE, "residual scaling", 0},
+    {"attention_multiplier", SD_NEUTRAL_ABSENT, "a custom attention scale", SD_CFG_GRANITE},
+    {"embedding_multiplier", SD_NEUTRAL_ONE, "embedding scaling", SD_CFG_GRANITE},
+    {"logits_scaling", SD_NEUTRAL_ONE, "logit scaling", SD_CFG_GRANITE},
+    {"residual_multiplier", SD_NEUTRAL_ONE, "residual scaling", SD_CFG_GRANITE},
     {"num_local_experts", SD_NEUTRAL_ZERO, "mixture of experts", 0},
     {"num_experts", SD_NEUTRAL_ZERO, "mixture of experts", 0},
     {"quantization_config", SD_NEUTRAL_ABSENT, "quantized Hugging Face weights", 0},
@@ -542,6 +542,26 @@ static sd_status nope_from_hf(sd_config *c, const sd_json *cfg, const char *path
     return SD_OK;
 }
 
+/* Granite's multipliers as GraniteConfig reads them, each 1 when absent: embeddings times
+ * embedding_multiplier, each block's output times residual_multiplier, the attention scale
+ * attention_multiplier (in place of 1/sqrt(Dh)), the logits divided by logits_scaling. */
+static sd_status granite_from_hf(sd_config *c, const sd_json *cfg, const char *path) {
+    static const char *const keys[] = {"embedding_multiplier", "residual_multiplier",
+                                       "attention_multiplier", "logits_scaling"};
+    float *dst[] = {&c->embed_scale, &c->residual_scale, &c->attn_scale, &c->logit_scale};
+    for (int i = 0; i < 4; i++) {
+        double v = 1.0;
+        int has = 0;
+        SD_TRY(sd_config_json_number(cfg, keys[i], &v, &has, path));
+        if (!(v > 0.0) || !isfinite(v)) {
+            return sd_set_error(SD_ERR_FORMAT, "%s: \"%s\" = %g must be finite and > 0", path,
+                                keys[i], v);
+        }
+        *dst[i] = (float)v;
+    }
+    return SD_OK;
+}
+
 /* The period n of layer types that slide on l % n < n - 1: from "layer_types" when given (it
  * must follow such a period, or have no full layer: n = 0), else "sliding_window_pattern". */
 static sd_status gemma_pattern(sd_config *c, const sd_json *cfg, const char *path) {
@@ -719,6 +739,9 @@ sd_status sd_config_from_hf(sd_config *c, const sd_json *cfg, const char *path,
     SD_TRY(json_int(cfg, "original_max_position_embeddings", &c->rope_original_context, 0, path));
     if (c->arch == SD_ARCH_SMOLLM3) {
         SD_TRY(nope_from_hf(c, cfg, path));
+    }
+    if (c->arch == SD_ARCH_GRANITE) {
+        SD_TRY(granite_from_hf(c, cfg, path));
     }
     if (sd_config_is_gemma(c)) {
         SD_TRY(gemma_from_hf(c, cfg, path));

@@ -192,6 +192,13 @@ static void add_post_normed(float *x, float *y, const float *w, int T, int D, fl
     }
 }
 
+/* x (T, D) += r * y: a block's output scaled before the residual add (granite). */
+static void add_scaled(float *x, const float *y, float r, int T, int D) {
+    for (size_t i = 0; i < (size_t)T * (size_t)D; i++) {
+        x[i] += r * y[i];
+    }
+}
+
 #ifdef SD_WITH_CUDA
 /* The forward of a CUDA model: positions, slots and the mask are prepared here as for the CPU
  * (the cache's positions stay on the host), the layers run on the device. */
@@ -421,12 +428,14 @@ static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int 
                        jobs[j].b.n_tokens);
         }
     }
-    if (gemma) { /* Gemma scales its embeddings by sqrt(D) */
-        const float e = (float)sqrt((double)D);
+    if (gemma || c->embed_scale > 0.0f) { /* Gemma: by sqrt(D); Granite: its multiplier */
+        const float e = gemma ? (float)sqrt((double)D) : c->embed_scale;
         for (size_t i = 0; i < (size_t)T * (size_t)D; i++) {
             s->x[i] *= e;
         }
     }
+    /* a block's output apart from x: gemma's (post-normed) and granite's (scaled) */
+    const int apart = gemma || c->residual_scale > 0.0f;
 
     const int n_layers = jobs[0].b.n_layers > 0 ? jobs[0].b.n_layers : c->n_layers;
     for (int l = 0; l < n_layers; l++) {
@@ -486,11 +495,13 @@ static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int 
                                 (local ? s->mask_local : s->mask) + sg[j].mask_at, Tj, sg[j].n_attn,
                                 H, Hkv, Dh, c->attn_softcap, s->scores);
         }
-        /* gemma: x += rmsnorm(Wo · attn) * post-norm */
-        sd_matmul_job o = {gemma ? s->xo : s->x, s->xb, &L->wo, NULL, !gemma};
+        /* gemma: x += rmsnorm(Wo · attn) * post-norm; granite: x += r (Wo · attn) */
+        sd_matmul_job o = {apart ? s->xo : s->x, s->xb, &L->wo, NULL, !apart};
         sd_matmul(m->pool, T, &o, 1, s->xq, 0);
         if (gemma) {
             add_post_normed(s->x, s->xo, L->attn_post_norm, T, D, c->rms_eps);
+        } else if (apart) {
+            add_scaled(s->x, s->xo, c->residual_scale, T, D);
         }
 
         /* MLP block: x += Wdown · (silu(Wgate·n) * (Wup·n)), n = rmsnorm(x); gemma: gelu for
@@ -502,13 +513,15 @@ static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int 
         const int q_gu = sd_matmul_wants_q8(gu, 2);
         sd_rmsnorm_rows(m->pool, s->xb, s->x, L->ffn_norm, T, D, c->rms_eps, q_gu ? s->xq : NULL);
         sd_matmul(m->pool, T, gu, 2, s->xq, q_gu);
-        sd_matmul_job down = {gemma ? s->xo : s->x, s->hb, &L->w_down, NULL, !gemma};
+        sd_matmul_job down = {apart ? s->xo : s->x, s->hb, &L->w_down, NULL, !apart};
         const int q_down = sd_matmul_wants_q8(&down, 1);
         (gemma ? sd_geglu_rows : sd_swiglu_rows)(m->pool, s->hb, s->hb, s->hb2, T, F,
                                                  q_down ? s->xq : NULL);
         sd_matmul(m->pool, T, &down, 1, s->xq, q_down);
         if (gemma) {
             add_post_normed(s->x, s->xo, L->ffn_post_norm, T, D, c->rms_eps);
+        } else if (apart) {
+            add_scaled(s->x, s->xo, c->residual_scale, T, D);
         }
     }
     capture_aux(jobs, n, sg, n_layers, s->x, D);
@@ -543,6 +556,10 @@ static sd_status forward_cpu(sd_model *m, sd_fwd *jobs, int n, segment *sg, int 
     const float cap = c->final_softcap;
     for (size_t i = 0; cap > 0.0f && i < (size_t)n_rows * V; i++) {
         rows[i] = cap * tanhf(rows[i] / cap);
+    }
+    const float unscale = c->logit_scale > 0.0f ? 1.0f / c->logit_scale : 1.0f; /* granite */
+    for (size_t i = 0; unscale != 1.0f && i < (size_t)n_rows * V; i++) {
+        rows[i] *= unscale;
     }
     if (n > 1) {
         for (int j = 0, at = 0; j < n; at += jobs[j].b.n_logits, j++) {

@@ -545,14 +545,16 @@ static sd_status finish_model(sd_model *m, const sd_model_params *p) {
     const sd_config *c = &m->cfg;
     if (p->device == SD_DEVICE_CUDA &&
         (c->has_qk_norm || sd_config_is_gemma(c) || c->arch == SD_ARCH_PHI3 || c->swa_pattern > 0 ||
-         c->no_rope_interval > 0 || (c->rope_attn_factor != 0.0f && c->rope_attn_factor != 1.0f) ||
+         c->no_rope_interval > 0 || c->embed_scale > 0.0f || c->residual_scale > 0.0f ||
+         c->logit_scale > 0.0f || (c->rope_attn_factor != 0.0f && c->rope_attn_factor != 1.0f) ||
          sd_config_rope_dim(c) != c->head_dim || c->attn_scale > 0.0f || c->final_softcap > 0.0f ||
          c->attn_softcap > 0.0f)) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "the CUDA backend cannot compute this %s model yet (it has no q/k "
                             "norms, gemma's sandwich norms, GeGLU, local layers, soft-caps, "
                             "fused matrices, layers without RoPE, YaRN's or LongRoPE's scaled "
-                            "cos and sin, partial rotary embeddings): use the CPU",
+                            "cos and sin, partial rotary embeddings, granite's scales): use the "
+                            "CPU",
                             c->arch_name);
     }
     if (p->device == SD_DEVICE_CUDA) {

@@ -89,7 +89,7 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
     const sd_config *c = sd_model_config(self->model);
     PyObject *d = NULL, *rope = NULL, *types = NULL, *softcap = NULL, *local = NULL;
     PyObject *attn_softcap = NULL;
-    PyObject *window = NULL, *nope = NULL;
+    PyObject *window = NULL, *nope = NULL, *escale = NULL, *rscale = NULL, *lscale = NULL;
     const double scale = c->attn_scale > 0.0f ? (double)c->attn_scale : 1.0 / sqrt(c->head_dim);
     if ((rope = rope_scaling_dict(c)) == NULL || (types = PyTuple_New(c->n_layers)) == NULL ||
         (softcap = float_or_none(c->final_softcap)) == NULL ||
@@ -106,12 +106,15 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
         PyTuple_SET_ITEM(types, l, t);
     }
     if ((window = int_or_none(c->sliding_window)) == NULL ||
-        (nope = int_or_none(c->no_rope_interval)) == NULL) {
+        (nope = int_or_none(c->no_rope_interval)) == NULL ||
+        (escale = float_or_none(c->embed_scale)) == NULL ||
+        (rscale = float_or_none(c->residual_scale)) == NULL ||
+        (lscale = float_or_none(c->logit_scale)) == NULL) {
         goto done;
     }
     d = Py_BuildValue(
         "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:d,s:d,s:O,s:O,s:O,s:O,s:s,s:O,s:O,"
-        "s:O,s:O,s:d,s:O,s:O,s:i,s:O}",
+        "s:O,s:O,s:d,s:O,s:O,s:i,s:O,s:O,s:O,s:O}",
         "arch", c->arch_name, "vocab_size", c->vocab_size, "hidden_size", c->hidden_size,
         "n_layers", c->n_layers, "n_heads", c->n_heads, "n_kv_heads", c->n_kv_heads, "head_dim",
         c->head_dim, "ffn_size", c->ffn_size, "context_length", c->context_length, "rope_theta",
@@ -121,7 +124,8 @@ static PyObject *model_config(sd_py_Model *self, void *closure) {
         c->has_qk_norm ? Py_True : Py_False, "weight_type", sd_type_name(c->weight_type),
         "rope_scaling", rope, "rope_theta_local", local, "sliding_window", window, "layer_types",
         types, "attn_scale", scale, "final_softcap", softcap, "attn_softcap", attn_softcap,
-        "rope_dim", sd_config_rope_dim(c), "no_rope_interval", nope);
+        "rope_dim", sd_config_rope_dim(c), "no_rope_interval", nope, "embed_scale", escale,
+        "residual_scale", rscale, "logit_scale", lscale);
 done:
     Py_XDECREF(rope);
     Py_XDECREF(types);
@@ -130,6 +134,9 @@ done:
     Py_XDECREF(local);
     Py_XDECREF(window);
     Py_XDECREF(nope);
+    Py_XDECREF(escale);
+    Py_XDECREF(rscale);
+    Py_XDECREF(lscale);
     return d;
 }
 
