@@ -170,8 +170,8 @@ static sd_status window_mask(uint8_t *mask, const sd_kv_cache *kv, const sd_batc
 }
 
 /* cs (T, Dh): cos/sin of pos[t] * freq[i] for the R/2 frequencies of R rotary dimensions, in
- * double so large positions keep their precision, each times af (LongRoPE's attention factor,
- * 1 elsewhere: then exactly cos and sin). */
+ * double so large positions keep their precision, each times af (LongRoPE's or YaRN's attention
+ * factor, 1 elsewhere: then exactly cos and sin). */
 static void rope_angles(float *cs, const int32_t *pos, int T, int Dh, int R, float af,
                         const double *freq) {
     for (int t = 0; t < T; t++) {
