@@ -323,12 +323,7 @@ static sd_status check_gguf_key_types(const sd_gguf *g, const sd_config *c) {
 /* Keys whose presence (with other than the neutral value) changes the arithmetic in ways the
  * forward does not implement, unless the architecture reads them. */
 
-static const struct {
-    const char *suffix;
-    sd_neutral ok;
-    const char *what;
-    unsigned reads; /* the architectures that read this key themselves (SD_CFG_* bits) */
-} g_gguf_refused[] = {
+static const sd_cfg_refused g_gguf_refused[] = {
     {"attn_logit_softcapping", SD_NEUTRAL_ZERO, "attention logit soft-capping", SD_CFG_GEMMA2},
     {"final_logit_softcapping", SD_NEUTRAL_ZERO, "final logit soft-capping",
      SD_CFG_GEMMA2 | SD_CFG_GEMMA3},
@@ -352,7 +347,7 @@ static const struct {
 static sd_status refuse_gguf_keys(const sd_gguf *g, const sd_config *c) {
     for (size_t i = 0; i < sizeof(g_gguf_refused) / sizeof(g_gguf_refused[0]); i++) {
         char key[128];
-        snprintf(key, sizeof(key), "%s.%s", c->arch_name, g_gguf_refused[i].suffix);
+        snprintf(key, sizeof(key), "%s.%s", c->arch_name, g_gguf_refused[i].key);
         const sd_gguf_kv *kv = sd_gguf_find(g, key);
         if (kv == NULL || (g_gguf_refused[i].reads & (1u << c->arch))) {
             continue;

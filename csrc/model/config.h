@@ -19,6 +19,15 @@
 #define SD_CFG_GRANITE (1u << SD_ARCH_GRANITE)
 typedef enum { SD_NEUTRAL_ABSENT, SD_NEUTRAL_ZERO, SD_NEUTRAL_ONE, SD_NEUTRAL_TRUE } sd_neutral;
 
+/* One key of such a table: its name (GGUF: after "<arch>."), its neutral value, what it means
+ * (for the message), and the architectures that read it themselves (SD_CFG_* bits). */
+typedef struct {
+    const char *key;
+    sd_neutral ok;
+    const char *what;
+    unsigned reads;
+} sd_cfg_refused;
+
 /* Set c->arch, arch_name and the flags that follow from the architecture named name[0..len)
  * ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma3_text"); SD_ERR_UNSUPPORTED
  * names any other. */

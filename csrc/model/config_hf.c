@@ -106,12 +106,7 @@ static int json_neutral(const sd_json *v, sd_neutral ok) {
     return 0;
 }
 
-static const struct {
-    const char *key;
-    sd_neutral ok;
-    const char *what;
-    unsigned reads; /* the architectures that read this key themselves */
-} g_hf_refused[] = {
+static const sd_cfg_refused g_hf_refused[] = {
     {"mlp_bias", SD_NEUTRAL_ZERO, "MLP biases", 0},
     {"partial_rotary_factor", SD_NEUTRAL_ONE, "partial rotary embeddings", SD_CFG_PHI3},
     {"attn_logit_softcapping", SD_NEUTRAL_ABSENT, "attention logit soft-capping", SD_CFG_GEMMA2},

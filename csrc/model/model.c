@@ -523,10 +523,12 @@ static sd_status set_context(sd_model *m, int n) {
                             "context_length %d is not in [1, %d], the model's context length", n,
                             c->context_length);
     }
-    if (c->rope_scaling == SD_ROPE_LONGROPE) {
+    if (c->rope_scaling == SD_ROPE_LONGROPE) { /* find_weights computed the short ones */
         n = n > 0 ? n : c->rope_original_context;
         c->rope_long = n > c->rope_original_context;
-        sd_config_rope_freq(m->rope_freq, c, NULL);
+        if (c->rope_long) {
+            sd_config_rope_freq(m->rope_freq, c, NULL);
+        }
     }
     c->context_length = n > 0 ? n : c->context_length;
     return SD_OK;
