@@ -343,7 +343,16 @@ typedef struct {
      * tokens it stands for writes, bit for bit; any difference ends the call with
      * SD_ERR_INTERNAL naming the step, layer and slot. 0 = off. */
     int check_cache;
+    /* Log-probabilities (CPU models only): 1 = record each emitted token's log-probability under
+     * the target's own distribution, log softmax(logits) at temperature 1 before any sampling
+     * filter, whatever the sampling settings and the drafter (a token's logits do not depend on
+     * its batch, so a speculative run records the bits plain decoding records for the same
+     * tokens), and the top_logprobs (0 .. SD_MAX_TOP_LOGPROBS) most probable tokens' at that
+     * position, best first, ties to the lower id; read with sd_sequence_logprobs. 0 = off. */
+    int logprobs;
+    int top_logprobs;
 } sd_generate_params;
+#define SD_MAX_TOP_LOGPROBS 20
 
 sd_generate_params sd_generate_default_params(void);
 
@@ -638,6 +647,12 @@ int sd_sequence_done(const sd_sequence *seq);
 sd_finish_reason sd_sequence_finish_reason(const sd_sequence *seq);
 /* The output so far ((*n) tokens, valid until the next step or the free). */
 const int32_t *sd_sequence_tokens(const sd_sequence *seq, int *n);
+/* With params->logprobs: each output token's log-probability so far ((*n) values) and, with
+ * top_logprobs > 0, the most probable ids at each position and their log-probabilities ((*n) x
+ * top_logprobs each, row by row, best first; else NULL). Without logprobs all are NULL. Valid
+ * until the next step or the free. */
+const float *sd_sequence_logprobs(const sd_sequence *seq, int *n, const int32_t **top_ids,
+                                  const float **top_lps);
 /* How many prompt tokens the sequence took from a finished request's cache (prefix reuse). */
 int sd_sequence_reused(const sd_sequence *seq);
 /* A speculative sequence's statistics so far (time_total_s since its creation); NULL for plain

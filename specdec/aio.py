@@ -16,7 +16,7 @@ import asyncio
 import collections
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Deque, List, Optional, Sequence, Union
+from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
 
 from .generate import Generation, Prompt, _Call, _Pieces
 from .model import Model
@@ -124,7 +124,8 @@ async def agenerate(model: Model, prompt: Prompt, max_new_tokens: int = 16,
                     stop_tokens: Optional[Sequence[int]] = None,
                     stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
                     min_p: float = 0.0, speculator: Optional[Speculator] = None,
-                    on_token: Optional[Callable[[int], Any]] = None) -> Generation:
+                    on_token: Optional[Callable[[int], Any]] = None, logprobs: bool = False,
+                    top_logprobs: int = 0) -> Generation:
     """:func:`specdec.generate` for asyncio: the same arguments and the same
     :class:`~specdec.Generation`, without blocking the event loop (each decoding step runs in a
     worker thread). ``on_token`` is called in the event loop's thread, between steps.
@@ -133,7 +134,7 @@ async def agenerate(model: Model, prompt: Prompt, max_new_tokens: int = 16,
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
     req = _Request((model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k,
-                    top_p, min_p, speculator))
+                    top_p, min_p, speculator, logprobs, top_logprobs))
     try:
         call = await req.start()
         seq, n = call.seq, 0
@@ -194,6 +195,24 @@ class AsyncStream:
             self._ready.extend(self._text.push(await self._req.step()))
         return self._ready.popleft()
 
+    def logprobs_since(self, start: int) -> Tuple[List[int], Optional[List[float]],
+                                                  Optional[List[List[Tuple[int, float]]]],
+                                                  Optional[str]]:
+        """The output decoded so far from index ``start`` (no step runs between pieces): its
+        tokens, their log-probabilities and alternatives (None where not asked for), and the
+        finish reason once decoding has ended (else None)."""
+        g = self.generation
+        if g is not None:
+            return (g.tokens[start:], None if g.logprobs is None else g.logprobs[start:],
+                    None if g.top_logprobs is None else g.top_logprobs[start:], g.finish_reason)
+        call = self._req.call
+        if call is None or self._req.closed:
+            return [], None, None, None
+        seq = call.seq
+        got = seq.logprobs(start) if call.logprobs else None
+        lps, tops = got if got is not None else (None, None)
+        return seq.tokens[start:], lps, tops, seq.finish_reason if seq.done else None
+
     def close(self) -> None:
         """Stop decoding and free the sequence (after the step in flight, if any)."""
         self._req.close()
@@ -212,11 +231,12 @@ class AsyncStream:
 def astream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: float = 0.0,
             seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
             stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
-            min_p: float = 0.0, speculator: Optional[Speculator] = None) -> AsyncStream:
+            min_p: float = 0.0, speculator: Optional[Speculator] = None, logprobs: bool = False,
+            top_logprobs: int = 0) -> AsyncStream:
     """:func:`specdec.stream` for asyncio: ``async for piece in astream(...)`` yields the same
     pieces without blocking the event loop, and the stream's ``generation`` is the
     :class:`~specdec.Generation` once it is exhausted. Arguments as for
     :func:`specdec.generate`; their errors are raised at the first piece (or by ``await
     stream.start()``). See :class:`AsyncStream` for stopping and cancelling."""
     return AsyncStream((model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop,
-                        top_k, top_p, min_p, speculator))
+                        top_k, top_p, min_p, speculator, logprobs, top_logprobs))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 from .model import Model, TokenIds
-from .speculators import INT_MAX, SpecStats, Speculator, _int, _number, _seed
+from .speculators import INT_MAX, SpecStats, Speculator, _bool, _int, _number, _seed
 
 Messages = List[Dict[str, Any]]
 Prompt = Union[str, Messages, TokenIds]
@@ -26,6 +26,12 @@ class Generation:
     stats: Optional[SpecStats] = None  # speculative runs: drafts, acceptance, timings
     prefix_reused: int = 0            # prompt tokens whose keys and values a finished request's
     #                                   cache gave (Model.prefix_cache), not computed again
+    #: with ``logprobs=True``: each token's log-probability under the model (log softmax of its
+    #: logits at temperature 1, before any sampling setting), one per entry of ``tokens``
+    logprobs: Optional[List[float]] = None
+    #: with ``top_logprobs=n``: the n most probable tokens at each position, as (id,
+    #: log-probability) pairs, best first
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -60,13 +66,17 @@ class _Call:
     def __init__(self, model: Model, prompt: Prompt, max_new_tokens: Any, temperature: Any,
                  seed: Optional[int], stop_tokens: Optional[Sequence[int]],
                  stop: Optional[Sequence[str]], top_k: Any, top_p: Any, min_p: Any,
-                 speculator: Optional[Speculator], reserved: bool = False) -> None:
+                 speculator: Optional[Speculator], logprobs: Any = False, top_logprobs: Any = 0,
+                 reserved: bool = False) -> None:
         # types are checked here, ranges by the C core (its messages name the parameter)
         max_new_tokens = _int("max_new_tokens", max_new_tokens, 0, INT_MAX)
         temperature = _number("temperature", temperature)
         top_k = _int("top_k", top_k, 0, INT_MAX)
         top_p = _number("top_p", top_p)
         min_p = _number("min_p", min_p)
+        logprobs = _bool("logprobs", logprobs)
+        top_logprobs = _int("top_logprobs", top_logprobs, 0, INT_MAX)
+        self.logprobs = logprobs or top_logprobs > 0  # the alternatives come with the token's
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
         seed = _seed(seed)
@@ -122,12 +132,14 @@ class _Call:
             stop_ids=None if stop_tokens is None else list(stop_tokens),
             stop_strings=[s.encode("utf-8") for s in self.stop] or None,
             top_k=top_k, top_p=top_p, min_p=min_p,
-            drafter=None if speculator is None else speculator.drafter(), reserved=reserved)
+            drafter=None if speculator is None else speculator.drafter(), reserved=reserved,
+            logprobs=self.logprobs, top_logprobs=top_logprobs)
 
     def result(self, tokens: List[int], reason: str) -> Generation:
         """The Generation of these tokens; frees the sequence."""
         elapsed = time.perf_counter() - self.t0
         core_stats, reused = self.seq.stats, self.seq.reused
+        lps, tops = self.seq.logprobs() if self.logprobs else (None, None)
         self.seq.close()
         text = None
         if self.tok is not None:
@@ -140,9 +152,11 @@ class _Call:
                           default=len(text))
                 text = text[:cut]
         stats = None if core_stats is None else SpecStats.from_core(core_stats, len(tokens))
+        n = len(tokens)  # a cancelled call's tokens stop short of the sequence's
         return Generation(tokens=tokens, prompt_tokens=[int(t) for t in self.ids], text=text,
                           finish_reason=reason, time_s=elapsed, stats=stats,
-                          prefix_reused=reused)
+                          prefix_reused=reused, logprobs=None if lps is None else lps[:n],
+                          top_logprobs=None if tops is None else tops[:n])
 
 
 class _Pieces:
@@ -214,7 +228,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
              stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
              min_p: float = 0.0,
              speculator: Optional[Speculator] = None,
-             on_token: Optional[Callable[[int], Any]] = None) -> Generation:
+             on_token: Optional[Callable[[int], Any]] = None, logprobs: bool = False,
+             top_logprobs: int = 0) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
     Args:
@@ -245,6 +260,15 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
             once); a true result ends generation after that token with ``finish_reason``
             "cancelled"; an exception it raises ends generation and propagates. See
             :func:`stream` for an iterator of text.
+        logprobs: True fills ``Generation.logprobs`` with each new token's log-probability
+            under the model: log softmax of the target's logits at temperature 1, before
+            ``temperature``, ``top_k``, ``top_p`` and ``min_p`` (as vLLM's default and OpenAI's
+            report them). The same with or without a speculator: a token's logits do not depend
+            on the batch it was verified in, so the numbers are plain decoding's, bit for bit.
+            CPU models only; costs a pass over the vocabulary per token.
+        top_logprobs: n in [0, 20]: also the n most probable tokens at each position and their
+            log-probabilities (``Generation.top_logprobs``; ties to the lower id); n > 0
+            implies ``logprobs``.
 
     Decoding runs in C a step at a time (a part of a long prompt, one token, or one speculative
     step) with the GIL released, so Ctrl-C raises KeyboardInterrupt between steps, and other
@@ -264,7 +288,7 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
     call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
-                 min_p, speculator)
+                 min_p, speculator, logprobs, top_logprobs)
     try:
         tokens, reason = _run(call.seq, on_token)
     except BaseException:
@@ -276,8 +300,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
 def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: float = 0.0,
            seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
            stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
-           min_p: float = 0.0, speculator: Optional[Speculator] = None
-           ) -> Generator[Union[str, int], None, Generation]:
+           min_p: float = 0.0, speculator: Optional[Speculator] = None, logprobs: bool = False,
+           top_logprobs: int = 0) -> Generator[Union[str, int], None, Generation]:
     """:func:`generate`, yielding the output as it is accepted: pieces of text for a model with
     a tokenizer (a character is held back until its UTF-8 bytes are complete, and text that
     could be the start of a ``stop`` string until it is known not to be), token ids otherwise.
@@ -285,10 +309,11 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
     value (``g = yield from stream(...)``). Breaking out of the loop (or closing the generator)
     stops decoding after the current step. Each token's bytes are decoded once
     (:meth:`specdec.tokenizer.Tokenizer.incremental_decoder`), so the text costs time linear in
-    its length. Arguments as for :func:`generate`.
+    its length. Arguments as for :func:`generate` (the log-probabilities, when asked for, come
+    with the returned Generation).
     """
     call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
-                 min_p, speculator)
+                 min_p, speculator, logprobs, top_logprobs)
     seq, text = call.seq, _Pieces(call)
     try:
         while not seq.done:

@@ -9,9 +9,13 @@ step in flight.
 
 Parameters: ``max_tokens`` (chat also ``max_completion_tokens``; default: the rest of the
 context), ``temperature`` (default 1, as OpenAI's; 0 is greedy), ``top_p``, ``seed``, ``stop``
-(a string or a list), ``stream``, ``stream_options.include_usage``, and the extras ``top_k`` and
-``min_p``. ``n`` must be 1; logprobs, penalties, logit_bias, tools and a non-text
-response_format are refused with a 400 rather than ignored. Other fields are ignored.
+(a string or a list), ``stream``, ``stream_options.include_usage``, the extras ``top_k`` and
+``min_p``, and log-probabilities: chat's ``logprobs`` (true) and ``top_logprobs`` (0-20), a
+completion's ``logprobs`` (0-20 alternatives), in OpenAI's shapes, one entry per generated token
+(a final stop token left out), the model's log softmax before the sampling settings
+(:func:`specdec.generate`'s ``logprobs``); in a stream, each chunk carries the entries of the
+tokens decoded since the chunk before. ``n`` must be 1; penalties, logit_bias, tools and a
+non-text response_format are refused with a 400 rather than ignored. Other fields are ignored.
 
 Every response (in a stream: the chunk with the ``finish_reason``) carries a ``specdec`` object:
 ``speculator`` (its repr, or null for plain decoding), ``drafted`` and ``accepted`` (draft
@@ -48,10 +52,10 @@ from .model import Model
 from .speculators import Speculator
 
 FINISH = {"length": "length", "stop_token": "stop", "stop_string": "stop"}
+MAX_TOP_LOGPROBS = 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # fields whose effect this server cannot give: refused unless absent or at their no-op value
-UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
-               "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+UNSUPPORTED = {"logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
                "tools": (None, []), "functions": (None, []), "echo": (None, False),
                "best_of": (None, 1), "suffix": (None, "")}
 
@@ -89,7 +93,8 @@ def _typed(body: Dict[str, Any], name: str, types: Tuple[type, ...], what: str) 
 class _Job:
     """One request's parameters, checked for their JSON types (the C core checks ranges)."""
 
-    def __init__(self, body: Dict[str, Any], ids: List[int], context_length: int) -> None:
+    def __init__(self, body: Dict[str, Any], ids: List[int], context_length: int,
+                 chat: bool) -> None:
         for name, neutral in UNSUPPORTED.items():
             if name in body and body[name] not in neutral:
                 raise BadRequest(f"{name} is not supported by this server", name)
@@ -113,9 +118,30 @@ class _Job:
             seed=_typed(body, "seed", (int,), "an integer"), stop=stop or None,
             top_k=_typed(body, "top_k", (int,), "an integer") or 0,
             top_p=_number_or(body, "top_p", 1.0), min_p=_number_or(body, "min_p", 0.0))
+        self.logprobs, top = _logprobs(body, chat)
+        self.kwargs.update(logprobs=self.logprobs, top_logprobs=top)
         self.stream = bool(_typed(body, "stream", (bool,), "a boolean"))
         options = _typed(body, "stream_options", (dict,), "an object") or {}
         self.include_usage = bool(options.get("include_usage"))
+
+
+def _logprobs(body: Dict[str, Any], chat: bool) -> Tuple[bool, int]:
+    """Whether to return log-probabilities, and how many alternatives: chat's ``logprobs``
+    (a boolean) and ``top_logprobs``, a completion's ``logprobs`` (how many alternatives, null
+    for none)."""
+    if not chat:
+        n = _typed(body, "logprobs", (int,), "an integer")
+        if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+            raise BadRequest(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {n}", "logprobs")
+        return n is not None, n or 0
+    on = bool(_typed(body, "logprobs", (bool,), "a boolean"))
+    top = _typed(body, "top_logprobs", (int,), "an integer") or 0
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise BadRequest(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}",
+                         "top_logprobs")
+    if top and not on:
+        raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+    return on, top
 
 
 def _number_or(body: Dict[str, Any], name: str, default: float) -> float:
@@ -183,6 +209,35 @@ class _Server:
         p, c = len(g.prompt_tokens), len(g.tokens)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
+    def piece(self, t: int) -> Tuple[str, bytes]:
+        b = self.model.require_tokenizer().token_to_piece(t)
+        return b.decode("utf-8", errors="replace"), b
+
+    def logprobs(self, tokens: List[int], lps: Optional[List[float]],
+                 tops: Optional[List[List[Tuple[int, float]]]], chat: bool,
+                 finish: Optional[str], offset: int) -> Optional[Dict[str, Any]]:
+        """OpenAI's logprobs object for these tokens (without a final stop token when `finish`
+        is "stop_token"); `offset`: the text's length before them (a completion's
+        text_offset). None without logprobs."""
+        if lps is None:
+            return None
+        n = len(tokens) - (finish == "stop_token")
+        tops = tops if tops is not None else [[] for _ in range(n)]
+        if chat:
+            def entry(t: int, v: float) -> Dict[str, Any]:
+                text, b = self.piece(t)
+                return {"token": text, "logprob": v, "bytes": list(b)}
+            return {"content": [dict(entry(t, v), top_logprobs=[entry(a, w) for a, w in top])
+                                for t, v, top in zip(tokens[:n], lps, tops)], "refusal": None}
+        texts = [self.piece(t)[0] for t in tokens[:n]]
+        offsets = []
+        for text in texts:
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": texts, "token_logprobs": list(lps[:n]),
+                "top_logprobs": [{self.piece(a)[0]: w for a, w in top} for top in tops[:n]],
+                "text_offset": offsets}
+
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -205,7 +260,7 @@ class _Server:
                                  f"{self.name!r}", "model", 404, "model_not_found")
             prompt = chat_messages(body) if chat else completion_prompt(body)
             ids = await asyncio.to_thread(encode_prompt, self.model, prompt)
-            job = _Job(body, [int(t) for t in ids], self.model.config.context_length)
+            job = _Job(body, [int(t) for t in ids], self.model.config.context_length, chat)
             s = await astream(self.model, job.ids, speculator=self.speculator,
                               **job.kwargs).start()
         except BadRequest as e:
@@ -216,7 +271,8 @@ class _Server:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = {"id": rid, "object": kind, "created": int(time.time()), "model": self.name}
         if job.stream:
-            return StreamingResponse(self.events(s, head, chat, job.include_usage),
+            return StreamingResponse(self.events(s, head, chat, job.include_usage,
+                                                 job.logprobs),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
@@ -224,25 +280,38 @@ class _Server:
         if g is None:
             return Response(status_code=499)  # nobody is there to read it
         choice: Dict[str, Any] = {"index": 0, "finish_reason": FINISH[g.finish_reason]}
+        lp = self.logprobs(g.tokens, g.logprobs, g.top_logprobs, chat, g.finish_reason, 0)
         if chat:
-            choice["message"] = {"role": "assistant", "content": g.text}
+            choice.update(message={"role": "assistant", "content": g.text}, logprobs=lp)
         else:
-            choice.update(text=g.text, logprobs=None)
+            choice.update(text=g.text, logprobs=lp)
         return JSONResponse(dict(head, choices=[choice], usage=self.usage(g),
                                  specdec=self.spec_field(g)))
 
     async def events(self, s: AsyncStream, head: Dict[str, Any], chat: bool,
-                     include_usage: bool) -> AsyncIterator[str]:
+                     include_usage: bool, logprobs: bool) -> AsyncIterator[str]:
         """The SSE events of a streamed completion, ending with ``data: [DONE]``."""
         head = dict(head, object="chat.completion.chunk" if chat else "text_completion")
         extra = {"usage": None} if include_usage else {}
+        sent = [0, 0]  # tokens whose logprobs went out; a completion's text length before them
+
+        def new_logprobs() -> Optional[Dict[str, Any]]:
+            if not logprobs:
+                return None
+            tokens, lps, tops, reason = s.logprobs_since(sent[0])
+            lp = self.logprobs(tokens, lps, tops, chat, reason, sent[1])
+            sent[0] += len(tokens)
+            if not chat:
+                sent[1] += sum(len(t) for t in lp["tokens"])
+            return lp
 
         def chunk(piece: Optional[str], finish: Optional[str], **more: Any) -> str:
+            lp = new_logprobs()
             if chat:
                 delta = {} if piece is None else {"content": piece}
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": piece or "", "logprobs": None,
+                choice = {"index": 0, "text": piece or "", "logprobs": lp,
                           "finish_reason": finish}
             return _event(dict(head, choices=[choice], **extra, **more))
 

@@ -112,6 +112,62 @@ def test_sampling_parameters_reach_the_sampler(url, text_model):
     assert r.choices[0].message.content == want.text
 
 
+def test_logprobs_are_generates(url, text_model):
+    """Chat's and a completion's logprobs, streamed or not, are generate's numbers for the same
+    tokens, in OpenAI's shapes; a final stop token has none."""
+    want = generated(text_model, CHAT, 40, logprobs=True, top_logprobs=3)
+    tok = text_model.require_tokenizer()
+    n = len(want.tokens) - (want.finish_reason == "stop_token")
+    assert n > 5
+    pieces = [tok.token_to_piece(t).decode("utf-8", errors="replace") for t in want.tokens[:n]]
+    c = client(url).chat.completions.create(model=NAME, messages=CHAT, max_tokens=40,
+                                            temperature=0, logprobs=True, top_logprobs=3)
+    content = c.choices[0].logprobs.content
+    assert [e.logprob for e in content] == want.logprobs[:n]
+    assert [e.token for e in content] == pieces
+    assert [bytes(e.bytes) for e in content] == [tok.token_to_piece(t) for t in want.tokens[:n]]
+    assert [[(a.token, a.logprob) for a in e.top_logprobs] for e in content] == \
+        [[(tok.token_to_piece(i).decode("utf-8", errors="replace"), v) for i, v in row]
+         for row in want.top_logprobs[:n]]
+    chunks = client(url).chat.completions.create(model=NAME, messages=CHAT, max_tokens=40,
+                                                 temperature=0, logprobs=True, top_logprobs=3,
+                                                 stream=True)
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    # a final stop token (the first seed whose answer ends with one): none for it, streamed
+    # or not
+    seed, want = next((i, g) for i in range(20) for g in [specdec.generate(
+        text_model, CHAT, max_new_tokens=150, temperature=1.0, seed=i,
+        speculator=specdec.PromptLookup(k=4), logprobs=True)] if g.finish_reason == "stop_token")
+    kw = dict(model=NAME, messages=CHAT, max_tokens=150, temperature=1.0, seed=seed,
+              logprobs=True)
+    c = client(url).chat.completions.create(**kw)
+    assert [e.logprob for e in c.choices[0].logprobs.content] == want.logprobs[:-1]
+    chunks = client(url).chat.completions.create(**kw, stream=True)
+    assert [e.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
+            for e in ch.choices[0].logprobs.content] == want.logprobs[:-1]
+    plain = client(url).chat.completions.create(model=NAME, messages=CHAT, max_tokens=5,
+                                                temperature=0)
+    assert plain.choices[0].logprobs is None
+
+    prompt = "the quick brown fox jumps over the lazy dog the quick"
+    want = generated(text_model, prompt, 30, logprobs=True, top_logprobs=2)
+    r = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=30, temperature=0,
+                                       logprobs=2)
+    lp = r.choices[0].logprobs
+    n = len(want.tokens) - (want.finish_reason == "stop_token")
+    assert lp.token_logprobs == want.logprobs[:n] and "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(n)]
+    text = lambda i: tok.token_to_piece(i).decode("utf-8", errors="replace")  # noqa: E731
+    assert lp.top_logprobs == [{text(i): v for i, v in row} for row in want.top_logprobs[:n]]
+    s = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=30, temperature=0,
+                                       logprobs=2, stream=True)
+    got = [c.choices[0].logprobs for c in s if c.choices[0].logprobs]
+    assert [v for g in got for v in g.token_logprobs] == lp.token_logprobs
+    assert [o for g in got for o in g.text_offset] == lp.text_offset
+
+
 def stream_chat(url, messages, n):
     s = client(url).chat.completions.create(model=NAME, messages=messages, max_tokens=n,
                                             temperature=0, stream=True,
@@ -185,7 +241,12 @@ def post(url, path, body=None, content=None):
     ({"model": NAME, "messages": CHAT, "temperature": -1}, None, "temperature"),
     ({"model": NAME, "messages": CHAT, "max_tokens": 100000}, None, "context"),
     ({"model": NAME, "messages": CHAT, "n": 2}, "n", "n=1"),
-    ({"model": NAME, "messages": CHAT, "logprobs": True}, "logprobs", "logprobs"),
+    ({"model": NAME, "messages": CHAT, "logprobs": "yes"}, "logprobs", "logprobs must be a"),
+    ({"model": NAME, "messages": CHAT, "top_logprobs": 3}, "top_logprobs",
+     "top_logprobs needs logprobs"),
+    ({"model": NAME, "messages": CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs",
+     "top_logprobs must be in [0, 20]"),
+    ({"model": NAME, "messages": CHAT, "logit_bias": {"1": 5}}, "logit_bias", "not supported"),
     ({"model": NAME, "messages": CHAT, "stop": [1]}, "stop", "stop"),
 ])
 def test_bad_chat_requests_get_400_json_errors(url, body, param, needle):

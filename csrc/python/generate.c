@@ -83,7 +83,7 @@ int sd_py_call_parse(sd_py_call *c, PyObject *args, PyObject *kwds, int with_on_
     static char *kwlist_seq[] = {"prompt",   "max_new_tokens", "temperature", "seed",
                                  "stop_ids", "stop_strings",   "top_k",       "top_p",
                                  "min_p",    "drafter",        "check_cache", "reserved",
-                                 NULL};
+                                 "logprobs", "top_logprobs",   NULL};
     PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
     PyObject *drafter_obj = Py_None;
     unsigned long long seed = 0;
@@ -91,11 +91,12 @@ int sd_py_call_parse(sd_py_call *c, PyObject *args, PyObject *kwds, int with_on_
     c->p = sd_generate_default_params();
     c->on_token = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, with_on_token ? "O|$ifKOOiffOpO:generate" : "O|$ifKOOiffOpp:sequence",
+            args, kwds, with_on_token ? "O|$ifKOOiffOpO:generate" : "O|$ifKOOiffOpppi:sequence",
             with_on_token ? kwlist : kwlist_seq, &prompt_obj, &c->p.max_new_tokens,
             &c->p.temperature, &seed, &stop_obj, &strings_obj, &c->p.top_k, &c->p.top_p,
             &c->p.min_p, &drafter_obj, &c->p.check_cache,
-            with_on_token ? (void *)&c->on_token : (void *)&c->reserved)) {
+            with_on_token ? (void *)&c->on_token : (void *)&c->reserved, &c->p.logprobs,
+            &c->p.top_logprobs)) {
         return -1;
     }
     c->p.seed = (uint64_t)seed;

@@ -12,6 +12,7 @@ typedef struct {
     sd_py_Model *model;
     sd_py_Drafter *drafter; /* or NULL; both kept alive while the sequence lives */
     int stepping;           /* a step runs (the GIL released): another thread may not step */
+    int logprobs, top;      /* the call's logprobs and top_logprobs */
 } sd_py_Sequence;
 
 /* Frees the sequence and gives its slot back (once). */
@@ -79,6 +80,8 @@ PyObject *sd_py_model_sequence(sd_py_Model *self, PyObject *args, PyObject *kwds
     }
     obj->seq = seq;
     obj->stepping = 0;
+    obj->logprobs = c.p.logprobs;
+    obj->top = c.p.top_logprobs;
     Py_INCREF(self);
     obj->model = self;
     Py_XINCREF(c.drafter);
@@ -123,6 +126,59 @@ static PyObject *sequence_step(sd_py_Sequence *self, PyObject *unused) {
     int n = 0;
     const int32_t *toks = sd_sequence_tokens(seq, &n);
     return sd_py_token_list(toks + n - n_new, n_new);
+}
+
+/* logprobs(start=0) -> (list[float], list[list[tuple[int, float]]] | None) | None */
+static PyObject *sequence_logprobs(sd_py_Sequence *self, PyObject *args) {
+    int start = 0;
+    if (!PyArg_ParseTuple(args, "|i:logprobs", &start) || usable(self) == NULL) {
+        return NULL;
+    }
+    int n = 0;
+    const int32_t *ids = NULL;
+    const float *tops = NULL;
+    const float *lp = sd_sequence_logprobs(self->seq, &n, &ids, &tops);
+    if (!self->logprobs) {
+        Py_RETURN_NONE; /* not asked for */
+    }
+    if (start < 0 || start > n) {
+        return PyErr_Format(PyExc_ValueError, "start must be in [0, %d], got %d", n, start);
+    }
+    const int k = self->top; /* lp, ids and tops hold n rows (none when n is 0) */
+    PyObject *lps = PyList_New(n - start), *top = k > 0 ? PyList_New(n - start) : NULL;
+    if (lps == NULL || (k > 0 && top == NULL)) {
+        goto fail;
+    }
+    for (int i = start; i < n; i++) {
+        PyObject *v = PyFloat_FromDouble(lp[i]);
+        if (v == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(lps, i - start, v);
+        if (top == NULL) {
+            continue;
+        }
+        PyObject *row = PyList_New(k);
+        if (row == NULL) {
+            goto fail;
+        }
+        PyList_SET_ITEM(top, i - start, row);
+        for (int j = 0; j < k; j++) {
+            PyObject *pair = Py_BuildValue("(if)", ids[(size_t)i * k + j], tops[(size_t)i * k + j]);
+            if (pair == NULL) {
+                goto fail;
+            }
+            PyList_SET_ITEM(row, j, pair);
+        }
+    }
+    PyObject *r = Py_BuildValue("(OO)", lps, top != NULL ? top : Py_None);
+    Py_DECREF(lps);
+    Py_XDECREF(top);
+    return r;
+fail:
+    Py_XDECREF(lps);
+    Py_XDECREF(top);
+    return NULL;
 }
 
 static PyObject *sequence_close(sd_py_Sequence *self, PyObject *unused) {
@@ -184,6 +240,10 @@ static PyMethodDef sequence_methods[] = {
     {"step", (PyCFunction)sequence_step, METH_NOARGS,
      "step() -> list[int]: one step (a part of the prompt, one plain token, or one speculative "
      "step) and the tokens it appended; an error once the sequence is done."},
+    {"logprobs", (PyCFunction)sequence_logprobs, METH_VARARGS,
+     "logprobs(start=0) -> (list[float], list[list[tuple[int, float]]] | None) | None: the "
+     "log-probabilities of output tokens start.. (and of the top_logprobs best tokens at each), "
+     "None when the sequence was created without logprobs."},
     {"close", (PyCFunction)sequence_close, METH_NOARGS,
      "close(): free the caches now (the sequence is unusable after)."},
     {NULL, NULL, 0, NULL},

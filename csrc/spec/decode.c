@@ -2,12 +2,15 @@
  * emitter, which appends each token and decides whether generation ends after it. */
 #include "spec/decode.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cpu/ops_cpu.h"
 #include "model/config.h"
 #include "model/forward.h"
+#include "spec/sampler.h"
 #include "util/status.h"
 
 sd_generate_params sd_generate_default_params(void) {
@@ -81,6 +84,21 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
         return sd_set_error(SD_ERR_INVALID_ARG, "max_new_tokens must be >= 0, got %d",
                             p->max_new_tokens);
     }
+    if (p->logprobs != 0 && p->logprobs != 1) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "logprobs must be 0 or 1, got %d", p->logprobs);
+    }
+    if (p->top_logprobs < 0 || p->top_logprobs > SD_MAX_TOP_LOGPROBS) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "top_logprobs must be in [0, %d], got %d",
+                            SD_MAX_TOP_LOGPROBS, p->top_logprobs);
+    }
+    if (p->top_logprobs > 0 && !p->logprobs) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "top_logprobs needs logprobs");
+    }
+    if (p->logprobs && m->cuda != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "logprobs are computed for CPU models only so far (a CUDA model's "
+                            "logits stay on the device)");
+    }
     s->temperature = p->temperature;
     s->top_k = p->top_k;
     s->top_p = p->top_p;
@@ -97,8 +115,33 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
     return SD_OK;
 }
 
-sd_status sd_emit(sd_emitter *e, int32_t tok) {
+/* Token tok's log-probability in row (V raw logits), log softmax at temperature 1, and the top
+ * ids' into e's arrays at output index i. The exponentials and their sum are the sampler's
+ * (sd_softmax_exp: the same bits from every kernel). */
+static sd_status emit_logprobs(sd_emitter *e, int i, int32_t tok, const float *row) {
+    if (row == NULL) {
+        return sd_set_error(SD_ERR_INTERNAL, "a token was emitted without its logits");
+    }
+    const int V = e->m->cfg.vocab_size, top = e->p->top_logprobs;
+    const float mx = row[sd_argmax(row, V)];
+    const double lse = (double)mx + log(sd_softmax_exp(e->work, row, V, mx, 1.0f));
+    e->lp[i] = (float)((double)row[tok] - lse);
+    if (top > 0) {
+        int32_t *ids = e->top_id + (size_t)i * (size_t)top;
+        float *lps = e->top_lp + (size_t)i * (size_t)top;
+        sd_top_ids(ids, top, row, V);
+        for (int j = 0; j < top; j++) {
+            lps[j] = ids[j] >= 0 ? (float)((double)row[ids[j]] - lse) : -INFINITY;
+        }
+    }
+    return SD_OK;
+}
+
+sd_status sd_emit(sd_emitter *e, int32_t tok, const float *row) {
     const sd_generate_params *p = e->p;
+    if (e->lp != NULL) {
+        SD_TRY(emit_logprobs(e, e->n, tok, row));
+    }
     e->out[e->n++] = tok;
     if (p->on_token != NULL && p->on_token(p->on_token_user, tok) != 0) {
         e->reason = SD_FINISH_CANCELLED;
@@ -153,4 +196,34 @@ void sd_emitter_init(sd_emitter *e, const sd_model *m, const sd_generate_params 
     for (int i = 0; i < p->n_stop_strings; i++) {
         e->longest = p->stop_lens[i] > e->longest ? p->stop_lens[i] : e->longest;
     }
+}
+
+sd_status sd_emitter_want_logprobs(sd_emitter *e) {
+    const sd_generate_params *p = e->p;
+    if (!p->logprobs || p->max_new_tokens < 1) {
+        return SD_OK;
+    }
+    const size_t n = (size_t)p->max_new_tokens, top = (size_t)p->top_logprobs;
+    e->lp = malloc(n * sizeof(float));
+    e->work = malloc((size_t)e->m->cfg.vocab_size * sizeof(float));
+    if (top > 0) {
+        e->top_id = malloc(n * top * sizeof(int32_t));
+        e->top_lp = malloc(n * top * sizeof(float));
+    }
+    if (e->lp == NULL || e->work == NULL || (top > 0 && (e->top_id == NULL || e->top_lp == NULL))) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for %d tokens' logprobs",
+                            p->max_new_tokens);
+    }
+    return SD_OK;
+}
+
+void sd_emitter_free(sd_emitter *e) {
+    free(e->text);
+    free(e->lp);
+    free(e->top_id);
+    free(e->top_lp);
+    free(e->work);
+    e->text = NULL;
+    e->lp = e->top_lp = e->work = NULL;
+    e->top_id = NULL;
 }

@@ -25,6 +25,12 @@ typedef struct {
     int done;
     char *text; /* output bytes so far, to watch for stop strings */
     size_t len, cap, longest;
+    /* with p->logprobs (sd_emitter_want_logprobs): each token's log-probability (max_new_tokens),
+     * the top_logprobs best ids and theirs (max_new_tokens x top_logprobs), a row's work (V) */
+    float *lp;
+    int32_t *top_id;
+    float *top_lp;
+    float *work;
 } sd_emitter;
 
 /* Feeding a prompt a step at a time. On the CPU a long prompt goes in steps of about
@@ -56,8 +62,12 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
                           const sd_generate_params *p, sd_sampling *s);
 
 void sd_emitter_init(sd_emitter *e, const sd_model *m, const sd_generate_params *p, int32_t *out);
-/* Append `tok`; sets e->done when generation must end after it. */
-sd_status sd_emit(sd_emitter *e, int32_t tok);
+/* The log-probability arrays, when p->logprobs asks for them (after sd_emitter_init). */
+sd_status sd_emitter_want_logprobs(sd_emitter *e);
+void sd_emitter_free(sd_emitter *e);
+/* Append `tok`, taken from the target's logits `row` (V raw logits; read only with logprobs, may
+ * be NULL otherwise); sets e->done when generation must end after it. */
+sd_status sd_emit(sd_emitter *e, int32_t tok, const float *row);
 
 /* Plain decoding of one sequence (plain.c): the prompt is fed a step at a time, then each step
  * feeds the last token back and emits the next. */

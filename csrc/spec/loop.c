@@ -126,6 +126,7 @@ sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt
     L->p = p;
     L->max_nodes = K;
     sd_emitter_init(&L->e, m, p, out);
+    SD_TRY(sd_emitter_want_logprobs(&L->e));
     L->hist = malloc((size_t)(n_prompt + p->max_new_tokens) * sizeof(int32_t));
     L->batch = malloc((size_t)(K + 1) * sizeof(int32_t));
     L->chain = malloc((size_t)K * sizeof(int32_t));
@@ -212,7 +213,7 @@ sd_status sd_spec_loop_end(sd_spec_loop *L, sd_status st, int *n_out, sd_finish_
     free(L->feat);
     free(L->feat_pool);
     free(L->fbuf);
-    free(L->e.text);
+    sd_emitter_free(&L->e);
     return st;
 }
 
@@ -240,6 +241,7 @@ int sd_spec_tree_room(const sd_spec_loop *L, int *depth) {
  * per-position counts are per depth. */
 static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int n_acc,
                                   int32_t next) {
+    const int V = L->m->cfg.vocab_size;
     sd_spec_stats *ss = L->ss;
     ss->steps++;
     ss->drafted += k;
@@ -260,7 +262,8 @@ static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int 
     for (int i = 0; i <= n_acc && !L->e.done; i++) {
         const int32_t tok = i < n_acc ? L->batch[1 + i] : next;
         L->hist[L->len++] = tok;
-        SD_TRY(sd_emit(&L->e, tok));
+        SD_TRY(sd_emit(&L->e, tok,
+                       L->e.lp != NULL ? L->logits + (size_t)L->emit_row[i] * (size_t)V : NULL));
     }
     /* roll back: keep last + the accepted drafts that were emitted */
     SD_TRY(sd_kv_cache_set_length(L->kv, L->len - 1));
@@ -269,7 +272,15 @@ static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int 
                           : SD_OK;
 }
 
+/* A chain's kept tokens come from rows 0 .. n_acc. */
+static void chain_emit_rows(sd_spec_loop *L, int n_acc) {
+    for (int i = 0; i <= n_acc; i++) {
+        L->emit_row[i] = i;
+    }
+}
+
 sd_status sd_spec_accept(sd_spec_loop *L, int k, int n_acc, int32_t next) {
+    chain_emit_rows(L, n_acc);
     return spec_accept_tree(L, k, NULL, n_acc, next);
 }
 
@@ -337,32 +348,6 @@ static void feat_keep(sd_spec_loop *L, const sd_fwd *f, const int32_t *rows, int
 }
 
 /* ---- the verified rows' top ids ------------------------------------------------------------ */
-
-void sd_top_ids(int32_t *best, int top, const float *row, int V) {
-    float val[SD_RECYCLE_MAX_TOP];
-    int n = 0;
-    for (int i = 0; i < V; i++) {
-        if (n == top && (i & 31) == 0 && i + 32 <= V && !sd_any_above32(row + i, val[top - 1])) {
-            i += 31; /* nothing above the last kept value: the block changes nothing */
-            continue;
-        }
-        const float x = row[i];
-        if (n == top && !(x > val[top - 1])) {
-            continue;
-        }
-        int j = n < top ? n++ : top - 1;
-        while (j > 0 && x > val[j - 1]) {
-            val[j] = val[j - 1];
-            best[j] = best[j - 1];
-            j--;
-        }
-        val[j] = x;
-        best[j] = i;
-    }
-    for (int j = n; j < top; j++) {
-        best[j] = -1;
-    }
-}
 
 const int32_t *sd_spec_row_top(const sd_spec_loop *L, int r, int top, int32_t *buf) {
     if (L->sp != NULL) {
@@ -552,6 +537,7 @@ static sd_status keep_path(sd_spec_loop *L, const sd_fwd *f, const int32_t *path
     for (int j = 0; j < n_acc; j++) {
         rows[1 + j] = 1 + path[j];
     }
+    memcpy(L->emit_row, rows, (size_t)(n_acc + 1) * sizeof(int32_t));
     feat_keep(L, f, rows, n_acc + 1, L->len - 1);
     return compact_path(L, path, n_acc);
 }
@@ -748,6 +734,7 @@ sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward
         return L->pf.fed >= L->n_prompt - 1 ? begin_drafter(L) : SD_OK;
     case SD_SPEC_PHASE_CHAIN:
         chain_rows(L, L->dr.n, L->dr.q != NULL, &n_acc, &next);
+        chain_emit_rows(L, n_acc);
         feat_keep(L, f, NULL, n_acc + 1, L->len - 1);
         return finish_step(L, L->dr.n, n_acc, next);
     case SD_SPEC_PHASE_TREE:

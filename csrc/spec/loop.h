@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "spec/decode.h"
 #include "spec/drafter.h"
+#include "spec/sampler.h"
 #include "spec/verify.h"
 #include "specdec.h"
 
@@ -64,6 +65,9 @@ typedef struct sd_spec_loop {
     /* a CUDA target's step, for a drafter with row_top: each verified row's top ids
      * ((SD_MAX_TREE + 1), row_top), found on the device */
     int32_t *row_top;
+    /* the verify row each token the step keeps was taken from (the root's 0; its accepted
+     * path's after it), for the emitter's logprobs */
+    int32_t emit_row[SD_MAX_TREE + 1];
     /* the target's features of every position it has processed, for a drafter that reads
      * them (sd_drafter_ops.features): row p (feat_w floats) = [final-normed hidden state (D), if
      * feat_hidden][the input of layer feat_aux[i] (D)] ... */
@@ -132,19 +136,7 @@ const float *sd_spec_features(const sd_spec_loop *L, int pos);
  * >= top: computed from L->logits on the CPU into buf (top ints), read from what the device
  * found for a CUDA target. */
 const int32_t *sd_spec_row_top(const sd_spec_loop *L, int r, int top, int32_t *buf);
-/* The same over one row of V values (the CPU's computation, and the twin of the device's). */
-void sd_top_ids(int32_t *best, int top, const float *row, int V);
-
-/* Whether any of x[0 .. 32) is above thr (a NaN is not): a scan for a row's largest values
- * passes such a block at once, one vectorised test in place of 32 branches, when nothing in it
- * could enter. */
-static inline int sd_any_above32(const float *x, float thr) {
-    int any = 0;
-    for (int l = 0; l < 32; l++) {
-        any |= x[l] > thr;
-    }
-    return any;
-}
+/* (sd_top_ids in sampler.h: the same over one row of V values, the CPU's computation) */
 
 /* Drafts up to *k tokens one forward at a time with `dm` (its first n_layers layers; 0 = all)
  * over the cache dkv, which holds a prefix of hist (at most all but the last token): the first

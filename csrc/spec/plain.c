@@ -26,6 +26,7 @@ sd_status sd_plain_begin(sd_plain *P, sd_model *m, const int32_t *prompt, int n_
     P->s = *s;
     P->seed = p->seed;
     sd_emitter_init(&P->e, m, p, out);
+    SD_TRY(sd_emitter_want_logprobs(&P->e));
     if (m->cuda == NULL) {
         P->logits = malloc((size_t)V * 2 * sizeof(float));
         P->work = malloc((size_t)V * sizeof(int32_t));
@@ -41,7 +42,7 @@ void sd_plain_end(sd_plain *P) {
     sd_kv_cache_free(P->kv);
     free(P->logits);
     free(P->work);
-    free(P->e.text);
+    sd_emitter_free(&P->e);
 }
 
 #ifdef SD_WITH_CUDA
@@ -64,7 +65,7 @@ static sd_status plain_step_cuda(sd_plain *P) {
     const sd_cuda_sampling cs = sd_cuda_sampling_of(&P->s);
     int32_t tok = 0;
     SD_TRY(sd_cuda_pick(P->m->cuda, 0, &cs, P->seed, (uint64_t)P->e.n, &tok));
-    return sd_emit(&P->e, tok);
+    return sd_emit(&P->e, tok, NULL); /* no logprobs on a CUDA model (sd_decode_check) */
 }
 #endif
 
@@ -112,5 +113,5 @@ sd_status sd_plain_step_after(sd_plain *P, const sd_fwd *f, sd_status forward) {
         sd_process_logits(probs, P->logits, V, &P->s, P->work);
         tok = sd_sample_probs(probs, V, sd_rng_uniform(P->seed, SD_STREAM_PLAIN, (uint64_t)P->e.n));
     }
-    return sd_emit(&P->e, tok);
+    return sd_emit(&P->e, tok, P->logits);
 }

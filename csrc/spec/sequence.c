@@ -265,6 +265,15 @@ const int32_t *sd_sequence_tokens(const sd_sequence *q, int *n) {
     return q->out;
 }
 
+const float *sd_sequence_logprobs(const sd_sequence *q, int *n, const int32_t **top_ids,
+                                  const float **top_lps) {
+    const sd_emitter *e = emitter(q);
+    *n = e->n;
+    *top_ids = e->top_id;
+    *top_lps = e->top_lp;
+    return e->lp;
+}
+
 int sd_sequence_reused(const sd_sequence *q) {
     return q->reused;
 }
