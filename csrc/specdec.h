@@ -344,13 +344,29 @@ typedef struct {
      * SD_ERR_INTERNAL naming the step, layer and slot. 0 = off. */
     int check_cache;
     /* Log-probabilities (CPU models only): 1 = record each emitted token's log-probability under
-     * the target's own distribution, log softmax(logits) at temperature 1 before any sampling
-     * filter, whatever the sampling settings and the drafter (a token's logits do not depend on
+     * the target's own distribution, log softmax(logits) at temperature 1 (after the logit bias
+     * and penalties below) before any sampling filter, whatever the sampling settings and the
+     * drafter (a token's logits do not depend on
      * its batch, so a speculative run records the bits plain decoding records for the same
      * tokens), and the top_logprobs (0 .. SD_MAX_TOP_LOGPROBS) most probable tokens' at that
      * position, best first, ties to the lower id; read with sd_sequence_logprobs. 0 = off. */
     int logprobs;
     int top_logprobs;
+    /* Logit bias and penalties (CPU models only), applied to the target's logits of every
+     * position before anything reads them, in this order: bias_values[i] (finite, in
+     * [-100, 100]) added to the logit of bias_ids[i] (distinct ids, n_bias of them); then, for
+     * a token in the prompt or the output before that position, the repetition penalty (> 0; 1
+     * = off: a positive logit divided by it, a negative one multiplied); then, for a token the
+     * output holds c > 0 times, frequency_penalty * c + presence_penalty subtracted (both in
+     * [-2, 2]; 0 = off). In a verify forward each row counts the drafted tokens on its own path,
+     * so speculative output stays exactly plain decoding's. Greedy picks and sampling (and the
+     * logprobs) read the penalised logits. */
+    const int32_t *bias_ids;
+    const float *bias_values;
+    int n_bias;
+    float repetition_penalty; /* 1 (the default): off */
+    float frequency_penalty;
+    float presence_penalty;
 } sd_generate_params;
 #define SD_MAX_TOP_LOGPROBS 20
 

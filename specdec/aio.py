@@ -16,7 +16,7 @@ import asyncio
 import collections
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Deque, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Deque, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .generate import Generation, Prompt, _Call, _Pieces
 from .model import Model
@@ -125,7 +125,9 @@ async def agenerate(model: Model, prompt: Prompt, max_new_tokens: int = 16,
                     stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
                     min_p: float = 0.0, speculator: Optional[Speculator] = None,
                     on_token: Optional[Callable[[int], Any]] = None, logprobs: bool = False,
-                    top_logprobs: int = 0) -> Generation:
+                    top_logprobs: int = 0, logit_bias: Optional[Mapping[int, float]] = None,
+                    repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+                    presence_penalty: float = 0.0) -> Generation:
     """:func:`specdec.generate` for asyncio: the same arguments and the same
     :class:`~specdec.Generation`, without blocking the event loop (each decoding step runs in a
     worker thread). ``on_token`` is called in the event loop's thread, between steps.
@@ -134,7 +136,8 @@ async def agenerate(model: Model, prompt: Prompt, max_new_tokens: int = 16,
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
     req = _Request((model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k,
-                    top_p, min_p, speculator, logprobs, top_logprobs))
+                    top_p, min_p, speculator, logprobs, top_logprobs, logit_bias,
+                    repetition_penalty, frequency_penalty, presence_penalty))
     try:
         call = await req.start()
         seq, n = call.seq, 0
@@ -232,11 +235,14 @@ def astream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature:
             seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
             stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
             min_p: float = 0.0, speculator: Optional[Speculator] = None, logprobs: bool = False,
-            top_logprobs: int = 0) -> AsyncStream:
+            top_logprobs: int = 0, logit_bias: Optional[Mapping[int, float]] = None,
+            repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+            presence_penalty: float = 0.0) -> AsyncStream:
     """:func:`specdec.stream` for asyncio: ``async for piece in astream(...)`` yields the same
     pieces without blocking the event loop, and the stream's ``generation`` is the
     :class:`~specdec.Generation` once it is exhausted. Arguments as for
     :func:`specdec.generate`; their errors are raised at the first piece (or by ``await
     stream.start()``). See :class:`AsyncStream` for stopping and cancelling."""
     return AsyncStream((model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop,
-                        top_k, top_p, min_p, speculator, logprobs, top_logprobs))
+                        top_k, top_p, min_p, speculator, logprobs, top_logprobs, logit_bias,
+                        repetition_penalty, frequency_penalty, presence_penalty))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 from .model import Model, TokenIds
 from .speculators import INT_MAX, SpecStats, Speculator, _bool, _int, _number, _seed
@@ -67,6 +68,8 @@ class _Call:
                  seed: Optional[int], stop_tokens: Optional[Sequence[int]],
                  stop: Optional[Sequence[str]], top_k: Any, top_p: Any, min_p: Any,
                  speculator: Optional[Speculator], logprobs: Any = False, top_logprobs: Any = 0,
+                 logit_bias: Any = None, repetition_penalty: Any = 1.0,
+                 frequency_penalty: Any = 0.0, presence_penalty: Any = 0.0,
                  reserved: bool = False) -> None:
         # types are checked here, ranges by the C core (its messages name the parameter)
         max_new_tokens = _int("max_new_tokens", max_new_tokens, 0, INT_MAX)
@@ -77,6 +80,10 @@ class _Call:
         logprobs = _bool("logprobs", logprobs)
         top_logprobs = _int("top_logprobs", top_logprobs, 0, INT_MAX)
         self.logprobs = logprobs or top_logprobs > 0  # the alternatives come with the token's
+        penalties = {name: _number(name, v) for name, v in (
+            ("repetition_penalty", repetition_penalty), ("frequency_penalty", frequency_penalty),
+            ("presence_penalty", presence_penalty))}
+        bias_ids, bias_values = _logit_bias(logit_bias)
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
         seed = _seed(seed)
@@ -133,7 +140,8 @@ class _Call:
             stop_strings=[s.encode("utf-8") for s in self.stop] or None,
             top_k=top_k, top_p=top_p, min_p=min_p,
             drafter=None if speculator is None else speculator.drafter(), reserved=reserved,
-            logprobs=self.logprobs, top_logprobs=top_logprobs)
+            logprobs=self.logprobs, top_logprobs=top_logprobs, logit_bias_ids=bias_ids,
+            logit_bias_values=bias_values, **penalties)
 
     def result(self, tokens: List[int], reason: str) -> Generation:
         """The Generation of these tokens; frees the sequence."""
@@ -157,6 +165,17 @@ class _Call:
                           finish_reason=reason, time_s=elapsed, stats=stats,
                           prefix_reused=reused, logprobs=None if lps is None else lps[:n],
                           top_logprobs=None if tops is None else tops[:n])
+
+
+def _logit_bias(bias: Any) -> Tuple[Optional[List[int]], Optional[List[float]]]:
+    """A logit_bias mapping (token id -> number) as the core's two lists (None for none)."""
+    if bias is None:
+        return None, None
+    if not isinstance(bias, Mapping):
+        raise TypeError(f"logit_bias must be a mapping of token ids to numbers, got "
+                        f"{type(bias).__name__}")
+    ids = [_int("logit_bias token id", k) for k in bias]
+    return ids, [_number(f"logit_bias[{k}]", v) for k, v in zip(ids, bias.values())]
 
 
 class _Pieces:
@@ -229,7 +248,9 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
              min_p: float = 0.0,
              speculator: Optional[Speculator] = None,
              on_token: Optional[Callable[[int], Any]] = None, logprobs: bool = False,
-             top_logprobs: int = 0) -> Generation:
+             top_logprobs: int = 0, logit_bias: Optional[Mapping[int, float]] = None,
+             repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+             presence_penalty: float = 0.0) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
     Args:
@@ -261,14 +282,27 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
             "cancelled"; an exception it raises ends generation and propagates. See
             :func:`stream` for an iterator of text.
         logprobs: True fills ``Generation.logprobs`` with each new token's log-probability
-            under the model: log softmax of the target's logits at temperature 1, before
-            ``temperature``, ``top_k``, ``top_p`` and ``min_p`` (as vLLM's default and OpenAI's
-            report them). The same with or without a speculator: a token's logits do not depend
+            under the model: log softmax of the target's logits at temperature 1 (after
+            ``logit_bias`` and the penalties, when given), before ``temperature``, ``top_k``,
+            ``top_p`` and ``min_p`` (as vLLM's default and OpenAI's report them). The same with or without a speculator: a token's logits do not depend
             on the batch it was verified in, so the numbers are plain decoding's, bit for bit.
             CPU models only; costs a pass over the vocabulary per token.
         top_logprobs: n in [0, 20]: also the n most probable tokens at each position and their
             log-probabilities (``Generation.top_logprobs``; ties to the lower id); n > 0
             implies ``logprobs``.
+        logit_bias: {token id: bias in [-100, 100]} added to the model's logits at every
+            position (-100 all but bans a token).
+        repetition_penalty: > 0 (1 is off): the logit of a token already in the prompt or the
+            output is divided by it where positive, multiplied where negative (as in
+            transformers and vLLM).
+        frequency_penalty, presence_penalty: in [-2, 2] (0 is off): a token the output already
+            holds c times loses ``frequency_penalty * c + presence_penalty`` from its logit (as
+            OpenAI and vLLM define them; the prompt does not count).
+            These three and ``logit_bias`` change the distribution that is decoded, in that
+            order, before the temperature and the filters; with a speculator each verified
+            position counts the drafted tokens before it, so the output is still exactly that
+            of plain decoding with the same settings. ``logprobs`` then report the changed
+            logits. CPU models only.
 
     Decoding runs in C a step at a time (a part of a long prompt, one token, or one speculative
     step) with the GIL released, so Ctrl-C raises KeyboardInterrupt between steps, and other
@@ -288,7 +322,8 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
     if on_token is not None and not callable(on_token):
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
     call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
-                 min_p, speculator, logprobs, top_logprobs)
+                 min_p, speculator, logprobs, top_logprobs, logit_bias, repetition_penalty,
+                 frequency_penalty, presence_penalty)
     try:
         tokens, reason = _run(call.seq, on_token)
     except BaseException:
@@ -301,7 +336,9 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
            seed: Optional[int] = None, stop_tokens: Optional[Sequence[int]] = None,
            stop: Optional[Sequence[str]] = None, *, top_k: int = 0, top_p: float = 1.0,
            min_p: float = 0.0, speculator: Optional[Speculator] = None, logprobs: bool = False,
-           top_logprobs: int = 0) -> Generator[Union[str, int], None, Generation]:
+           top_logprobs: int = 0, logit_bias: Optional[Mapping[int, float]] = None,
+           repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
+           presence_penalty: float = 0.0) -> Generator[Union[str, int], None, Generation]:
     """:func:`generate`, yielding the output as it is accepted: pieces of text for a model with
     a tokenizer (a character is held back until its UTF-8 bytes are complete, and text that
     could be the start of a ``stop`` string until it is known not to be), token ids otherwise.
@@ -313,7 +350,8 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
     with the returned Generation).
     """
     call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
-                 min_p, speculator, logprobs, top_logprobs)
+                 min_p, speculator, logprobs, top_logprobs, logit_bias, repetition_penalty,
+                 frequency_penalty, presence_penalty)
     seq, text = call.seq, _Pieces(call)
     try:
         while not seq.done:

@@ -14,8 +14,10 @@ context), ``temperature`` (default 1, as OpenAI's; 0 is greedy), ``top_p``, ``se
 completion's ``logprobs`` (0-20 alternatives), in OpenAI's shapes, one entry per generated token
 (a final stop token left out), the model's log softmax before the sampling settings
 (:func:`specdec.generate`'s ``logprobs``); in a stream, each chunk carries the entries of the
-tokens decoded since the chunk before. ``n`` must be 1; penalties, logit_bias, tools and a
-non-text response_format are refused with a 400 rather than ignored. Other fields are ignored.
+tokens decoded since the chunk before; ``presence_penalty``, ``frequency_penalty``,
+``logit_bias`` and the extra ``repetition_penalty`` (:func:`specdec.generate`'s, exact with the
+speculator too). ``n`` must be 1; tools, ``echo``, ``best_of``, ``suffix`` and a non-text
+response_format are refused with a 400 rather than ignored. Other fields are ignored.
 
 Every response (in a stream: the chunk with the ``finish_reason``) carries a ``specdec`` object:
 ``speculator`` (its repr, or null for plain decoding), ``drafted`` and ``accepted`` (draft
@@ -55,8 +57,7 @@ FINISH = {"length": "length", "stop_token": "stop", "stop_string": "stop"}
 MAX_TOP_LOGPROBS = 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # fields whose effect this server cannot give: refused unless absent or at their no-op value
-UNSUPPORTED = {"logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-               "tools": (None, []), "functions": (None, []), "echo": (None, False),
+UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "echo": (None, False),
                "best_of": (None, 1), "suffix": (None, "")}
 
 
@@ -117,12 +118,35 @@ class _Job:
             max_new_tokens=max_tokens, temperature=1.0 if temperature is None else temperature,
             seed=_typed(body, "seed", (int,), "an integer"), stop=stop or None,
             top_k=_typed(body, "top_k", (int,), "an integer") or 0,
-            top_p=_number_or(body, "top_p", 1.0), min_p=_number_or(body, "min_p", 0.0))
+            top_p=_number_or(body, "top_p", 1.0), min_p=_number_or(body, "min_p", 0.0),
+            presence_penalty=_number_or(body, "presence_penalty", 0.0),
+            frequency_penalty=_number_or(body, "frequency_penalty", 0.0),
+            repetition_penalty=_number_or(body, "repetition_penalty", 1.0),
+            logit_bias=_logit_bias(body))
         self.logprobs, top = _logprobs(body, chat)
         self.kwargs.update(logprobs=self.logprobs, top_logprobs=top)
         self.stream = bool(_typed(body, "stream", (bool,), "a boolean"))
         options = _typed(body, "stream_options", (dict,), "an object") or {}
         self.include_usage = bool(options.get("include_usage"))
+
+
+def _logit_bias(body: Dict[str, Any]) -> Optional[Dict[int, float]]:
+    """OpenAI's logit_bias, an object of token ids (as strings) to numbers."""
+    bias = _typed(body, "logit_bias", (dict,), "an object")
+    if not bias:
+        return None
+    out = {}
+    for k, v in bias.items():
+        try:
+            t = int(k)
+        except ValueError:
+            raise BadRequest(f"logit_bias keys must be token ids, got {json.dumps(k)}",
+                             "logit_bias") from None
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise BadRequest(f"logit_bias[{k}] must be a number, got {json.dumps(v)}",
+                             "logit_bias")
+        out[t] = v
+    return out
 
 
 def _logprobs(body: Dict[str, Any], chat: bool) -> Tuple[bool, int]:

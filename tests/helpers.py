@@ -356,10 +356,11 @@ def twin_generate(row, w, wd, setting, k, rng, broken):
 
 
 def assert_joint_matches(m, speculator, setting, exact, N: int | None = None,
-                         prompt: list = PROMPT) -> None:
+                         prompt: list = PROMPT, penalties: tuple = (1.0, 0.0, 0.0)) -> None:
     """Chi-square (at stats.ALPHA) of the first three tokens of N seeded runs against `exact`
     (125 cells); N by default from stats.runs_for: enough to catch a deviation of stats.TV in
-    total variation with probability stats.POWER (about 13,000 runs for the v5 target)."""
+    total variation with probability stats.POWER (about 13,000 runs for the v5 target).
+    penalties: (repetition, frequency, presence), as generate's."""
     from specdec import _core
 
     T, top_k, top_p, min_p = setting
@@ -367,7 +368,7 @@ def assert_joint_matches(m, speculator, setting, exact, N: int | None = None,
     # the runs of specdec.generate(m, prompt, max_new_tokens=3, seed=s, stop_tokens=[], ...),
     # s = 0 .. N - 1, counted in C
     counts, drafted, accepted = _core.joint_counts(m._core, speculator.drafter(), prompt, N, T,
-                                                   top_k, top_p, min_p)
+                                                   top_k, top_p, min_p, *penalties)
     assert drafted - accepted > N // 10  # the residual path is exercised
     stat, df = chi2_stat(counts, exact)
     assert stat < chi2_critical(df), (stat, df)

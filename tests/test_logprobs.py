@@ -21,15 +21,19 @@ CFG = tm.TinyConfig(arch="llama", vocab=64, dim=32, n_layers=3, n_heads=4, n_kv_
                     ffn=64, context_length=300)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("logprobs")
+def load_models(d):
+    """The CFG target and a draft close to it (5 % noise), written under d and loaded."""
     w = tm.make_weights(CFG, 31)
     paths = {}
     for name, weights in (("target", w), ("close", perturbed(w, 0.05, 2))):
         paths[name] = str(d / f"{name}.gguf")
         testing.write_gguf(paths[name], CFG, weights)
     return {k: specdec.load(p, threads=2) for k, p in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return load_models(tmp_path_factory.mktemp("logprobs"))
 
 
 def speculators(models):
@@ -43,6 +47,9 @@ def speculators(models):
         "draft-tree": specdec.DraftModel(models["close"], k=3, branching=2, nodes=6),
         "layerskip": specdec.LayerSkip(2, k=3, verify_slope=0),
     }
+
+
+DRAFTERS = ["lookup", "lookup-tree", "recycling", "draft", "draft-tree", "layerskip"]
 
 
 def prompt(seed):
@@ -92,8 +99,7 @@ def test_plain_logprobs_are_the_models_log_softmax(models, sampling):
             assert all(row[0][0] == t for row, t in zip(g.top_logprobs, g.tokens))
 
 
-@pytest.mark.parametrize("name", ["lookup", "lookup-tree", "recycling", "draft", "draft-tree",
-                                  "layerskip"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_speculative_logprobs_are_plain_decodings_bit_for_bit(models, name):
     m = models["target"]
     spec = speculators(models)[name]
@@ -110,8 +116,7 @@ def test_speculative_logprobs_are_plain_decodings_bit_for_bit(models, name):
     assert accepted > 20  # steps kept several tokens, each from its own row
 
 
-@pytest.mark.parametrize("name", ["lookup", "lookup-tree", "recycling", "draft", "draft-tree",
-                                  "layerskip"])
+@pytest.mark.parametrize("name", DRAFTERS)
 def test_sampled_speculative_logprobs_follow_the_output(models, name):
     """When sampling, the output differs from plain decoding's; its logprobs are still those
     of the model at the tokens it has."""

@@ -112,6 +112,19 @@ def test_sampling_parameters_reach_the_sampler(url, text_model):
     assert r.choices[0].message.content == want.text
 
 
+def test_penalties_and_logit_bias_reach_the_decoder(url, text_model):
+    base = generated(text_model, CHAT, 30)
+    bias = {base.tokens[1]: -100, base.tokens[4]: 3.5}
+    want = generated(text_model, CHAT, 30, presence_penalty=0.5, frequency_penalty=0.7,
+                     repetition_penalty=1.2, logit_bias=bias)
+    assert want.text != base.text
+    r = client(url).chat.completions.create(
+        model=NAME, messages=CHAT, max_tokens=30, temperature=0, presence_penalty=0.5,
+        frequency_penalty=0.7, logit_bias={str(k): v for k, v in bias.items()},
+        extra_body={"repetition_penalty": 1.2})
+    assert r.choices[0].message.content == want.text
+
+
 def test_logprobs_are_generates(url, text_model):
     """Chat's and a completion's logprobs, streamed or not, are generate's numbers for the same
     tokens, in OpenAI's shapes; a final stop token has none."""
@@ -246,7 +259,12 @@ def post(url, path, body=None, content=None):
      "top_logprobs needs logprobs"),
     ({"model": NAME, "messages": CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs",
      "top_logprobs must be in [0, 20]"),
-    ({"model": NAME, "messages": CHAT, "logit_bias": {"1": 5}}, "logit_bias", "not supported"),
+    ({"model": NAME, "messages": CHAT, "logit_bias": {"one": 5}}, "logit_bias", "token ids"),
+    ({"model": NAME, "messages": CHAT, "logit_bias": {"1": "up"}}, "logit_bias",
+     "logit_bias[1] must be a number"),
+    ({"model": NAME, "messages": CHAT, "logit_bias": {"1": 500}}, None, "[-100, 100]"),
+    ({"model": NAME, "messages": CHAT, "presence_penalty": 3}, None, "presence_penalty"),
+    ({"model": NAME, "messages": CHAT, "echo": True}, "echo", "not supported"),
     ({"model": NAME, "messages": CHAT, "stop": [1]}, "stop", "stop"),
 ])
 def test_bad_chat_requests_get_400_json_errors(url, body, param, needle):

@@ -288,6 +288,32 @@ int32_t *sd_py_ints_from(PyObject *obj, const char *what, Py_ssize_t *n) {
     return int32_from(obj, what, 0, n);
 }
 
+float *sd_py_floats_from(PyObject *obj, const char *what, Py_ssize_t *n) {
+    PyObject *seq = PySequence_Fast(obj, what);
+    if (seq == NULL) {
+        return NULL;
+    }
+    *n = PySequence_Fast_GET_SIZE(seq);
+    float *dst = PyMem_Malloc((size_t)(*n > 0 ? *n : 1) * sizeof(float));
+    if (dst == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        const double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1.0 && PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError, "%s must be a sequence of numbers", what);
+            PyMem_Free(dst);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        dst[i] = (float)v;
+    }
+    Py_DECREF(seq);
+    return dst;
+}
+
 void sd_py_bytes_list_free(sd_py_bytes_list *b) {
     Py_XDECREF(b->seq);
     PyMem_Free(b->ptrs);

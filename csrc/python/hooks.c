@@ -586,7 +586,8 @@ done:
     return result;
 }
 
-/* joint_counts(model, drafter, prompt, runs, temperature, top_k, top_p, min_p) ->
+/* joint_counts(model, drafter, prompt, runs, temperature, top_k, top_p, min_p,
+ *              repetition_penalty=1, frequency_penalty=0, presence_penalty=0) ->
  * (counts, drafted, accepted): the first three tokens of `runs` speculative generations with
  * seeds 0 .. runs - 1, counted in C (V^3 cells, a token triple (a, b, c) at a V^2 + b V + c) for
  * the chi-square tests of exactness, with the drafts proposed and accepted over all runs. */
@@ -597,9 +598,10 @@ static PyObject *hook_joint_counts(PyObject *mod, PyObject *args) {
     PyObject *prompt_obj = NULL;
     long runs = 0;
     sd_generate_params p = sd_generate_default_params();
-    if (!PyArg_ParseTuple(args, "O!O!Olfiff:joint_counts", &sd_py_ModelType, &model,
+    if (!PyArg_ParseTuple(args, "O!O!Olfiff|fff:joint_counts", &sd_py_ModelType, &model,
                           &sd_py_DrafterType, &dr, &prompt_obj, &runs, &p.temperature, &p.top_k,
-                          &p.top_p, &p.min_p)) {
+                          &p.top_p, &p.min_p, &p.repetition_penalty, &p.frequency_penalty,
+                          &p.presence_penalty)) {
         return NULL;
     }
     const int V = sd_model_config(model->model)->vocab_size;
@@ -690,8 +692,9 @@ PyMethodDef sd_py_hook_methods[] = {
      "kernel(name, device, args) -> None: a CUDA kernel (device 1) or its CPU twin (0)"},
     {"kernel_names", hook_kernel_names, METH_NOARGS, "the kernels kernel() runs"},
     {"joint_counts", hook_joint_counts, METH_VARARGS,
-     "joint_counts(model, drafter, prompt, runs, temperature, top_k, top_p, min_p) -> (counts "
-     "(V^3,), drafted, accepted): the first three tokens of seeded runs, counted in C"},
+     "joint_counts(model, drafter, prompt, runs, temperature, top_k, top_p, min_p, "
+     "repetition_penalty=1, frequency_penalty=0, presence_penalty=0) -> (counts (V^3,), "
+     "drafted, accepted): the first three tokens of seeded runs, counted in C"},
     {"bench_attention", hook_bench_attention, METH_VARARGS,
      "bench_attention(T, n_attn, n_heads, n_kv_heads, head_dim, n_layers, threads, iters) -> "
      "seconds per pass of the CPU attention over n_layers layers of an f16 cache"},

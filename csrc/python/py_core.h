@@ -100,6 +100,8 @@ int sd_py_sequence_try_admit(sd_py_Model *self);
 int32_t *sd_py_tokens_from(PyObject *obj, const char *what, Py_ssize_t *n);
 /* The same for integers that are not token ids (positions, slots, layers), so worded. */
 int32_t *sd_py_ints_from(PyObject *obj, const char *what, Py_ssize_t *n);
+/* A float copy of a sequence of numbers (PyMem_Free it), *n its length. */
+float *sd_py_floats_from(PyObject *obj, const char *what, Py_ssize_t *n);
 
 /* A list of bytes objects as C views, valid while `seq` lives. */
 typedef struct {
@@ -118,8 +120,9 @@ PyObject *sd_py_stats_dict(const sd_spec_stats *st, int k);
  * Model.generate, on_token (borrowed, Py_None when absent). */
 typedef struct {
     sd_generate_params p;
-    int32_t *prompt, *stops;
-    Py_ssize_t n_prompt;
+    int32_t *prompt, *stops, *bias_ids;
+    float *bias_values;
+    Py_ssize_t n_prompt, n_bias;
     sd_py_bytes_list strings;
     sd_py_Drafter *drafter;
     PyObject *on_token;

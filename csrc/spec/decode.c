@@ -18,6 +18,7 @@ sd_generate_params sd_generate_default_params(void) {
     memset(&p, 0, sizeof(p));
     p.max_new_tokens = 16;
     p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
     return p;
 }
 
@@ -94,6 +95,48 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
     if (p->top_logprobs > 0 && !p->logprobs) {
         return sd_set_error(SD_ERR_INVALID_ARG, "top_logprobs needs logprobs");
     }
+    const int penalized = p->n_bias > 0 || p->repetition_penalty != 1.0f ||
+                          p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "repetition_penalty must be > 0 and finite, got %g",
+                            (double)p->repetition_penalty);
+    }
+    if (!(fabsf(p->frequency_penalty) <= 2.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "frequency_penalty must be in [-2, 2], got %g",
+                            (double)p->frequency_penalty);
+    }
+    if (!(fabsf(p->presence_penalty) <= 2.0f)) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "presence_penalty must be in [-2, 2], got %g",
+                            (double)p->presence_penalty);
+    }
+    if (p->n_bias < 0 || (p->n_bias > 0 && (p->bias_ids == NULL || p->bias_values == NULL))) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "logit_bias: %d entries without their arrays",
+                            p->n_bias);
+    }
+    for (int i = 0; i < p->n_bias; i++) {
+        const int32_t id = p->bias_ids[i];
+        if (id < 0 || id >= m->cfg.vocab_size) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "logit_bias names token id %d, out of range "
+                                "[0, %d)",
+                                id, m->cfg.vocab_size);
+        }
+        if (!(fabsf(p->bias_values[i]) <= 100.0f)) {
+            return sd_set_error(SD_ERR_INVALID_ARG,
+                                "logit_bias for token id %d must be in [-100, 100], got %g", id,
+                                (double)p->bias_values[i]);
+        }
+        for (int j = 0; j < i; j++) {
+            if (p->bias_ids[j] == id) {
+                return sd_set_error(SD_ERR_INVALID_ARG, "logit_bias names token id %d twice", id);
+            }
+        }
+    }
+    if (penalized && m->cuda != NULL) {
+        return sd_set_error(SD_ERR_UNSUPPORTED,
+                            "logit_bias and penalties are applied on CPU models only so far (a "
+                            "CUDA model picks its tokens on the device)");
+    }
     if (p->logprobs && m->cuda != NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "logprobs are computed for CPU models only so far (a CUDA model's "
@@ -141,6 +184,13 @@ sd_status sd_emit(sd_emitter *e, int32_t tok, const float *row) {
     const sd_generate_params *p = e->p;
     if (e->lp != NULL) {
         SD_TRY(emit_logprobs(e, e->n, tok, row));
+    }
+    if (e->count != NULL) {
+        e->count[tok]++;
+        if (!e->listed[tok]) {
+            e->listed[tok] = 1;
+            e->ids[e->n_ids++] = tok;
+        }
     }
     e->out[e->n++] = tok;
     if (p->on_token != NULL && p->on_token(p->on_token_user, tok) != 0) {
@@ -223,7 +273,73 @@ void sd_emitter_free(sd_emitter *e) {
     free(e->top_id);
     free(e->top_lp);
     free(e->work);
+    free(e->count);
+    free(e->listed);
+    free(e->ids);
     e->text = NULL;
     e->lp = e->top_lp = e->work = NULL;
-    e->top_id = NULL;
+    e->top_id = e->count = e->ids = NULL;
+    e->listed = NULL;
+}
+
+sd_status sd_emitter_want_penalties(sd_emitter *e, const int32_t *prompt, int n_prompt) {
+    const sd_generate_params *p = e->p;
+    if (p->n_bias == 0 && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+        p->presence_penalty == 0.0f) {
+        return SD_OK;
+    }
+    const size_t V = (size_t)e->m->cfg.vocab_size;
+    e->count = calloc(V, sizeof(int32_t));
+    e->listed = calloc(V, 1);
+    e->ids = malloc(V * sizeof(int32_t));
+    if (e->count == NULL || e->listed == NULL || e->ids == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for the penalties");
+    }
+    for (int i = 0; i < n_prompt; i++) {
+        if (!e->listed[prompt[i]]) {
+            e->listed[prompt[i]] = 1;
+            e->ids[e->n_ids++] = prompt[i];
+        }
+    }
+    return SD_OK;
+}
+
+void sd_emitter_penalize(sd_emitter *e, float *row, const int32_t *path, int n_path) {
+    if (e->count == NULL) {
+        return;
+    }
+    const sd_generate_params *p = e->p;
+    for (int i = 0; i < p->n_bias; i++) {
+        row[p->bias_ids[i]] += p->bias_values[i];
+    }
+    /* the path's tokens counted in for this row, and listed if new (taken out again below) */
+    const int listed = e->n_ids;
+    for (int j = 0; j < n_path; j++) {
+        e->count[path[j]]++;
+        if (!e->listed[path[j]]) {
+            e->listed[path[j]] = 1;
+            e->ids[e->n_ids++] = path[j];
+        }
+    }
+    const float rep = p->repetition_penalty, freq = p->frequency_penalty;
+    const float pres = p->presence_penalty;
+    for (int i = 0; i < e->n_ids; i++) {
+        const int32_t t = e->ids[i];
+        float x = row[t];
+        if (rep != 1.0f) {
+            x = x > 0.0f ? x / rep : x * rep;
+        }
+        const int c = e->count[t];
+        if (c > 0) {
+            x -= freq * (float)c + pres;
+        }
+        row[t] = x;
+    }
+    for (int j = 0; j < n_path; j++) {
+        e->count[path[j]]--;
+    }
+    for (int i = listed; i < e->n_ids; i++) {
+        e->listed[e->ids[i]] = 0;
+    }
+    e->n_ids = listed;
 }

@@ -31,6 +31,12 @@ typedef struct {
     int32_t *top_id;
     float *top_lp;
     float *work;
+    /* with a logit bias or penalties (sd_emitter_want_penalties): each id's count in the output
+     * (V), whether it is in `ids` (V), and the ids of the prompt and output, n_ids of them (V) */
+    int32_t *count;
+    uint8_t *listed;
+    int32_t *ids;
+    int n_ids;
 } sd_emitter;
 
 /* Feeding a prompt a step at a time. On the CPU a long prompt goes in steps of about
@@ -65,6 +71,12 @@ void sd_emitter_init(sd_emitter *e, const sd_model *m, const sd_generate_params 
 /* The log-probability arrays, when p->logprobs asks for them (after sd_emitter_init). */
 sd_status sd_emitter_want_logprobs(sd_emitter *e);
 void sd_emitter_free(sd_emitter *e);
+/* The penalties' state, when p asks for a logit bias or penalties (after sd_emitter_init):
+ * the prompt's ids listed. */
+sd_status sd_emitter_want_penalties(sd_emitter *e, const int32_t *prompt, int n_prompt);
+/* Applies p's logit bias and penalties to `row` (V logits) of the position after the output so
+ * far and then path[0 .. n_path) (drafted tokens, in any order); nothing without them. */
+void sd_emitter_penalize(sd_emitter *e, float *row, const int32_t *path, int n_path);
 /* Append `tok`, taken from the target's logits `row` (V raw logits; read only with logprobs, may
  * be NULL otherwise); sets e->done when generation must end after it. */
 sd_status sd_emit(sd_emitter *e, int32_t tok, const float *row);

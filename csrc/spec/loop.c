@@ -127,6 +127,7 @@ sd_status sd_spec_loop_begin(sd_spec_loop *L, sd_model *m, const int32_t *prompt
     L->max_nodes = K;
     sd_emitter_init(&L->e, m, p, out);
     SD_TRY(sd_emitter_want_logprobs(&L->e));
+    SD_TRY(sd_emitter_want_penalties(&L->e, prompt, n_prompt));
     L->hist = malloc((size_t)(n_prompt + p->max_new_tokens) * sizeof(int32_t));
     L->batch = malloc((size_t)(K + 1) * sizeof(int32_t));
     L->chain = malloc((size_t)K * sizeof(int32_t));
@@ -721,6 +722,29 @@ sd_status sd_spec_step_before(sd_spec_loop *L, sd_fwd *f) {
     return feat_ask(L, f);
 }
 
+/* The logit bias and penalties on each row of a verify forward: row 0 after the text, row
+ * 1 + i after node i, counting the drafted tokens on the way there (a chain's nodes before it,
+ * a tree's node and its ancestors). */
+static void penalize_rows(sd_spec_loop *L, int chain) {
+    if (L->e.count == NULL) {
+        return;
+    }
+    const int V = L->m->cfg.vocab_size, n = L->dr.n;
+    int32_t path[SD_MAX_TREE];
+    for (int r = 0; r <= n; r++) {
+        int len = 0;
+        if (chain) {
+            memcpy(path, L->batch + 1, (size_t)r * sizeof(int32_t));
+            len = r;
+        } else {
+            for (int a = r - 1; a >= 0; a = L->dr.parent[a]) {
+                path[len++] = L->batch[1 + a];
+            }
+        }
+        sd_emitter_penalize(&L->e, L->logits + (size_t)r * (size_t)V, path, len);
+    }
+}
+
 sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward) {
     const int phase = L->phase;
     L->phase = SD_SPEC_PHASE_NONE;
@@ -733,11 +757,13 @@ sd_status sd_spec_step_after(sd_spec_loop *L, const sd_fwd *f, sd_status forward
         sd_prefill_fed(&L->pf, f);
         return L->pf.fed >= L->n_prompt - 1 ? begin_drafter(L) : SD_OK;
     case SD_SPEC_PHASE_CHAIN:
+        penalize_rows(L, 1);
         chain_rows(L, L->dr.n, L->dr.q != NULL, &n_acc, &next);
         chain_emit_rows(L, n_acc);
         feat_keep(L, f, NULL, n_acc + 1, L->len - 1);
         return finish_step(L, L->dr.n, n_acc, next);
     case SD_SPEC_PHASE_TREE:
+        penalize_rows(L, 0);
         SD_TRY(tree_rows(L, f, &L->dr, L->depth, &n_acc, &next));
         return finish_step(L, L->dr.n, n_acc, next);
     default: return SD_OK;

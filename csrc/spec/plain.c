@@ -27,6 +27,7 @@ sd_status sd_plain_begin(sd_plain *P, sd_model *m, const int32_t *prompt, int n_
     P->seed = p->seed;
     sd_emitter_init(&P->e, m, p, out);
     SD_TRY(sd_emitter_want_logprobs(&P->e));
+    SD_TRY(sd_emitter_want_penalties(&P->e, prompt, n_prompt));
     if (m->cuda == NULL) {
         P->logits = malloc((size_t)V * 2 * sizeof(float));
         P->work = malloc((size_t)V * sizeof(int32_t));
@@ -105,6 +106,7 @@ sd_status sd_plain_step_after(sd_plain *P, const sd_fwd *f, sd_status forward) {
         return SD_OK; /* more of the prompt next step */
     }
     const int V = P->m->cfg.vocab_size;
+    sd_emitter_penalize(&P->e, P->logits, NULL, 0);
     int32_t tok;
     if (P->s.temperature == 0.0f) {
         tok = sd_argmax(P->logits, V);

@@ -20,7 +20,9 @@ struct sd_sequence {
     int32_t *prompt; /* (n_prompt) */
     int n_prompt;
     int32_t *stop_ids; /* (p.n_stop_ids) */
-    char *stop_bytes;  /* the stop strings, one after another */
+    int32_t *bias_ids; /* (p.n_bias) */
+    float *bias_values;
+    char *stop_bytes; /* the stop strings, one after another */
     const char **stop_strings;
     size_t *stop_lens;
     int32_t *out; /* (max(max_new_tokens, 1)) */
@@ -58,6 +60,17 @@ static sd_status copy_params(sd_sequence *q, const int32_t *prompt, int n_prompt
         }
         memcpy(q->stop_ids, p->stop_ids, (size_t)p->n_stop_ids * sizeof(int32_t));
         q->p.stop_ids = q->stop_ids;
+    }
+    if (p->n_bias > 0) {
+        q->bias_ids = malloc((size_t)p->n_bias * sizeof(int32_t));
+        q->bias_values = malloc((size_t)p->n_bias * sizeof(float));
+        if (q->bias_ids == NULL || q->bias_values == NULL) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory");
+        }
+        memcpy(q->bias_ids, p->bias_ids, (size_t)p->n_bias * sizeof(int32_t));
+        memcpy(q->bias_values, p->bias_values, (size_t)p->n_bias * sizeof(float));
+        q->p.bias_ids = q->bias_ids;
+        q->p.bias_values = q->bias_values;
     }
     if (p->n_stop_strings > 0) {
         const int n = p->n_stop_strings;
@@ -145,6 +158,8 @@ void sd_sequence_free(sd_sequence *q) {
     }
     free(q->prompt);
     free(q->stop_ids);
+    free(q->bias_ids);
+    free(q->bias_values);
     free(q->stop_bytes);
     free(q->stop_strings);
     free(q->stop_lens);
