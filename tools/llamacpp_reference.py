@@ -57,6 +57,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -294,9 +295,7 @@ def main(argv=None) -> None:
         p.error("no model: pass --model or set SPECDEC_SMOLLM2_GGUF")
     if not os.path.isfile(args.model):
         p.error(f"no such file: {args.model}")
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("llama_cpp") is None:
         sys.exit("llama_cpp is not installed: `pip install llama-cpp-python` (only needed to "
                  "regenerate the fixture)")
     data = record(args.model, quiet=args.quiet)
