@@ -16,8 +16,10 @@ completion's ``logprobs`` (0-20 alternatives), in OpenAI's shapes, one entry per
 (:func:`specdec.generate`'s ``logprobs``); in a stream, each chunk carries the entries of the
 tokens decoded since the chunk before; ``presence_penalty``, ``frequency_penalty``,
 ``logit_bias`` and the extra ``repetition_penalty`` (:func:`specdec.generate`'s, exact with the
-speculator too). ``n`` must be 1; tools, ``echo``, ``best_of``, ``suffix`` and a non-text
-response_format are refused with a 400 rather than ignored. Other fields are ignored.
+speculator too); ``n`` (1-64) choices, decoded side by side (their steps share forwards), choice
+i with ``seed`` + i when a seed is given, streamed as each produces its chunks. Tools, ``echo``,
+``best_of``, ``suffix`` and a non-text response_format are refused with a 400 rather than
+ignored. Other fields are ignored.
 
 Every response (in a stream: the chunk with the ``finish_reason``) carries a ``specdec`` object:
 ``speculator`` (its repr, or null for plain decoding), ``drafted`` and ``accepted`` (draft
@@ -55,6 +57,7 @@ from .speculators import Speculator
 
 FINISH = {"length": "length", "stop_token": "stop", "stop_string": "stop"}
 MAX_TOP_LOGPROBS = 20
+MAX_N = 64  # choices of one request (each a sequence decoding beside the others)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # fields whose effect this server cannot give: refused unless absent or at their no-op value
 UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "echo": (None, False),
@@ -99,8 +102,10 @@ class _Job:
         for name, neutral in UNSUPPORTED.items():
             if name in body and body[name] not in neutral:
                 raise BadRequest(f"{name} is not supported by this server", name)
-        if _typed(body, "n", (int,), "an integer") not in (None, 1):
-            raise BadRequest("only n=1 is supported", "n")
+        n = _typed(body, "n", (int,), "an integer")
+        self.n = 1 if n is None else n
+        if not 1 <= self.n <= MAX_N:
+            raise BadRequest(f"n must be in [1, {MAX_N}], got {self.n}", "n")
         fmt = _typed(body, "response_format", (dict,), "an object")
         if fmt is not None and fmt.get("type", "text") != "text":
             raise BadRequest("only the text response_format is supported", "response_format")
@@ -220,17 +225,23 @@ class _Server:
         self.model, self.speculator, self.name = model, speculator, name
         self.created = int(time.time())
 
-    def spec_field(self, g: Generation) -> Dict[str, Any]:
-        st = g.stats
+    def spec_field(self, *gs: Generation) -> Dict[str, Any]:
+        """The specdec object of one or several choices (their drafts and steps added up; the
+        time the longest took)."""
+        sts = [g.stats for g in gs if g.stats is not None]
+        drafted, accepted = sum(st.drafted for st in sts), sum(st.accepted for st in sts)
+        steps, new = sum(st.steps for st in sts), sum(st.new_tokens for st in sts)
+        time_s = max(g.time_s for g in gs)
+        tokens = sum(len(g.tokens) for g in gs)
         return {"speculator": None if self.speculator is None else repr(self.speculator),
-                "drafted": st.drafted if st else 0, "accepted": st.accepted if st else 0,
-                "acceptance_rate": st.acceptance_rate if st else None,
-                "mean_accepted_tokens": st.mean_accepted_tokens if st else None,
-                "time_s": g.time_s, "tokens_per_s": g.tokens_per_s}
+                "drafted": drafted, "accepted": accepted,
+                "acceptance_rate": (accepted / drafted if drafted else 0.0) if sts else None,
+                "mean_accepted_tokens": (new / steps if steps else 0.0) if sts else None,
+                "time_s": time_s, "tokens_per_s": tokens / time_s if time_s > 0 else 0.0}
 
     @staticmethod
-    def usage(g: Generation) -> Dict[str, int]:
-        p, c = len(g.prompt_tokens), len(g.tokens)
+    def usage(*gs: Generation) -> Dict[str, int]:
+        p, c = len(gs[0].prompt_tokens), sum(len(g.tokens) for g in gs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def piece(self, t: int) -> Tuple[str, bytes]:
@@ -285,8 +296,7 @@ class _Server:
             prompt = chat_messages(body) if chat else completion_prompt(body)
             ids = await asyncio.to_thread(encode_prompt, self.model, prompt)
             job = _Job(body, [int(t) for t in ids], self.model.config.context_length, chat)
-            s = await astream(self.model, job.ids, speculator=self.speculator,
-                              **job.kwargs).start()
+            streams = await self.start(job)
         except BadRequest as e:
             return _error(e.status, str(e), e.param, e.code)
         except (ValueError, TypeError) as e:  # the core's range checks name the parameter
@@ -295,28 +305,51 @@ class _Server:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = {"id": rid, "object": kind, "created": int(time.time()), "model": self.name}
         if job.stream:
-            return StreamingResponse(self.events(s, head, chat, job.include_usage,
+            return StreamingResponse(self.events(streams, head, chat, job.include_usage,
                                                  job.logprobs),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
-        g = await _unless_disconnected(request, _drain(s))
-        if g is None:
+        try:
+            gs = await _unless_disconnected(request, asyncio.gather(*map(_drain, streams)))
+        finally:
+            for s in streams:
+                s.close()
+        if gs is None:
             return Response(status_code=499)  # nobody is there to read it
-        choice: Dict[str, Any] = {"index": 0, "finish_reason": FINISH[g.finish_reason]}
-        lp = self.logprobs(g.tokens, g.logprobs, g.top_logprobs, chat, g.finish_reason, 0)
-        if chat:
-            choice.update(message={"role": "assistant", "content": g.text}, logprobs=lp)
-        else:
-            choice.update(text=g.text, logprobs=lp)
-        return JSONResponse(dict(head, choices=[choice], usage=self.usage(g),
-                                 specdec=self.spec_field(g)))
+        choices = []
+        for i, g in enumerate(gs):
+            choice: Dict[str, Any] = {"index": i, "finish_reason": FINISH[g.finish_reason]}
+            lp = self.logprobs(g.tokens, g.logprobs, g.top_logprobs, chat, g.finish_reason, 0)
+            if chat:
+                choice.update(message={"role": "assistant", "content": g.text}, logprobs=lp)
+            else:
+                choice.update(text=g.text, logprobs=lp)
+            choices.append(choice)
+        return JSONResponse(dict(head, choices=choices, usage=self.usage(*gs),
+                                 specdec=self.spec_field(*gs)))
 
-    async def events(self, s: AsyncStream, head: Dict[str, Any], chat: bool,
-                     include_usage: bool, logprobs: bool) -> AsyncIterator[str]:
-        """The SSE events of a streamed completion, ending with ``data: [DONE]``."""
-        head = dict(head, object="chat.completion.chunk" if chat else "text_completion")
-        extra = {"usage": None} if include_usage else {}
+    async def start(self, job: _Job) -> List[AsyncStream]:
+        """The job's n streams, started (arguments checked, sequences made); the seed of choice
+        i is the request's seed + i (a fresh one each without a seed)."""
+        streams: List[AsyncStream] = []
+        try:
+            for i in range(job.n):
+                kw = dict(job.kwargs)
+                if kw["seed"] is not None:
+                    kw["seed"] = (kw["seed"] + i) % 2**64
+                streams.append(await astream(self.model, job.ids, speculator=self.speculator,
+                                             **kw).start())
+        except BaseException:
+            for s in streams:
+                s.close()
+            raise
+        return streams
+
+    async def choice_events(self, s: AsyncStream, i: int, head: Dict[str, Any],
+                            extra: Dict[str, Any], chat: bool,
+                            logprobs: bool) -> AsyncIterator[str]:
+        """The SSE events of choice i of a streamed completion, up to its finish_reason."""
         sent = [0, 0]  # tokens whose logprobs went out; a completion's text length before them
 
         def new_logprobs() -> Optional[Dict[str, Any]]:
@@ -333,29 +366,74 @@ class _Server:
             lp = new_logprobs()
             if chat:
                 delta = {} if piece is None else {"content": piece}
-                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+                choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": piece or "", "logprobs": lp,
+                choice = {"index": i, "text": piece or "", "logprobs": lp,
                           "finish_reason": finish}
             return _event(dict(head, choices=[choice], **extra, **more))
 
+        if chat:
+            first = {"index": i, "delta": {"role": "assistant", "content": ""},
+                     "finish_reason": None}
+            yield _event(dict(head, choices=[first], **extra))
+        async for piece in s:
+            yield chunk(str(piece), None)
+        g = s.generation
+        assert g is not None
+        yield chunk(None, FINISH[g.finish_reason], specdec=self.spec_field(g))
+
+    async def events(self, streams: List[AsyncStream], head: Dict[str, Any], chat: bool,
+                     include_usage: bool, logprobs: bool) -> AsyncIterator[str]:
+        """The SSE events of a streamed completion, ending with ``data: [DONE]``: one choice's
+        as its consumer reads them, several choices' as each comes (they decode side by
+        side)."""
+        head = dict(head, object="chat.completion.chunk" if chat else "text_completion")
+        extra = {"usage": None} if include_usage else {}
+        gens = [self.choice_events(s, i, head, extra, chat, logprobs)
+                for i, s in enumerate(streams)]
         try:
-            if chat:
-                first = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                         "finish_reason": None}
-                yield _event(dict(head, choices=[first], **extra))
-            async for piece in s:
-                yield chunk(str(piece), None)
-            g = s.generation
-            assert g is not None
-            yield chunk(None, FINISH[g.finish_reason], specdec=self.spec_field(g))
+            async for ev in (gens[0] if len(gens) == 1 else _merged(gens)):
+                yield ev
             if include_usage:
-                yield _event(dict(head, choices=[], usage=self.usage(g)))
+                gs = [s.generation for s in streams]
+                yield _event(dict(head, choices=[], usage=self.usage(*gs)))
         except Exception as e:  # the response has started: the error goes in the stream
             yield _event(error_body(f"decoding failed: {e}", "server_error"))
         finally:
-            s.close()  # a disconnect (cancellation) or an error: stop decoding
+            for s in streams:
+                s.close()  # a disconnect (cancellation) or an error: stop decoding
         yield "data: [DONE]\n\n"
+
+
+async def _merged(gens: List[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """The items of several async iterators as they come, each pumped by its own task; an
+    exception in one is raised here, and leaving stops them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(g: AsyncIterator[str]) -> None:
+        try:
+            async for item in g:
+                queue.put_nowait(item)
+        except Exception as e:  # handed to the consumer
+            queue.put_nowait(e)
+        finally:
+            queue.put_nowait(end)
+
+    tasks = [asyncio.ensure_future(pump(g)) for g in gens]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is end:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 def _event(obj: Dict[str, Any]) -> str:

@@ -125,6 +125,42 @@ def test_penalties_and_logit_bias_reach_the_decoder(url, text_model):
     assert r.choices[0].message.content == want.text
 
 
+def test_n_choices_are_seeded_generations(url, text_model):
+    """n choices: choice i is generate's with seed + i, streamed or not, each with its own
+    finish_reason and logprobs; usage adds their tokens up."""
+    want = [specdec.generate(text_model, CHAT, max_new_tokens=30, temperature=1.0, seed=7 + i,
+                             speculator=specdec.PromptLookup(k=4), logprobs=True)
+            for i in range(3)]
+    assert len({w.text for w in want}) > 1
+    kw = dict(model=NAME, messages=CHAT, max_tokens=30, temperature=1.0, seed=7, n=3,
+              logprobs=True)
+    r = client(url).chat.completions.create(**kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.message.content for c in r.choices] == [w.text for w in want]
+    assert [c.finish_reason for c in r.choices] == \
+        [{"length": "length"}.get(w.finish_reason, "stop") for w in want]
+    for c, w in zip(r.choices, want):
+        n = len(w.tokens) - (w.finish_reason == "stop_token")
+        assert [e.logprob for e in c.logprobs.content] == w.logprobs[:n]
+    assert r.usage.completion_tokens == sum(len(w.tokens) for w in want)
+    spec = r.model_extra["specdec"]
+    assert spec["drafted"] == sum(w.stats.drafted for w in want)
+    chunks = list(client(url).chat.completions.create(**kw, stream=True,
+                                                      stream_options={"include_usage": True}))
+    texts = ["", "", ""]
+    finished = set()
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert texts == [w.text for w in want] and finished == {0, 1, 2}
+    assert chunks[-1].usage.completion_tokens == sum(len(w.tokens) for w in want)
+    c = client(url).completions.create(model=NAME, prompt="hello world", max_tokens=10,
+                                       temperature=0, n=2)
+    assert c.choices[0].text == c.choices[1].text  # greedy: the same answer twice
+
+
 def test_logprobs_are_generates(url, text_model):
     """Chat's and a completion's logprobs, streamed or not, are generate's numbers for the same
     tokens, in OpenAI's shapes; a final stop token has none."""
@@ -253,7 +289,8 @@ def post(url, path, body=None, content=None):
     ({"model": NAME, "messages": CHAT, "max_tokens": 2.5}, "max_tokens", "max_tokens"),
     ({"model": NAME, "messages": CHAT, "temperature": -1}, None, "temperature"),
     ({"model": NAME, "messages": CHAT, "max_tokens": 100000}, None, "context"),
-    ({"model": NAME, "messages": CHAT, "n": 2}, "n", "n=1"),
+    ({"model": NAME, "messages": CHAT, "n": 0}, "n", "n must be in [1, 64]"),
+    ({"model": NAME, "messages": CHAT, "n": 65}, "n", "n must be in [1, 64]"),
     ({"model": NAME, "messages": CHAT, "logprobs": "yes"}, "logprobs", "logprobs must be a"),
     ({"model": NAME, "messages": CHAT, "top_logprobs": 3}, "top_logprobs",
      "top_logprobs needs logprobs"),
@@ -329,19 +366,21 @@ def slow_steps(monkeypatch):
     return log
 
 
-def wait_closed(log):
+def wait_closed(log, n=1):
     deadline = time.monotonic() + 5
-    while not log["closed"] and time.monotonic() < deadline:
+    while log["closed"] < n and time.monotonic() < deadline:
         time.sleep(0.01)
     steps = log["steps"]
     time.sleep(0.3)  # 30 more steps, were decoding to go on
     return steps
 
 
+@pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("stream", [True, False])
-def test_a_client_disconnect_cancels_its_request(url, slow_steps, stream):
+def test_a_client_disconnect_cancels_its_request(url, slow_steps, stream, n):
+    """Every choice's sequence is closed, and no step runs after the one in flight."""
     body = {"model": NAME, "messages": CHAT, "max_tokens": 150, "temperature": 0,
-            "stop": [], "stream": stream}
+            "stop": [], "stream": stream, "n": n}
     with httpx.Client(trust_env=False, timeout=0.3) as h:
         if stream:
             with h.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -351,8 +390,8 @@ def test_a_client_disconnect_cancels_its_request(url, slow_steps, stream):
         else:
             with pytest.raises(httpx.ReadTimeout):
                 h.post(url + "/v1/chat/completions", json=body)
-    steps = wait_closed(slow_steps)
-    assert slow_steps["closed"] and slow_steps["steps"] <= steps + 1 < 100
+    steps = wait_closed(slow_steps, n)
+    assert slow_steps["closed"] == n and slow_steps["steps"] <= steps + n < 100 * n
 
 
 @pytest.mark.requires("smollm2", "")
