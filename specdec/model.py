@@ -207,6 +207,44 @@ class Model:
         cache = self._core.new_cache(min(max(len(tokens), 1), self.config.context_length))
         return self._core.forward(cache, tokens)
 
+    def token_logprobs(self, tokens: TokenIds, top_logprobs: int = 0
+                       ) -> Tuple[List[float], Optional[List[List[Tuple[int, float]]]]]:
+        """How probable the model finds each token of a text after the ones before it: the
+        log-probabilities of ``tokens[1:]`` (the first token has no context), log softmax of the
+        logits at temperature 1 as :func:`specdec.generate`'s ``logprobs``, and with
+        ``top_logprobs=n`` (at most 20) the n most probable tokens at each of those positions as
+        (id, log-probability) pairs, best first (ties to the lower id); else None. Their sum is
+        the text's log-likelihood (``-mean`` of them its log-perplexity). The text is fed in
+        parts of 256 tokens through one cache, so memory stays that of 256 rows of logits."""
+        if isinstance(tokens, (str, bytes, bytearray)):
+            raise TypeError(f"tokens must be a sequence of token ids, got "
+                            f"{type(tokens).__name__}")
+        top = _int("top_logprobs", top_logprobs, 0, INT_MAX)
+        if top > 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {top}")
+        ids = [_int("tokens", t) for t in tokens]
+        if not ids:
+            raise ValueError("tokens must hold at least one token")
+        cache = self.new_cache(min(len(ids), self.config.context_length))
+        lps: List[float] = []
+        tops: List[List[Tuple[int, float]]] = []
+        for start in range(0, len(ids), 256):
+            rows = self.forward(cache, ids[start:start + 256]).astype(np.float64)
+            nxt = ids[start + 1:start + 1 + len(rows)]
+            rows = rows[:len(nxt)]  # the last token's row scores nothing
+            if not len(rows):
+                break
+            mx = rows.max(axis=1, keepdims=True)
+            ls = rows - (mx + np.log(np.exp(rows - mx).sum(axis=1, keepdims=True)))
+            lps.extend(ls[np.arange(len(nxt)), nxt].tolist())
+            k = min(top, ls.shape[1])
+            for r in ls if k else ():
+                # the ids at or above the k-th largest value (ties included), then ordered
+                cand = np.flatnonzero(r >= np.partition(r, len(r) - k)[len(r) - k])
+                best = cand[np.lexsort((cand, -r[cand]))][:k]
+                tops.append([(int(i), float(r[i])) for i in best])
+        return lps, (tops if top else None)
+
     def llamacpp_logits(self, tokens: TokenIds, n_batch: Optional[int] = None) -> np.ndarray:
         """Logits of ``tokens`` at positions 0..T-1, computed in llama.cpp's own float order.
 

@@ -17,8 +17,10 @@ completion's ``logprobs`` (0-20 alternatives), in OpenAI's shapes, one entry per
 tokens decoded since the chunk before; ``presence_penalty``, ``frequency_penalty``,
 ``logit_bias`` and the extra ``repetition_penalty`` (:func:`specdec.generate`'s, exact with the
 speculator too); ``n`` (1-64) choices, decoded side by side (their steps share forwards), choice
-i with ``seed`` + i when a seed is given, streamed as each produces its chunks. Tools, ``echo``,
-``best_of``, ``suffix`` and a non-text response_format are refused with a 400 rather than
+i with ``seed`` + i when a seed is given, streamed as each produces its chunks; a completion's
+``echo`` (the prompt's text before the answer and, with ``logprobs``, its tokens' entries, the
+first null: with ``max_tokens`` 0 that scores a text, as evaluation harnesses ask).
+Tools, ``best_of``, ``suffix`` and a non-text response_format are refused with a 400 rather than
 ignored. Other fields are ignored.
 
 Every response (in a stream: the chunk with the ``finish_reason``) carries a ``specdec`` object:
@@ -60,8 +62,8 @@ MAX_TOP_LOGPROBS = 20
 MAX_N = 64  # choices of one request (each a sequence decoding beside the others)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # fields whose effect this server cannot give: refused unless absent or at their no-op value
-UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "echo": (None, False),
-               "best_of": (None, 1), "suffix": (None, "")}
+UNSUPPORTED = {"tools": (None, []), "functions": (None, []), "best_of": (None, 1),
+               "suffix": (None, "")}
 
 
 class BadRequest(Exception):
@@ -130,6 +132,10 @@ class _Job:
             logit_bias=_logit_bias(body))
         self.logprobs, top = _logprobs(body, chat)
         self.kwargs.update(logprobs=self.logprobs, top_logprobs=top)
+        self.echo = bool(_typed(body, "echo", (bool,), "a boolean"))
+        if self.echo and chat:
+            raise BadRequest("echo is a parameter of completions, not of chat completions",
+                             "echo")
         self.stream = bool(_typed(body, "stream", (bool,), "a boolean"))
         options = _typed(body, "stream_options", (dict,), "an object") or {}
         self.include_usage = bool(options.get("include_usage"))
@@ -296,6 +302,7 @@ class _Server:
             prompt = chat_messages(body) if chat else completion_prompt(body)
             ids = await asyncio.to_thread(encode_prompt, self.model, prompt)
             job = _Job(body, [int(t) for t in ids], self.model.config.context_length, chat)
+            echo = await self.echo(job, prompt) if job.echo else None
             streams = await self.start(job)
         except BadRequest as e:
             return _error(e.status, str(e), e.param, e.code)
@@ -306,7 +313,7 @@ class _Server:
         head = {"id": rid, "object": kind, "created": int(time.time()), "model": self.name}
         if job.stream:
             return StreamingResponse(self.events(streams, head, chat, job.include_usage,
-                                                 job.logprobs),
+                                                 job.logprobs, echo),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
@@ -320,14 +327,35 @@ class _Server:
         choices = []
         for i, g in enumerate(gs):
             choice: Dict[str, Any] = {"index": i, "finish_reason": FINISH[g.finish_reason]}
-            lp = self.logprobs(g.tokens, g.logprobs, g.top_logprobs, chat, g.finish_reason, 0)
+            offset = len("".join(echo[1]["tokens"])) if echo and echo[1] else 0
+            lp = self.logprobs(g.tokens, g.logprobs, g.top_logprobs, chat, g.finish_reason,
+                               offset)
             if chat:
                 choice.update(message={"role": "assistant", "content": g.text}, logprobs=lp)
+            elif echo is not None:
+                choice.update(text=echo[0] + g.text, logprobs=_joined(echo[1], lp))
             else:
                 choice.update(text=g.text, logprobs=lp)
             choices.append(choice)
         return JSONResponse(dict(head, choices=choices, usage=self.usage(*gs),
                                  specdec=self.spec_field(*gs)))
+
+    async def echo(self, job: _Job, prompt: Any) -> Tuple[str, Optional[Dict[str, Any]]]:
+        """A completion's echo: the prompt's text and, with logprobs, the prompt tokens' entries
+        (the first token's null: it has no context), scored by Model.token_logprobs."""
+        tok = self.model.require_tokenizer()
+        text = prompt if isinstance(prompt, str) else tok.decode(job.ids)
+        if not job.logprobs:
+            return text, None
+        lps, tops = await asyncio.to_thread(self.model.token_logprobs, job.ids,
+                                            job.kwargs["top_logprobs"])
+        lp = self.logprobs(job.ids[1:], lps, tops, False, None, len(self.piece(job.ids[0])[0]))
+        assert lp is not None
+        first = self.piece(job.ids[0])[0]
+        return text, {"tokens": [first] + lp["tokens"],
+                      "token_logprobs": [None] + lp["token_logprobs"],
+                      "top_logprobs": [None] + lp["top_logprobs"],
+                      "text_offset": [0] + lp["text_offset"]}
 
     async def start(self, job: _Job) -> List[AsyncStream]:
         """The job's n streams, started (arguments checked, sequences made); the seed of choice
@@ -347,10 +375,13 @@ class _Server:
         return streams
 
     async def choice_events(self, s: AsyncStream, i: int, head: Dict[str, Any],
-                            extra: Dict[str, Any], chat: bool,
-                            logprobs: bool) -> AsyncIterator[str]:
-        """The SSE events of choice i of a streamed completion, up to its finish_reason."""
-        sent = [0, 0]  # tokens whose logprobs went out; a completion's text length before them
+                            extra: Dict[str, Any], chat: bool, logprobs: bool,
+                            echo: Optional[Tuple[str, Optional[Dict[str, Any]]]] = None
+                            ) -> AsyncIterator[str]:
+        """The SSE events of choice i of a streamed completion, up to its finish_reason (a
+        completion's echo first)."""
+        # tokens whose logprobs went out; a completion's text length before them
+        sent = [0, len("".join(echo[1]["tokens"])) if echo and echo[1] else 0]
 
         def new_logprobs() -> Optional[Dict[str, Any]]:
             if not logprobs:
@@ -376,6 +407,9 @@ class _Server:
             first = {"index": i, "delta": {"role": "assistant", "content": ""},
                      "finish_reason": None}
             yield _event(dict(head, choices=[first], **extra))
+        elif echo is not None:
+            first = {"index": i, "text": echo[0], "logprobs": echo[1], "finish_reason": None}
+            yield _event(dict(head, choices=[first], **extra))
         async for piece in s:
             yield chunk(str(piece), None)
         g = s.generation
@@ -383,13 +417,15 @@ class _Server:
         yield chunk(None, FINISH[g.finish_reason], specdec=self.spec_field(g))
 
     async def events(self, streams: List[AsyncStream], head: Dict[str, Any], chat: bool,
-                     include_usage: bool, logprobs: bool) -> AsyncIterator[str]:
+                     include_usage: bool, logprobs: bool,
+                     echo: Optional[Tuple[str, Optional[Dict[str, Any]]]] = None
+                     ) -> AsyncIterator[str]:
         """The SSE events of a streamed completion, ending with ``data: [DONE]``: one choice's
         as its consumer reads them, several choices' as each comes (they decode side by
         side)."""
         head = dict(head, object="chat.completion.chunk" if chat else "text_completion")
         extra = {"usage": None} if include_usage else {}
-        gens = [self.choice_events(s, i, head, extra, chat, logprobs)
+        gens = [self.choice_events(s, i, head, extra, chat, logprobs, echo)
                 for i, s in enumerate(streams)]
         try:
             async for ev in (gens[0] if len(gens) == 1 else _merged(gens)):
@@ -403,6 +439,14 @@ class _Server:
             for s in streams:
                 s.close()  # a disconnect (cancellation) or an error: stop decoding
         yield "data: [DONE]\n\n"
+
+
+def _joined(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]
+            ) -> Optional[Dict[str, Any]]:
+    """Two completions' logprobs objects one after the other."""
+    if a is None or b is None:
+        return a or b
+    return {k: a[k] + b[k] for k in a}
 
 
 async def _merged(gens: List[AsyncIterator[str]]) -> AsyncIterator[str]:

@@ -181,3 +181,29 @@ def test_bad_arguments_are_named(models):
     # the core's own check (for its callers in C)
     with pytest.raises(ValueError, match="top_logprobs needs logprobs"):
         m._core.sequence([1, 2], top_logprobs=2)
+
+
+def test_token_logprobs_score_a_text(models):
+    """Model.token_logprobs: the log softmax of each token after the ones before it, as generate
+    records them for its own tokens, over a text longer than one of its 256-token parts."""
+    m = models["target"]
+    g = specdec.generate(m, prompt(3), max_new_tokens=40, stop_tokens=[], logprobs=True,
+                         top_logprobs=4)
+    lps, tops = m.token_logprobs(g.prompt_tokens + g.tokens, top_logprobs=4)
+    n = len(g.prompt_tokens)
+    assert len(lps) == len(tops) == n + len(g.tokens) - 1
+    np.testing.assert_allclose(lps[n - 1:], g.logprobs, atol=1e-5, rtol=0)
+    assert [[t for t, _ in r] for r in tops[n - 1:]] == [[t for t, _ in r] for r in g.top_logprobs]
+    text = tm.random_tokens(CFG.vocab, 280, 9)
+    lps, none = m.token_logprobs(text)
+    ls = m.logits(text).astype(np.float64)
+    mx = ls.max(1, keepdims=True)
+    ls -= mx + np.log(np.exp(ls - mx).sum(1, keepdims=True))
+    np.testing.assert_allclose(lps, ls[np.arange(279), text[1:]], atol=1e-5, rtol=0)
+    assert none is None and m.token_logprobs([5]) == ([], None)
+    with pytest.raises(TypeError, match="tokens must be a sequence of token ids"):
+        m.token_logprobs("some text")
+    with pytest.raises(ValueError, match="at least one token"):
+        m.token_logprobs([])
+    with pytest.raises(ValueError, match=r"top_logprobs must be in \[0, 20\]"):
+        m.token_logprobs([1, 2], top_logprobs=21)

@@ -161,6 +161,42 @@ def test_n_choices_are_seeded_generations(url, text_model):
     assert c.choices[0].text == c.choices[1].text  # greedy: the same answer twice
 
 
+def test_echo_scores_the_prompt(url, text_model):
+    """A completion's echo: the prompt's text first and, with logprobs, its tokens' entries
+    (Model.token_logprobs; the first null), then the answer's; max_tokens 0 scores a text."""
+    prompt = "the quick brown fox jumps over the lazy dog"
+    ids = text_model.require_tokenizer().encode(prompt, add_special=True)
+    lps, tops = text_model.token_logprobs(ids, top_logprobs=2)
+    r = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=0, echo=True,
+                                       logprobs=2, temperature=0)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == prompt and r.usage.completion_tokens == 0
+    assert lp.token_logprobs == [None] + lps and len(lp.tokens) == len(ids)
+    assert [list(d.values()) for d in lp.top_logprobs[1:]] == \
+        [[v for _, v in row] for row in tops]
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(ids))]
+    # with an answer after it, streamed or not
+    want = generated(text_model, prompt, 12, logprobs=True)
+    n = len(want.tokens) - (want.finish_reason == "stop_token")
+    r = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=12, echo=True,
+                                       logprobs=0, temperature=0)
+    assert r.choices[0].text == prompt + want.text
+    assert r.choices[0].logprobs.token_logprobs == [None] + lps + want.logprobs[:n]
+    offsets = r.choices[0].logprobs.text_offset
+    assert offsets == [len("".join(r.choices[0].logprobs.tokens[:i])) for i in
+                       range(len(offsets))]
+    s = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=12, echo=True,
+                                       logprobs=0, temperature=0, stream=True)
+    chunks = [c.choices[0] for c in s]
+    assert "".join(c.text for c in chunks) == prompt + want.text
+    assert [v for c in chunks if c.logprobs for v in c.logprobs.token_logprobs] == \
+        r.choices[0].logprobs.token_logprobs
+    assert [o for c in chunks if c.logprobs for o in c.logprobs.text_offset] == offsets
+    plain = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=3, echo=True,
+                                           temperature=0)
+    assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
+
+
 def test_logprobs_are_generates(url, text_model):
     """Chat's and a completion's logprobs, streamed or not, are generate's numbers for the same
     tokens, in OpenAI's shapes; a final stop token has none."""
@@ -301,7 +337,8 @@ def post(url, path, body=None, content=None):
      "logit_bias[1] must be a number"),
     ({"model": NAME, "messages": CHAT, "logit_bias": {"1": 500}}, None, "[-100, 100]"),
     ({"model": NAME, "messages": CHAT, "presence_penalty": 3}, None, "presence_penalty"),
-    ({"model": NAME, "messages": CHAT, "echo": True}, "echo", "not supported"),
+    ({"model": NAME, "messages": CHAT, "echo": True}, "echo", "echo is a parameter of"),
+    ({"model": NAME, "messages": CHAT, "suffix": "x"}, "suffix", "not supported"),
     ({"model": NAME, "messages": CHAT, "stop": [1]}, "stop", "stop"),
 ])
 def test_bad_chat_requests_get_400_json_errors(url, body, param, needle):
