@@ -90,7 +90,9 @@ def _answer(model, messages, args, speculator, seed: Optional[int]):
 
     s = specdec.stream(model, messages, max_new_tokens=args.max_new_tokens,
                        temperature=args.temperature, top_p=args.top_p, seed=seed,
-                       speculator=speculator)
+                       speculator=speculator, repetition_penalty=args.repetition_penalty,
+                       frequency_penalty=args.frequency_penalty,
+                       presence_penalty=args.presence_penalty)
     while True:
         try:
             print(next(s), end="", flush=True)
@@ -235,6 +237,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling mass (default 0.9)")
     c.add_argument("--seed", type=int, default=None,
                    help="makes the answers reproducible (turn i uses seed + i)")
+    c.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages tokens already in the conversation (default 1: off)")
+    c.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="in [-2, 2]: per repeat of a token in the answer (default 0: off)")
+    c.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="in [-2, 2]: for a token the answer holds at all (default 0: off)")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--context-length", type=int, default=None,
                    help="the longest conversation in tokens (default: the model's; LongRoPE "

@@ -34,6 +34,16 @@ def answer(model, messages, speculator=None):
                             speculator=speculator).text
 
 
+def test_penalties_reach_the_answer(capsys, monkeypatch, model_path):
+    model = specdec.load(model_path)
+    msgs = [{"role": "user", "content": "the cat sat on the mat"}]
+    code, out, _ = chat(capsys, monkeypatch, model_path, "the cat sat on the mat",
+                        "--repetition-penalty", "1.5", "--presence-penalty", "1")
+    want = specdec.generate(model, msgs, max_new_tokens=24, repetition_penalty=1.5,
+                            presence_penalty=1.0).text
+    assert code == 0 and out == want + "\n" and want != answer(model, msgs)
+
+
 def test_one_prompt_is_answered_with_speculation(capsys, monkeypatch, model_path):
     code, out, err = chat(capsys, monkeypatch, model_path, "the cat sat on the mat")
     model = specdec.load(model_path)
