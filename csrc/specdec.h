@@ -367,6 +367,9 @@ typedef struct {
     float repetition_penalty; /* 1 (the default): off */
     float frequency_penalty;
     float presence_penalty;
+    /* >= 0: the stop tokens (stop_ids) cannot end generation before this many tokens are out:
+     * their logits are -inf at earlier positions (a verify row counts its path); 0 = off. */
+    int min_tokens;
 } sd_generate_params;
 #define SD_MAX_TOP_LOGPROBS 20
 

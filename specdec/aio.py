@@ -127,7 +127,7 @@ async def agenerate(model: Model, prompt: Prompt, max_new_tokens: int = 16,
                     on_token: Optional[Callable[[int], Any]] = None, logprobs: bool = False,
                     top_logprobs: int = 0, logit_bias: Optional[Mapping[int, float]] = None,
                     repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
-                    presence_penalty: float = 0.0) -> Generation:
+                    presence_penalty: float = 0.0, min_tokens: int = 0) -> Generation:
     """:func:`specdec.generate` for asyncio: the same arguments and the same
     :class:`~specdec.Generation`, without blocking the event loop (each decoding step runs in a
     worker thread). ``on_token`` is called in the event loop's thread, between steps.
@@ -137,7 +137,7 @@ async def agenerate(model: Model, prompt: Prompt, max_new_tokens: int = 16,
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
     req = _Request((model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k,
                     top_p, min_p, speculator, logprobs, top_logprobs, logit_bias,
-                    repetition_penalty, frequency_penalty, presence_penalty))
+                    repetition_penalty, frequency_penalty, presence_penalty, min_tokens))
     try:
         call = await req.start()
         seq, n = call.seq, 0
@@ -237,7 +237,7 @@ def astream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature:
             min_p: float = 0.0, speculator: Optional[Speculator] = None, logprobs: bool = False,
             top_logprobs: int = 0, logit_bias: Optional[Mapping[int, float]] = None,
             repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
-            presence_penalty: float = 0.0) -> AsyncStream:
+            presence_penalty: float = 0.0, min_tokens: int = 0) -> AsyncStream:
     """:func:`specdec.stream` for asyncio: ``async for piece in astream(...)`` yields the same
     pieces without blocking the event loop, and the stream's ``generation`` is the
     :class:`~specdec.Generation` once it is exhausted. Arguments as for
@@ -245,4 +245,4 @@ def astream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature:
     stream.start()``). See :class:`AsyncStream` for stopping and cancelling."""
     return AsyncStream((model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop,
                         top_k, top_p, min_p, speculator, logprobs, top_logprobs, logit_bias,
-                        repetition_penalty, frequency_penalty, presence_penalty))
+                        repetition_penalty, frequency_penalty, presence_penalty, min_tokens))

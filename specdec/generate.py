@@ -69,7 +69,7 @@ class _Call:
                  stop: Optional[Sequence[str]], top_k: Any, top_p: Any, min_p: Any,
                  speculator: Optional[Speculator], logprobs: Any = False, top_logprobs: Any = 0,
                  logit_bias: Any = None, repetition_penalty: Any = 1.0,
-                 frequency_penalty: Any = 0.0, presence_penalty: Any = 0.0,
+                 frequency_penalty: Any = 0.0, presence_penalty: Any = 0.0, min_tokens: Any = 0,
                  reserved: bool = False) -> None:
         # types are checked here, ranges by the C core (its messages name the parameter)
         max_new_tokens = _int("max_new_tokens", max_new_tokens, 0, INT_MAX)
@@ -84,6 +84,7 @@ class _Call:
             ("repetition_penalty", repetition_penalty), ("frequency_penalty", frequency_penalty),
             ("presence_penalty", presence_penalty))}
         bias_ids, bias_values = _logit_bias(logit_bias)
+        min_tokens = _int("min_tokens", min_tokens, 0, INT_MAX)
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "little")
         seed = _seed(seed)
@@ -141,7 +142,7 @@ class _Call:
             top_k=top_k, top_p=top_p, min_p=min_p,
             drafter=None if speculator is None else speculator.drafter(), reserved=reserved,
             logprobs=self.logprobs, top_logprobs=top_logprobs, logit_bias_ids=bias_ids,
-            logit_bias_values=bias_values, **penalties)
+            logit_bias_values=bias_values, min_tokens=min_tokens, **penalties)
 
     def result(self, tokens: List[int], reason: str) -> Generation:
         """The Generation of these tokens; frees the sequence."""
@@ -250,7 +251,7 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
              on_token: Optional[Callable[[int], Any]] = None, logprobs: bool = False,
              top_logprobs: int = 0, logit_bias: Optional[Mapping[int, float]] = None,
              repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
-             presence_penalty: float = 0.0) -> Generation:
+             presence_penalty: float = 0.0, min_tokens: int = 0) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
     Args:
@@ -303,6 +304,9 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
             position counts the drafted tokens before it, so the output is still exactly that
             of plain decoding with the same settings. ``logprobs`` then report the changed
             logits. CPU models only.
+        min_tokens: the stop tokens cannot end generation before this many new tokens (their
+            logits are -inf until then; stop strings still stop it); exact under speculation
+            as the penalties are. CPU models only.
 
     Decoding runs in C a step at a time (a part of a long prompt, one token, or one speculative
     step) with the GIL released, so Ctrl-C raises KeyboardInterrupt between steps, and other
@@ -323,7 +327,7 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         raise TypeError(f"on_token must be callable or None, got {type(on_token).__name__}")
     call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
                  min_p, speculator, logprobs, top_logprobs, logit_bias, repetition_penalty,
-                 frequency_penalty, presence_penalty)
+                 frequency_penalty, presence_penalty, min_tokens)
     try:
         tokens, reason = _run(call.seq, on_token)
     except BaseException:
@@ -338,7 +342,8 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
            min_p: float = 0.0, speculator: Optional[Speculator] = None, logprobs: bool = False,
            top_logprobs: int = 0, logit_bias: Optional[Mapping[int, float]] = None,
            repetition_penalty: float = 1.0, frequency_penalty: float = 0.0,
-           presence_penalty: float = 0.0) -> Generator[Union[str, int], None, Generation]:
+           presence_penalty: float = 0.0, min_tokens: int = 0
+           ) -> Generator[Union[str, int], None, Generation]:
     """:func:`generate`, yielding the output as it is accepted: pieces of text for a model with
     a tokenizer (a character is held back until its UTF-8 bytes are complete, and text that
     could be the start of a ``stop`` string until it is known not to be), token ids otherwise.
@@ -351,7 +356,7 @@ def stream(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature: 
     """
     call = _Call(model, prompt, max_new_tokens, temperature, seed, stop_tokens, stop, top_k, top_p,
                  min_p, speculator, logprobs, top_logprobs, logit_bias, repetition_penalty,
-                 frequency_penalty, presence_penalty)
+                 frequency_penalty, presence_penalty, min_tokens)
     seq, text = call.seq, _Pieces(call)
     try:
         while not seq.done:

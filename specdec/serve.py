@@ -15,8 +15,8 @@ completion's ``logprobs`` (0-20 alternatives), in OpenAI's shapes, one entry per
 (a final stop token left out), the model's log softmax before the sampling settings
 (:func:`specdec.generate`'s ``logprobs``); in a stream, each chunk carries the entries of the
 tokens decoded since the chunk before; ``presence_penalty``, ``frequency_penalty``,
-``logit_bias`` and the extra ``repetition_penalty`` (:func:`specdec.generate`'s, exact with the
-speculator too); ``n`` (1-64) choices, decoded side by side (their steps share forwards), choice
+``logit_bias`` and the extras ``repetition_penalty`` and ``min_tokens``
+(:func:`specdec.generate`'s, exact with the speculator too); ``n`` (1-64) choices, decoded side by side (their steps share forwards), choice
 i with ``seed`` + i when a seed is given, streamed as each produces its chunks; a completion's
 ``echo`` (the prompt's text before the answer and, with ``logprobs``, its tokens' entries, the
 first null: with ``max_tokens`` 0 that scores a text, as evaluation harnesses ask).
@@ -129,7 +129,8 @@ class _Job:
             presence_penalty=_number_or(body, "presence_penalty", 0.0),
             frequency_penalty=_number_or(body, "frequency_penalty", 0.0),
             repetition_penalty=_number_or(body, "repetition_penalty", 1.0),
-            logit_bias=_logit_bias(body))
+            logit_bias=_logit_bias(body),
+            min_tokens=_typed(body, "min_tokens", (int,), "an integer") or 0)
         self.logprobs, top = _logprobs(body, chat)
         self.kwargs.update(logprobs=self.logprobs, top_logprobs=top)
         self.echo = bool(_typed(body, "echo", (bool,), "a boolean"))

@@ -133,3 +133,35 @@ def test_bad_values_are_named(models):
         specdec.generate(m, [1, 2], frequency_penalty="high")
     with pytest.raises(ValueError, match="names token id 5 twice"):
         m._core.sequence([1, 2], logit_bias_ids=[5, 5], logit_bias_values=[1.0, 2.0])
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_min_tokens_hold_the_stop_tokens_back_exactly(models, name):
+    """No stop token before min_tokens; with a speculator, plain decoding's output with the
+    same setting (a row's position counts its path), greedy and sampled alike."""
+    m = models["target"]
+    spec = speculators(models)[name]
+    for seed in range(4):
+        p = prompt(seed)
+        plain = specdec.generate(m, p, max_new_tokens=40, stop_tokens=[])
+        stop = next(t for i, t in enumerate(plain.tokens) if 2 <= i and t not in plain.tokens[:i])
+        first = plain.tokens.index(stop)
+        kw = dict(max_new_tokens=40, stop_tokens=[stop], min_tokens=first + 6)
+        want = specdec.generate(m, p, **kw)
+        assert stop not in want.tokens[:first + 5] and want.tokens[:first] == plain.tokens[:first]
+        assert len(want.tokens) > first + 1  # it went past where it stopped before
+        got = specdec.generate(m, p, speculator=spec, **kw)
+        assert got.tokens == want.tokens and got.finish_reason == want.finish_reason
+        # a stop token allowed from exactly where plain decoding emits it: a step that began
+        # before min_tokens may emit it too (its row counts the drafts before it)
+        kw["min_tokens"] = first
+        got = specdec.generate(m, p, speculator=spec, **kw)
+        assert got.tokens == plain.tokens[:first + 1] and got.finish_reason == "stop_token"
+        kw.update(temperature=1.0, seed=seed, min_tokens=12)
+        sampled = specdec.generate(m, p, speculator=spec, **kw)
+        assert stop not in sampled.tokens[:11]
+
+
+def test_min_tokens_are_checked(models):
+    with pytest.raises(ValueError, match="min_tokens must be >= 0"):
+        specdec.generate(models["target"], [1, 2], min_tokens=-1)

@@ -82,12 +82,27 @@ int sd_py_call_parse(sd_py_call *c, PyObject *args, PyObject *kwds, int with_on_
     static char *kwlist[] = {"prompt",       "max_new_tokens", "temperature", "seed",  "stop_ids",
                              "stop_strings", "top_k",          "top_p",       "min_p", "drafter",
                              "check_cache",  "on_token",       NULL};
-    static char *kwlist_seq[] = {"prompt",   "max_new_tokens", "temperature", "seed",
-                                 "stop_ids", "stop_strings",   "top_k",       "top_p",
-                                 "min_p",    "drafter",        "check_cache", "reserved",
-                                 "logprobs", "top_logprobs",   "logit_bias_ids",
-                                 "logit_bias_values", "repetition_penalty", "frequency_penalty",
-                                 "presence_penalty", NULL};
+    static char *kwlist_seq[] = {"prompt",
+                                 "max_new_tokens",
+                                 "temperature",
+                                 "seed",
+                                 "stop_ids",
+                                 "stop_strings",
+                                 "top_k",
+                                 "top_p",
+                                 "min_p",
+                                 "drafter",
+                                 "check_cache",
+                                 "reserved",
+                                 "logprobs",
+                                 "top_logprobs",
+                                 "logit_bias_ids",
+                                 "logit_bias_values",
+                                 "repetition_penalty",
+                                 "frequency_penalty",
+                                 "presence_penalty",
+                                 "min_tokens",
+                                 NULL};
     PyObject *prompt_obj = NULL, *stop_obj = Py_None, *strings_obj = Py_None;
     PyObject *drafter_obj = Py_None, *bias_ids_obj = Py_None, *bias_values_obj = Py_None;
     unsigned long long seed = 0;
@@ -96,13 +111,13 @@ int sd_py_call_parse(sd_py_call *c, PyObject *args, PyObject *kwds, int with_on_
     c->on_token = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
             args, kwds,
-            with_on_token ? "O|$ifKOOiffOpO:generate" : "O|$ifKOOiffOpppiOOfff:sequence",
+            with_on_token ? "O|$ifKOOiffOpO:generate" : "O|$ifKOOiffOpppiOOfffi:sequence",
             with_on_token ? kwlist : kwlist_seq, &prompt_obj, &c->p.max_new_tokens,
             &c->p.temperature, &seed, &stop_obj, &strings_obj, &c->p.top_k, &c->p.top_p,
             &c->p.min_p, &drafter_obj, &c->p.check_cache,
             with_on_token ? (void *)&c->on_token : (void *)&c->reserved, &c->p.logprobs,
             &c->p.top_logprobs, &bias_ids_obj, &bias_values_obj, &c->p.repetition_penalty,
-            &c->p.frequency_penalty, &c->p.presence_penalty)) {
+            &c->p.frequency_penalty, &c->p.presence_penalty, &c->p.min_tokens)) {
         return -1;
     }
     c->p.seed = (uint64_t)seed;
@@ -139,8 +154,8 @@ int sd_py_call_parse(sd_py_call *c, PyObject *args, PyObject *kwds, int with_on_
     if (bias_ids_obj != Py_None) {
         Py_ssize_t n_ids = 0;
         if ((c->bias_ids = sd_py_tokens_from(bias_ids_obj, "logit_bias_ids", &n_ids)) == NULL ||
-            (c->bias_values = sd_py_floats_from(bias_values_obj, "logit_bias_values",
-                                                &c->n_bias)) == NULL) {
+            (c->bias_values =
+                 sd_py_floats_from(bias_values_obj, "logit_bias_values", &c->n_bias)) == NULL) {
             return -1;
         }
         if (n_ids != c->n_bias || n_ids > INT32_MAX) {

@@ -96,7 +96,11 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
         return sd_set_error(SD_ERR_INVALID_ARG, "top_logprobs needs logprobs");
     }
     const int penalized = p->n_bias > 0 || p->repetition_penalty != 1.0f ||
-                          p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+                          p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f ||
+                          p->min_tokens > 0;
+    if (p->min_tokens < 0) {
+        return sd_set_error(SD_ERR_INVALID_ARG, "min_tokens must be >= 0, got %d", p->min_tokens);
+    }
     if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty)) {
         return sd_set_error(SD_ERR_INVALID_ARG, "repetition_penalty must be > 0 and finite, got %g",
                             (double)p->repetition_penalty);
@@ -134,8 +138,8 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
     }
     if (penalized && m->cuda != NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
-                            "logit_bias and penalties are applied on CPU models only so far (a "
-                            "CUDA model picks its tokens on the device)");
+                            "logit_bias, penalties and min_tokens are applied on CPU models only "
+                            "so far (a CUDA model picks its tokens on the device)");
     }
     if (p->logprobs && m->cuda != NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
@@ -285,7 +289,7 @@ void sd_emitter_free(sd_emitter *e) {
 sd_status sd_emitter_want_penalties(sd_emitter *e, const int32_t *prompt, int n_prompt) {
     const sd_generate_params *p = e->p;
     if (p->n_bias == 0 && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-        p->presence_penalty == 0.0f) {
+        p->presence_penalty == 0.0f && p->min_tokens == 0) {
         return SD_OK;
     }
     const size_t V = (size_t)e->m->cfg.vocab_size;
@@ -342,4 +346,9 @@ void sd_emitter_penalize(sd_emitter *e, float *row, const int32_t *path, int n_p
         e->listed[e->ids[i]] = 0;
     }
     e->n_ids = listed;
+    if (e->n + n_path < p->min_tokens) { /* this row's token would be output number n + n_path */
+        for (int i = 0; i < p->n_stop_ids; i++) {
+            row[p->stop_ids[i]] = -INFINITY;
+        }
+    }
 }

@@ -74,8 +74,9 @@ void sd_emitter_free(sd_emitter *e);
 /* The penalties' state, when p asks for a logit bias or penalties (after sd_emitter_init):
  * the prompt's ids listed. */
 sd_status sd_emitter_want_penalties(sd_emitter *e, const int32_t *prompt, int n_prompt);
-/* Applies p's logit bias and penalties to `row` (V logits) of the position after the output so
- * far and then path[0 .. n_path) (drafted tokens, in any order); nothing without them. */
+/* Applies p's logit bias, penalties and min_tokens to `row` (V logits) of the position after
+ * the output so far and then path[0 .. n_path) (drafted tokens, in any order); nothing without
+ * them. */
 void sd_emitter_penalize(sd_emitter *e, float *row, const int32_t *path, int n_path);
 /* Append `tok`, taken from the target's logits `row` (V raw logits; read only with logprobs, may
  * be NULL otherwise); sets e->done when generation must end after it. */
