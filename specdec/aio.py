@@ -58,8 +58,9 @@ class _Request:
     the sequence now, or, when a step is still running (its awaiting task was cancelled), as
     soon as that step returns."""
 
-    def __init__(self, args: tuple) -> None:
+    def __init__(self, args: tuple, reserved: bool = False) -> None:
         self.args = args
+        self.reserved = reserved  # the caller took the slot (Model's try_reserve) for it
         self.call: Optional[_Call] = None
         self.inflight: Optional[Future] = None  # the call being made or the step being run
         self.closed = False
@@ -74,10 +75,11 @@ class _Request:
                 return self.call
             # a slot under model.max_sequences, waited for here: a worker thread blocked on it
             # could hold up the steps of the requests that have one
-            while not model._core.try_reserve():
+            while not self.reserved and not model._core.try_reserve():
                 await asyncio.sleep(ADMISSION_POLL_S)
                 if self.closed:
                     raise ValueError("the request is closed")
+            self.reserved = False  # the call owns it from here (or gives it back)
             self.call = await self._run(_Call, *self.args, reserved=True,
                                         on_done=_slot_keeper(model))
         return self.call
@@ -103,6 +105,9 @@ class _Request:
         if self.closed:  # a second close (the caller's, after _run's) must not free the
             return       # sequence while the step the first one waits for still runs
         self.closed = True
+        if self.reserved:  # closed before its call was made: the caller's slot goes back
+            self.reserved = False
+            self.args[0]._core.unreserve()
         fut, self.inflight = self.inflight, None
         if fut is not None:
             # runs now if the thread is done (or never started it), else when it returns

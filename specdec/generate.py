@@ -79,6 +79,10 @@ class _Call:
         min_p = _number("min_p", min_p)
         logprobs = _bool("logprobs", logprobs)
         top_logprobs = _int("top_logprobs", top_logprobs, 0, INT_MAX)
+        if not 0 <= top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {top_logprobs}")
+        # a vocabulary smaller than that has no more alternatives to give
+        top_logprobs = min(top_logprobs, model.config.vocab_size)
         self.logprobs = logprobs or top_logprobs > 0  # the alternatives come with the token's
         penalties = {name: _number(name, v) for name, v in (
             ("repetition_penalty", repetition_penalty), ("frequency_penalty", frequency_penalty),
@@ -175,8 +179,12 @@ def _logit_bias(bias: Any) -> Tuple[Optional[List[int]], Optional[List[float]]]:
     if not isinstance(bias, Mapping):
         raise TypeError(f"logit_bias must be a mapping of token ids to numbers, got "
                         f"{type(bias).__name__}")
-    ids = [_int("logit_bias token id", k) for k in bias]
-    return ids, [_number(f"logit_bias[{k}]", v) for k, v in zip(ids, bias.values())]
+    ids = [_int("logit_bias token id", k, 0, INT_MAX) for k in bias]
+    values = [_number(f"logit_bias[{k}]", v) for k, v in zip(ids, bias.values())]
+    for k, v in zip(ids, values):
+        if not -100 <= v <= 100:  # before float32 could make it inf
+            raise ValueError(f"logit_bias for token id {k} must be in [-100, 100], got {v}")
+    return ids, values
 
 
 class _Pieces:

@@ -220,7 +220,7 @@ class Model:
             raise TypeError(f"tokens must be a sequence of token ids, got "
                             f"{type(tokens).__name__}")
         top = _int("top_logprobs", top_logprobs, 0, INT_MAX)
-        if top > 20:
+        if not 0 <= top <= 20:
             raise ValueError(f"top_logprobs must be in [0, 20], got {top}")
         ids = [_int("tokens", t) for t in tokens]
         if not ids:

@@ -16,12 +16,14 @@ completion's ``logprobs`` (0-20 alternatives), in OpenAI's shapes, one entry per
 (:func:`specdec.generate`'s ``logprobs``); in a stream, each chunk carries the entries of the
 tokens decoded since the chunk before; ``presence_penalty``, ``frequency_penalty``,
 ``logit_bias`` and the extras ``repetition_penalty`` and ``min_tokens``
-(:func:`specdec.generate`'s, exact with the speculator too); ``n`` (1-64) choices, decoded side by side (their steps share forwards), choice
-i with ``seed`` + i when a seed is given, streamed as each produces its chunks; a completion's
-``echo`` (the prompt's text before the answer and, with ``logprobs``, its tokens' entries, the
-first null: with ``max_tokens`` 0 that scores a text, as evaluation harnesses ask).
-Tools, ``best_of``, ``suffix`` and a non-text response_format are refused with a 400 rather than
-ignored. Other fields are ignored.
+(:func:`specdec.generate`'s, exact with the speculator too); ``n`` (1-64, at most the model's
+max_sequences, whose slots a request takes all at once) choices, decoded side by side (their
+steps share forwards), choice i with ``seed`` + i when a seed is given, streamed as each
+produces its chunks; a completion's ``echo`` (the prompt's text before the answer and, with
+``logprobs``, its tokens' entries, the first null: with ``max_tokens`` 0 that scores a text, as
+evaluation harnesses ask). A completion's ``text_offset`` is the length of the text the tokens
+before decode to. Tools, ``best_of``, ``suffix`` and a non-text response_format are refused with
+a 400 rather than ignored. Other fields are ignored.
 
 Every response (in a stream: the chunk with the ``finish_reason``) carries a ``specdec`` object:
 ``speculator`` (its repr, or null for plain decoding), ``drafted`` and ``accepted`` (draft
@@ -40,7 +42,7 @@ import json
 import os
 import time
 import uuid
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
 
 try:
     from starlette.applications import Starlette
@@ -52,7 +54,7 @@ except ImportError as e:  # pragma: no cover - only without the extra
     raise ImportError("specdec's server needs Starlette and uvicorn: "
                       "pip install \"specdec[serve]\"") from e
 
-from .aio import AsyncStream, astream
+from .aio import ADMISSION_POLL_S, AsyncStream, astream
 from .generate import Generation, encode_prompt
 from .model import Model
 from .speculators import Speculator
@@ -257,10 +259,11 @@ class _Server:
 
     def logprobs(self, tokens: List[int], lps: Optional[List[float]],
                  tops: Optional[List[List[Tuple[int, float]]]], chat: bool,
-                 finish: Optional[str], offset: int) -> Optional[Dict[str, Any]]:
+                 finish: Optional[str], offsets: Optional["_Offsets"]
+                 ) -> Optional[Dict[str, Any]]:
         """OpenAI's logprobs object for these tokens (without a final stop token when `finish`
-        is "stop_token"); `offset`: the text's length before them (a completion's
-        text_offset). None without logprobs."""
+        is "stop_token"); `offsets`: the text decoded so far (a completion's text_offset), fed
+        these tokens. None without logprobs."""
         if lps is None:
             return None
         n = len(tokens) - (finish == "stop_token")
@@ -271,14 +274,11 @@ class _Server:
                 return {"token": text, "logprob": v, "bytes": list(b)}
             return {"content": [dict(entry(t, v), top_logprobs=[entry(a, w) for a, w in top])
                                 for t, v, top in zip(tokens[:n], lps, tops)], "refusal": None}
-        texts = [self.piece(t)[0] for t in tokens[:n]]
-        offsets = []
-        for text in texts:
-            offsets.append(offset)
-            offset += len(text)
-        return {"tokens": texts, "token_logprobs": list(lps[:n]),
+        assert offsets is not None
+        return {"tokens": [self.piece(t)[0] for t in tokens[:n]],
+                "token_logprobs": list(lps[:n]),
                 "top_logprobs": [{self.piece(a)[0]: w for a, w in top} for top in tops[:n]],
-                "text_offset": offsets}
+                "text_offset": offsets.take(tokens[:n])}
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -303,8 +303,13 @@ class _Server:
             prompt = chat_messages(body) if chat else completion_prompt(body)
             ids = await asyncio.to_thread(encode_prompt, self.model, prompt)
             job = _Job(body, [int(t) for t in ids], self.model.config.context_length, chat)
-            echo = await self.echo(job, prompt) if job.echo else None
             streams = await self.start(job)
+            try:
+                echo = await self.echo(job) if job.echo else None
+            except BaseException:
+                for s in streams:
+                    s.close()
+                raise
         except BadRequest as e:
             return _error(e.status, str(e), e.param, e.code)
         except (ValueError, TypeError) as e:  # the core's range checks name the parameter
@@ -314,7 +319,7 @@ class _Server:
         head = {"id": rid, "object": kind, "created": int(time.time()), "model": self.name}
         if job.stream:
             return StreamingResponse(self.events(streams, head, chat, job.include_usage,
-                                                 job.logprobs, echo),
+                                                 job.logprobs, echo, job.ids),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
@@ -328,9 +333,8 @@ class _Server:
         choices = []
         for i, g in enumerate(gs):
             choice: Dict[str, Any] = {"index": i, "finish_reason": FINISH[g.finish_reason]}
-            offset = len("".join(echo[1]["tokens"])) if echo and echo[1] else 0
             lp = self.logprobs(g.tokens, g.logprobs, g.top_logprobs, chat, g.finish_reason,
-                               offset)
+                               self.offsets(job.ids if echo else []))
             if chat:
                 choice.update(message={"role": "assistant", "content": g.text}, logprobs=lp)
             elif echo is not None:
@@ -341,57 +345,76 @@ class _Server:
         return JSONResponse(dict(head, choices=choices, usage=self.usage(*gs),
                                  specdec=self.spec_field(*gs)))
 
-    async def echo(self, job: _Job, prompt: Any) -> Tuple[str, Optional[Dict[str, Any]]]:
-        """A completion's echo: the prompt's text and, with logprobs, the prompt tokens' entries
-        (the first token's null: it has no context), scored by Model.token_logprobs."""
-        tok = self.model.require_tokenizer()
-        text = prompt if isinstance(prompt, str) else tok.decode(job.ids)
+    def offsets(self, prompt: List[int]) -> "_Offsets":
+        """Offsets into a completion's text, after `prompt` (its echo) when given."""
+        off = _Offsets(self.model.require_tokenizer())
+        off.take(prompt)
+        return off
+
+    async def echo(self, job: _Job) -> Tuple[str, Optional[Dict[str, Any]]]:
+        """A completion's echo: the prompt's text (as its tokens decode) and, with logprobs,
+        the prompt tokens' entries (the first token's null: it has no context), scored by
+        Model.token_logprobs."""
+        text = self.model.require_tokenizer().decode(job.ids)
         if not job.logprobs:
             return text, None
         lps, tops = await asyncio.to_thread(self.model.token_logprobs, job.ids,
                                             job.kwargs["top_logprobs"])
-        lp = self.logprobs(job.ids[1:], lps, tops, False, None, len(self.piece(job.ids[0])[0]))
-        assert lp is not None
-        first = self.piece(job.ids[0])[0]
-        return text, {"tokens": [first] + lp["tokens"],
-                      "token_logprobs": [None] + lp["token_logprobs"],
-                      "top_logprobs": [None] + lp["top_logprobs"],
-                      "text_offset": [0] + lp["text_offset"]}
+        off = self.offsets([])
+        first = {"tokens": [self.piece(job.ids[0])[0]], "token_logprobs": [None],
+                 "top_logprobs": [None], "text_offset": off.take(job.ids[:1])}
+        return text, _joined(first, self.logprobs(job.ids[1:], lps, tops, False, None, off))
 
     async def start(self, job: _Job) -> List[AsyncStream]:
         """The job's n streams, started (arguments checked, sequences made); the seed of choice
-        i is the request's seed + i (a fresh one each without a seed)."""
+        i is the request's seed + i (a fresh one each without a seed). Their n slots under the
+        model's max_sequences are taken all at once, or none is held while waiting: requests
+        holding some of theirs while waiting for the rest could wait on each other for good."""
+        core, limit = self.model._core, self.model.max_sequences
+        if limit and job.n > limit:
+            raise BadRequest(f"n must be at most {limit}, the server's --max-sequences", "n")
+        while True:
+            got = 0
+            while got < job.n and core.try_reserve():
+                got += 1
+            if got == job.n:
+                break
+            for _ in range(got):
+                core.unreserve()
+            await asyncio.sleep(ADMISSION_POLL_S)
         streams: List[AsyncStream] = []
         try:
             for i in range(job.n):
                 kw = dict(job.kwargs)
                 if kw["seed"] is not None:
                     kw["seed"] = (kw["seed"] + i) % 2**64
-                streams.append(await astream(self.model, job.ids, speculator=self.speculator,
-                                             **kw).start())
+                s = astream(self.model, job.ids, speculator=self.speculator, **kw)
+                s._req.reserved = True  # one of the slots taken above
+                streams.append(s)
+                await s.start()
         except BaseException:
             for s in streams:
                 s.close()
+            for _ in range(job.n - len(streams)):  # the slots no stream took
+                core.unreserve()
             raise
         return streams
 
     async def choice_events(self, s: AsyncStream, i: int, head: Dict[str, Any],
                             extra: Dict[str, Any], chat: bool, logprobs: bool,
-                            echo: Optional[Tuple[str, Optional[Dict[str, Any]]]] = None
-                            ) -> AsyncIterator[str]:
+                            echo: Optional[Tuple[str, Optional[Dict[str, Any]]]] = None,
+                            prompt: Sequence[int] = ()) -> AsyncIterator[str]:
         """The SSE events of choice i of a streamed completion, up to its finish_reason (a
-        completion's echo first)."""
-        # tokens whose logprobs went out; a completion's text length before them
-        sent = [0, len("".join(echo[1]["tokens"])) if echo and echo[1] else 0]
+        completion's echo of `prompt` first)."""
+        sent = [0]  # tokens whose logprobs went out
+        offsets = None if chat else self.offsets(prompt if echo is not None else [])
 
         def new_logprobs() -> Optional[Dict[str, Any]]:
             if not logprobs:
                 return None
             tokens, lps, tops, reason = s.logprobs_since(sent[0])
-            lp = self.logprobs(tokens, lps, tops, chat, reason, sent[1])
+            lp = self.logprobs(tokens, lps, tops, chat, reason, offsets)
             sent[0] += len(tokens)
-            if not chat:
-                sent[1] += sum(len(t) for t in lp["tokens"])
             return lp
 
         def chunk(piece: Optional[str], finish: Optional[str], **more: Any) -> str:
@@ -419,14 +442,14 @@ class _Server:
 
     async def events(self, streams: List[AsyncStream], head: Dict[str, Any], chat: bool,
                      include_usage: bool, logprobs: bool,
-                     echo: Optional[Tuple[str, Optional[Dict[str, Any]]]] = None
-                     ) -> AsyncIterator[str]:
+                     echo: Optional[Tuple[str, Optional[Dict[str, Any]]]] = None,
+                     prompt: Sequence[int] = ()) -> AsyncIterator[str]:
         """The SSE events of a streamed completion, ending with ``data: [DONE]``: one choice's
         as its consumer reads them, several choices' as each comes (they decode side by
         side)."""
         head = dict(head, object="chat.completion.chunk" if chat else "text_completion")
         extra = {"usage": None} if include_usage else {}
-        gens = [self.choice_events(s, i, head, extra, chat, logprobs, echo)
+        gens = [self.choice_events(s, i, head, extra, chat, logprobs, echo, prompt)
                 for i, s in enumerate(streams)]
         try:
             async for ev in (gens[0] if len(gens) == 1 else _merged(gens)):
@@ -440,6 +463,22 @@ class _Server:
             for s in streams:
                 s.close()  # a disconnect (cancellation) or an error: stop decoding
         yield "data: [DONE]\n\n"
+
+
+class _Offsets:
+    """A completion's text_offset: for each token, the length of the text the tokens before
+    it decode to (``decode(tokens[:i])``; a character split over tokens counts there as one
+    U+FFFD), found incrementally."""
+
+    def __init__(self, tok: Any) -> None:
+        self.dec, self.length = tok.incremental_decoder(), 0  # length: the pushes' text
+
+    def take(self, tokens: Sequence[int]) -> List[int]:
+        out = []
+        for t in tokens:
+            out.append(self.length + len(self.dec.pending()))
+            self.length += len(self.dec.push(t))
+        return out
 
 
 def _joined(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]
@@ -514,11 +553,18 @@ async def _unless_disconnected(request: Request, coro: Any) -> Optional[Any]:
     watch = asyncio.ensure_future(disconnect())
     try:
         await asyncio.wait([work, watch], return_when=asyncio.FIRST_COMPLETED)
-    finally:
+    except BaseException:  # this task cancelled: so is the work
         watch.cancel()
-        if not work.done():
-            work.cancel()
-    return None if work.cancelled() else work.result()
+        work.cancel()
+        raise
+    watch.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    await asyncio.wait([work])  # its cancellation runs to the end (the sequences closed)
+    if not work.cancelled():
+        work.exception()  # retrieved: nobody is left to read it
+    return None
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

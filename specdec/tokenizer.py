@@ -1082,6 +1082,20 @@ class IncrementalDecoder:
                 return out
         return ""
 
+    def pending(self) -> str:
+        """The text held back so far, as :meth:`flush` gives it (an incomplete character as
+        U+FFFD), leaving the decoder as it is: the pushes so far and this join to ``decode`` of
+        the ids so far."""
+        if self._generic:
+            hf, ids, read = self._tok._hf, self._ids, self._read
+            return hf.decode(ids, skip_special_tokens=False)[
+                len(hf.decode(ids[:read], skip_special_tokens=False)):]
+        state = self._utf8.getstate()
+        out = self._utf8.decode(_clean_spaces(bytes(self._buf)) if self._clean else b"",
+                                final=True)
+        self._utf8.setstate(state)
+        return out
+
     def flush(self) -> str:
         """The text still held back; the decoder starts again empty after it."""
         if self._generic:

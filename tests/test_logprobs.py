@@ -132,6 +132,16 @@ def test_sampled_speculative_logprobs_follow_the_output(models, name):
     assert accepted > 10
 
 
+def test_long_outputs_grow_their_rows(models):
+    """The rows are grown as tokens come (64, then twice the tokens so far): 200 of them,
+    each still its own row's."""
+    m = models["target"]
+    g = specdec.generate(m, prompt(5), max_new_tokens=200, stop_tokens=[], top_logprobs=3,
+                         speculator=specdec.PromptLookup())
+    assert len(g.tokens) == 200
+    check(m, g, 3)
+
+
 def test_logprobs_alone_and_stops(models):
     m = models["target"]
     p = prompt(0)
@@ -205,5 +215,6 @@ def test_token_logprobs_score_a_text(models):
         m.token_logprobs("some text")
     with pytest.raises(ValueError, match="at least one token"):
         m.token_logprobs([])
-    with pytest.raises(ValueError, match=r"top_logprobs must be in \[0, 20\]"):
-        m.token_logprobs([1, 2], top_logprobs=21)
+    for bad in (-1, 21):
+        with pytest.raises(ValueError, match=r"top_logprobs must be in \[0, 20\]"):
+            m.token_logprobs([1, 2], top_logprobs=bad)

@@ -124,7 +124,9 @@ def test_bad_values_are_named(models):
                     (dict(presence_penalty=float("nan")), "presence_penalty"),
                     (dict(logit_bias={CFG.vocab: 1.0}), "logit_bias names token id 64"),
                     (dict(logit_bias={1: 101}), r"must be in \[-100, 100\]"),
-                    (dict(logit_bias={-1: 1}), "out of range")]:
+                    (dict(logit_bias={-1: 1}), "out of range"),
+                    (dict(logit_bias={1: 1e300}), r"must be in \[-100, 100\], got 1e\+300"),
+                    (dict(logit_bias={2**40: 1}), "logit_bias token id must be in")]:
         with pytest.raises(ValueError, match=msg):
             specdec.generate(m, [1, 2], **kw)
     with pytest.raises(TypeError, match="logit_bias must be a mapping"):
@@ -165,3 +167,9 @@ def test_min_tokens_hold_the_stop_tokens_back_exactly(models, name):
 def test_min_tokens_are_checked(models):
     with pytest.raises(ValueError, match="min_tokens must be >= 0"):
         specdec.generate(models["target"], [1, 2], min_tokens=-1)
+
+
+def test_top_logprobs_stop_at_the_vocabulary(v5):
+    """top_logprobs above a vocabulary of 5 gives its 5 tokens, no padding."""
+    g = specdec.generate(v5[0], PROMPT, max_new_tokens=3, top_logprobs=7, stop_tokens=[])
+    assert all(sorted(t for t, _ in r) == list(range(5)) for r in g.top_logprobs)

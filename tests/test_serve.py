@@ -147,18 +147,44 @@ def test_n_choices_are_seeded_generations(url, text_model):
     assert spec["drafted"] == sum(w.stats.drafted for w in want)
     chunks = list(client(url).chat.completions.create(**kw, stream=True,
                                                       stream_options={"include_usage": True}))
-    texts = ["", "", ""]
+    texts, lps = ["", "", ""], [[], [], []]
     finished = set()
     for ch in chunks:
         for c in ch.choices:
             texts[c.index] += c.delta.content or ""
+            lps[c.index] += [e.logprob for e in c.logprobs.content] if c.logprobs else []
             if c.finish_reason:
                 finished.add(c.index)
     assert texts == [w.text for w in want] and finished == {0, 1, 2}
+    assert lps == [[e.logprob for e in c.logprobs.content] for c in r.choices]
     assert chunks[-1].usage.completion_tokens == sum(len(w.tokens) for w in want)
     c = client(url).completions.create(model=NAME, prompt="hello world", max_tokens=10,
                                        temperature=0, n=2)
     assert c.choices[0].text == c.choices[1].text  # greedy: the same answer twice
+
+
+def test_n_choices_take_their_slots_together(url, text_model):
+    """Under max_sequences, a request's n slots are taken all at once: two requests of n=2
+    with room for 2 both finish (holding one each, they would wait on each other for good),
+    and n above the limit is refused."""
+    text_model.max_sequences = 2
+    try:
+        r = post(url, "/v1/chat/completions", {"model": NAME, "messages": CHAT, "n": 3})
+        assert r.status_code == 400 and "n must be at most 2" in r.json()["error"]["message"]
+        results: list = [None, None]
+
+        def one(i):
+            results[i] = client(url).chat.completions.create(
+                model=NAME, messages=CHAT, max_tokens=20, temperature=1.0, seed=i, n=2)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert all(r is not None and len(r.choices) == 2 for r in results)
+    finally:
+        text_model.max_sequences = 0
 
 
 def test_echo_scores_the_prompt(url, text_model):
@@ -174,7 +200,8 @@ def test_echo_scores_the_prompt(url, text_model):
     assert lp.token_logprobs == [None] + lps and len(lp.tokens) == len(ids)
     assert [list(d.values()) for d in lp.top_logprobs[1:]] == \
         [[v for _, v in row] for row in tops]
-    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(ids))]
+    tok = text_model.require_tokenizer()
+    assert lp.text_offset == [len(tok.decode(ids[:i])) for i in range(len(ids))]
     # with an answer after it, streamed or not
     want = generated(text_model, prompt, 12, logprobs=True)
     n = len(want.tokens) - (want.finish_reason == "stop_token")
@@ -183,8 +210,8 @@ def test_echo_scores_the_prompt(url, text_model):
     assert r.choices[0].text == prompt + want.text
     assert r.choices[0].logprobs.token_logprobs == [None] + lps + want.logprobs[:n]
     offsets = r.choices[0].logprobs.text_offset
-    assert offsets == [len("".join(r.choices[0].logprobs.tokens[:i])) for i in
-                       range(len(offsets))]
+    both = ids + want.tokens
+    assert offsets == [len(tok.decode(both[:i])) for i in range(len(offsets))]
     s = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=12, echo=True,
                                        logprobs=0, temperature=0, stream=True)
     chunks = [c.choices[0] for c in s]
@@ -243,7 +270,7 @@ def test_logprobs_are_generates(url, text_model):
     lp = r.choices[0].logprobs
     n = len(want.tokens) - (want.finish_reason == "stop_token")
     assert lp.token_logprobs == want.logprobs[:n] and "".join(lp.tokens) == r.choices[0].text
-    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(n)]
+    assert lp.text_offset == [len(tok.decode(want.tokens[:i])) for i in range(n)]
     text = lambda i: tok.token_to_piece(i).decode("utf-8", errors="replace")  # noqa: E731
     assert lp.top_logprobs == [{text(i): v for i, v in row} for row in want.top_logprobs[:n]]
     s = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=30, temperature=0,

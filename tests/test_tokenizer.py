@@ -337,8 +337,16 @@ def pushed(t: Tokenizer, ids: list) -> tuple[list, str]:
 
 
 def assert_joins(t: Tokenizer, ids: list) -> list:
-    pieces, rest = pushed(t, ids)
+    """The pushes and the flush join to decode(ids); after every push, the pushes so far and
+    pending() (which changes nothing) join to decode() of the ids so far."""
+    dec = t.incremental_decoder()
+    pieces = []
+    for k, i in enumerate(ids):
+        pieces.append(dec.push(i))
+        assert "".join(pieces) + dec.pending() == t.decode(ids[:k + 1]), ids[:k + 1]
+    rest = dec.flush()
     assert "".join(pieces) + rest == t.decode(ids), ids
+    assert pushed(t, ids) == (pieces, rest)  # pending() left the decoder as it was
     return pieces
 
 

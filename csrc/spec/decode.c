@@ -170,6 +170,24 @@ static sd_status emit_logprobs(sd_emitter *e, int i, int32_t tok, const float *r
         return sd_set_error(SD_ERR_INTERNAL, "a token was emitted without its logits");
     }
     const int V = e->m->cfg.vocab_size, top = e->p->top_logprobs;
+    if (i >= e->lp_cap) { /* room for twice as many (at most max_new_tokens) */
+        const int cap = i < 32 ? 64 : 2 * i < e->p->max_new_tokens ? 2 * i : e->p->max_new_tokens;
+        float *lp = realloc(e->lp, (size_t)cap * sizeof(float));
+        if (lp != NULL) {
+            e->lp = lp;
+        }
+        if (lp != NULL && top > 0) {
+            int32_t *ids = realloc(e->top_id, (size_t)cap * (size_t)top * sizeof(int32_t));
+            e->top_id = ids != NULL ? ids : e->top_id;
+            float *lps = realloc(e->top_lp, (size_t)cap * (size_t)top * sizeof(float));
+            e->top_lp = lps != NULL ? lps : e->top_lp;
+            lp = ids != NULL && lps != NULL ? lp : NULL;
+        }
+        if (lp == NULL) {
+            return sd_set_error(SD_ERR_NOMEM, "out of memory for %d tokens' logprobs", cap);
+        }
+        e->lp_cap = cap;
+    }
     const float mx = row[sd_argmax(row, V)];
     const double lse = (double)mx + log(sd_softmax_exp(e->work, row, V, mx, 1.0f));
     e->lp[i] = (float)((double)row[tok] - lse);
@@ -186,7 +204,7 @@ static sd_status emit_logprobs(sd_emitter *e, int i, int32_t tok, const float *r
 
 sd_status sd_emit(sd_emitter *e, int32_t tok, const float *row) {
     const sd_generate_params *p = e->p;
-    if (e->lp != NULL) {
+    if (e->logprobs) {
         SD_TRY(emit_logprobs(e, e->n, tok, row));
     }
     if (e->count != NULL) {
@@ -257,17 +275,12 @@ sd_status sd_emitter_want_logprobs(sd_emitter *e) {
     if (!p->logprobs || p->max_new_tokens < 1) {
         return SD_OK;
     }
-    const size_t n = (size_t)p->max_new_tokens, top = (size_t)p->top_logprobs;
-    e->lp = malloc(n * sizeof(float));
+    /* the rows come as tokens do (emit_logprobs): a long max_new_tokens costs nothing ahead */
     e->work = malloc((size_t)e->m->cfg.vocab_size * sizeof(float));
-    if (top > 0) {
-        e->top_id = malloc(n * top * sizeof(int32_t));
-        e->top_lp = malloc(n * top * sizeof(float));
+    if (e->work == NULL) {
+        return sd_set_error(SD_ERR_NOMEM, "out of memory for logprobs");
     }
-    if (e->lp == NULL || e->work == NULL || (top > 0 && (e->top_id == NULL || e->top_lp == NULL))) {
-        return sd_set_error(SD_ERR_NOMEM, "out of memory for %d tokens' logprobs",
-                            p->max_new_tokens);
-    }
+    e->logprobs = 1;
     return SD_OK;
 }
 

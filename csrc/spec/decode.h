@@ -25,8 +25,9 @@ typedef struct {
     int done;
     char *text; /* output bytes so far, to watch for stop strings */
     size_t len, cap, longest;
-    /* with p->logprobs (sd_emitter_want_logprobs): each token's log-probability (max_new_tokens),
-     * the top_logprobs best ids and theirs (max_new_tokens x top_logprobs), a row's work (V) */
+    /* with p->logprobs (sd_emitter_want_logprobs): each token's log-probability, the
+     * top_logprobs best ids and theirs (lp_cap rows, grown as tokens come), a row's work (V) */
+    int logprobs, lp_cap;
     float *lp;
     int32_t *top_id;
     float *top_lp;

@@ -264,7 +264,7 @@ static sd_status spec_accept_tree(sd_spec_loop *L, int k, const int *depth, int 
         const int32_t tok = i < n_acc ? L->batch[1 + i] : next;
         L->hist[L->len++] = tok;
         SD_TRY(sd_emit(&L->e, tok,
-                       L->e.lp != NULL ? L->logits + (size_t)L->emit_row[i] * (size_t)V : NULL));
+                       L->e.logprobs ? L->logits + (size_t)L->emit_row[i] * (size_t)V : NULL));
     }
     /* roll back: keep last + the accepted drafts that were emitted */
     SD_TRY(sd_kv_cache_set_length(L->kv, L->len - 1));
