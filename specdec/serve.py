@@ -490,19 +490,19 @@ def _joined(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]
 
 
 async def _merged(gens: List[AsyncIterator[str]]) -> AsyncIterator[str]:
-    """The items of several async iterators as they come, each pumped by its own task; an
-    exception in one is raised here, and leaving stops them all."""
-    queue: asyncio.Queue = asyncio.Queue()
+    """The items of several async iterators as they come, each pumped by its own task into a
+    short queue (a slow reader holds the pumps back, as one stream's reader holds its steps);
+    an exception in one is raised here, and leaving stops them all."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=2 * len(gens))
     end = object()
 
     async def pump(g: AsyncIterator[str]) -> None:
         try:
             async for item in g:
-                queue.put_nowait(item)
+                await queue.put(item)
         except Exception as e:  # handed to the consumer
-            queue.put_nowait(e)
-        finally:
-            queue.put_nowait(end)
+            await queue.put(e)
+        await queue.put(end)  # (a cancelled pump's consumer has gone)
 
     tasks = [asyncio.ensure_future(pump(g)) for g in gens]
     try:
