@@ -581,3 +581,16 @@ def test_sampled_head_drafts_on_a_cuda_target_are_refused(tmp_path, head_target)
     with pytest.raises(Exception, match="made on the device"):
         specdec.generate(dummy, [1, 2, 3], max_new_tokens=4,
                          speculator=specdec.Eagle(d, depth=2))
+
+
+def test_cpu_only_options_are_refused_by_name():
+    """logprobs, logit_bias, penalties and min_tokens are CPU-only so far: a CUDA model refuses
+    each by name rather than ignoring it."""
+    m = specdec.dummy_model("tiny", "f32", device="cuda", seed=2)
+    for kw, name in [(dict(logprobs=True), "logprobs"), (dict(top_logprobs=2), "logprobs"),
+                     (dict(logit_bias={1: 2.0}), "logit_bias"),
+                     (dict(repetition_penalty=1.2), "penalties"),
+                     (dict(presence_penalty=0.5), "penalties"),
+                     (dict(min_tokens=3), "min_tokens")]:
+        with pytest.raises(ValueError, match=name):
+            specdec.generate(m, [1, 2, 3], max_new_tokens=4, **kw)
