@@ -21,7 +21,8 @@ max_sequences, whose slots a request takes all at once) choices, decoded side by
 steps share forwards), choice i with ``seed`` + i when a seed is given, streamed as each
 produces its chunks; a completion's ``echo`` (the prompt's text before the answer and, with
 ``logprobs``, its tokens' entries, the first null: with ``max_tokens`` 0 that scores a text, as
-evaluation harnesses ask). A completion's ``text_offset`` is the length of the text the tokens
+evaluation harnesses ask). A completion's ``top_logprobs`` hold the chosen token too (as
+OpenAI's: up to logprobs + 1 entries), its ``text_offset`` the length of the text the tokens
 before decode to. Tools, ``best_of``, ``suffix`` and a non-text response_format are refused with
 a 400 rather than ignored. Other fields are ignored.
 
@@ -275,9 +276,13 @@ class _Server:
             return {"content": [dict(entry(t, v), top_logprobs=[entry(a, w) for a, w in top])
                                 for t, v, top in zip(tokens[:n], lps, tops)], "refusal": None}
         assert offsets is not None
-        return {"tokens": [self.piece(t)[0] for t in tokens[:n]],
-                "token_logprobs": list(lps[:n]),
-                "top_logprobs": [{self.piece(a)[0]: w for a, w in top} for top in tops[:n]],
+        texts = [self.piece(t)[0] for t in tokens[:n]]
+        alts = []
+        for text, v, top in zip(texts, lps, tops):
+            d = {self.piece(a)[0]: w for a, w in top}
+            d.setdefault(text, v)  # as OpenAI's: the chosen token too (up to logprobs + 1)
+            alts.append(d)
+        return {"tokens": texts, "token_logprobs": list(lps[:n]), "top_logprobs": alts,
                 "text_offset": offsets.take(tokens[:n])}
 
     async def health(self, request: Request) -> Response:

@@ -198,8 +198,9 @@ def test_echo_scores_the_prompt(url, text_model):
     lp = r.choices[0].logprobs
     assert r.choices[0].text == prompt and r.usage.completion_tokens == 0
     assert lp.token_logprobs == [None] + lps and len(lp.tokens) == len(ids)
-    assert [list(d.values()) for d in lp.top_logprobs[1:]] == \
+    assert [list(d.values())[:2] for d in lp.top_logprobs[1:]] == \
         [[v for _, v in row] for row in tops]
+    assert all(set(d.values()) >= {v} for d, v in zip(lp.top_logprobs[1:], lps))
     tok = text_model.require_tokenizer()
     assert lp.text_offset == [len(tok.decode(ids[:i])) for i in range(len(ids))]
     # with an answer after it, streamed or not
@@ -272,7 +273,13 @@ def test_logprobs_are_generates(url, text_model):
     assert lp.token_logprobs == want.logprobs[:n] and "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset == [len(tok.decode(want.tokens[:i])) for i in range(n)]
     text = lambda i: tok.token_to_piece(i).decode("utf-8", errors="replace")  # noqa: E731
+    # the two best and, as OpenAI gives them, the chosen token (greedy: already the best)
     assert lp.top_logprobs == [{text(i): v for i, v in row} for row in want.top_logprobs[:n]]
+    sampled = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=30,
+                                             temperature=1.0, seed=3, logprobs=0)
+    slp = sampled.choices[0].logprobs
+    assert [d == {t: v} for d, t, v in zip(slp.top_logprobs, slp.tokens, slp.token_logprobs)] \
+        == [True] * len(slp.tokens)
     s = client(url).completions.create(model=NAME, prompt=prompt, max_tokens=30, temperature=0,
                                        logprobs=2, stream=True)
     got = [c.choices[0].logprobs for c in s if c.choices[0].logprobs]
