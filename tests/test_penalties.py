@@ -173,3 +173,23 @@ def test_top_logprobs_stop_at_the_vocabulary(v5):
     """top_logprobs above a vocabulary of 5 gives its 5 tokens, no padding."""
     g = specdec.generate(v5[0], PROMPT, max_new_tokens=3, top_logprobs=7, stop_tokens=[])
     assert all(sorted(t for t, _ in r) == list(range(5)) for r in g.top_logprobs)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_eagle_heads_keep_the_penalised_output(tmp_path, kind):
+    """An EAGLE head's trees (drafted from the target's features) under penalties and logprobs:
+    plain decoding's tokens and numbers. A random head's drafts are almost never accepted, so
+    this checks the head's path through the step (features, root rows); the rows' path counting
+    is the other drafters' tests'."""
+    from test_eagle import TARGET, make_target, write_head
+
+    m, _ = make_target(tmp_path / "t")
+    head, _, _ = write_head(tmp_path / kind, kind, "safetensors")
+    spec = specdec.Eagle(head, depth=3, branching=2, nodes=5)
+    for seed in (1, 2):
+        p = tm.random_tokens(TARGET.vocab, 9, seed=seed)
+        kw = dict(max_new_tokens=40, stop_tokens=[], logprobs=True, logit_bias={2: 1.0}, **PEN)
+        want = specdec.generate(m, p, **kw)
+        got = specdec.generate(m, p, speculator=spec, **kw)
+        assert got.tokens == want.tokens and got.logprobs == want.logprobs
+        assert got.stats.drafted > 0
