@@ -2,7 +2,8 @@
 :func:`create_app` for an ASGI app to mount elsewhere. Needs the ``serve`` extra
 (``pip install "specdec[serve]"``: Starlette and uvicorn).
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming or not),
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming or not; a
+completion's prompt may be a list of up to 64 prompts, choice i answering prompt i // n),
 ``GET /v1/models``, ``GET /health``. Requests decode concurrently (each step of each request in
 a worker thread, :mod:`specdec.aio`); a client that disconnects cancels its request after the
 step in flight.
@@ -213,18 +214,20 @@ def chat_messages(body: Dict[str, Any]) -> List[Dict[str, str]]:
     return out
 
 
-def completion_prompt(body: Dict[str, Any]) -> Any:
-    """A completion's prompt: a string or a list of token ids (or a list of one of either)."""
+def completion_prompts(body: Dict[str, Any]) -> List[Any]:
+    """A completion's prompts: a string or a list of token ids, or a list of those (a batch,
+    at most MAX_N)."""
     p = body.get("prompt")
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]
-    if isinstance(p, str):
-        return p
-    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)
-                                         for t in p):
-        return p
-    raise BadRequest("prompt must be a string or a list of token ids (one prompt per request)",
-                     "prompt")
+    batch = p if isinstance(p, list) and p and all(isinstance(q, (str, list)) for q in p) \
+        else [p]
+    if len(batch) > MAX_N:
+        raise BadRequest(f"prompt: at most {MAX_N} prompts a request, got {len(batch)}", "prompt")
+    for q in batch:
+        if not (isinstance(q, str) or (isinstance(q, list) and q and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in q))):
+            raise BadRequest("prompt must be a string or a list of token ids, or a list of "
+                             "those", "prompt")
+    return batch
 
 
 class _Server:
@@ -250,8 +253,10 @@ class _Server:
                 "time_s": time_s, "tokens_per_s": tokens / time_s if time_s > 0 else 0.0}
 
     @staticmethod
-    def usage(*gs: Generation) -> Dict[str, int]:
-        p, c = len(gs[0].prompt_tokens), sum(len(g.tokens) for g in gs)
+    def usage(gs: Sequence[Generation], n: int) -> Dict[str, int]:
+        """Usage of choices gs, n per prompt (each prompt counted once)."""
+        p = sum(len(g.prompt_tokens) for g in gs[::n])
+        c = sum(len(g.tokens) for g in gs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def piece(self, t: int) -> Tuple[str, bytes]:
@@ -305,12 +310,16 @@ class _Server:
             if model is not None and model != self.name:
                 raise BadRequest(f"the model {model!r} does not exist; this server serves "
                                  f"{self.name!r}", "model", 404, "model_not_found")
-            prompt = chat_messages(body) if chat else completion_prompt(body)
-            ids = await asyncio.to_thread(encode_prompt, self.model, prompt)
-            job = _Job(body, [int(t) for t in ids], self.model.config.context_length, chat)
-            streams = await self.start(job)
+            prompts = [chat_messages(body)] if chat else completion_prompts(body)
+            jobs = []
+            for prompt in prompts:
+                ids = await asyncio.to_thread(encode_prompt, self.model, prompt)
+                jobs.append(_Job(body, [int(t) for t in ids], self.model.config.context_length,
+                                 chat))
+            job = jobs[0]  # the settings all of them share
+            streams = await self.start(jobs)
             try:
-                echo = await self.echo(job) if job.echo else None
+                echoes = [await self.echo(j) if j.echo else None for j in jobs]
             except BaseException:
                 for s in streams:
                     s.close()
@@ -324,7 +333,7 @@ class _Server:
         head = {"id": rid, "object": kind, "created": int(time.time()), "model": self.name}
         if job.stream:
             return StreamingResponse(self.events(streams, head, chat, job.include_usage,
-                                                 job.logprobs, echo, job.ids),
+                                                 job.logprobs, echoes, jobs),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
@@ -336,10 +345,11 @@ class _Server:
         if gs is None:
             return Response(status_code=499)  # nobody is there to read it
         choices = []
-        for i, g in enumerate(gs):
+        for i, g in enumerate(gs):  # prompt i // n, its choice i % n
+            echo, ids = echoes[i // job.n], jobs[i // job.n].ids
             choice: Dict[str, Any] = {"index": i, "finish_reason": FINISH[g.finish_reason]}
             lp = self.logprobs(g.tokens, g.logprobs, g.top_logprobs, chat, g.finish_reason,
-                               self.offsets(job.ids if echo else []))
+                               self.offsets(ids if echo else []))
             if chat:
                 choice.update(message={"role": "assistant", "content": g.text}, logprobs=lp)
             elif echo is not None:
@@ -347,7 +357,7 @@ class _Server:
             else:
                 choice.update(text=g.text, logprobs=lp)
             choices.append(choice)
-        return JSONResponse(dict(head, choices=choices, usage=self.usage(*gs),
+        return JSONResponse(dict(head, choices=choices, usage=self.usage(gs, job.n),
                                  specdec=self.spec_field(*gs)))
 
     def offsets(self, prompt: List[int]) -> "_Offsets":
@@ -370,37 +380,42 @@ class _Server:
                  "top_logprobs": [None], "text_offset": off.take(job.ids[:1])}
         return text, _joined(first, self.logprobs(job.ids[1:], lps, tops, False, None, off))
 
-    async def start(self, job: _Job) -> List[AsyncStream]:
-        """The job's n streams, started (arguments checked, sequences made); the seed of choice
-        i is the request's seed + i (a fresh one each without a seed). Their n slots under the
-        model's max_sequences are taken all at once, or none is held while waiting: requests
-        holding some of theirs while waiting for the rest could wait on each other for good."""
+    async def start(self, jobs: List[_Job]) -> List[AsyncStream]:
+        """The jobs' n streams each (prompt by prompt), started (arguments checked, sequences
+        made); the seed of a prompt's choice j is the request's seed + j (a fresh one each
+        without a seed). Their slots under the model's max_sequences are taken all at once, or
+        none is held while waiting: requests holding some of theirs while waiting for the rest
+        could wait on each other for good."""
         core, limit = self.model._core, self.model.max_sequences
-        if limit and job.n > limit:
-            raise BadRequest(f"n must be at most {limit}, the server's --max-sequences", "n")
+        total = len(jobs) * jobs[0].n
+        if limit and total > limit:
+            what = "n" if len(jobs) == 1 else f"n times the number of prompts ({total})"
+            raise BadRequest(f"{what} must be at most {limit}, the server's --max-sequences",
+                             "n")
         while True:
             got = 0
-            while got < job.n and core.try_reserve():
+            while got < total and core.try_reserve():
                 got += 1
-            if got == job.n:
+            if got == total:
                 break
             for _ in range(got):
                 core.unreserve()
             await asyncio.sleep(ADMISSION_POLL_S)
         streams: List[AsyncStream] = []
         try:
-            for i in range(job.n):
-                kw = dict(job.kwargs)
-                if kw["seed"] is not None:
-                    kw["seed"] = (kw["seed"] + i) % 2**64
-                s = astream(self.model, job.ids, speculator=self.speculator, **kw)
-                s._req.reserved = True  # one of the slots taken above
-                streams.append(s)
-                await s.start()
+            for job in jobs:
+                for i in range(job.n):
+                    kw = dict(job.kwargs)
+                    if kw["seed"] is not None:
+                        kw["seed"] = (kw["seed"] + i) % 2**64
+                    s = astream(self.model, job.ids, speculator=self.speculator, **kw)
+                    s._req.reserved = True  # one of the slots taken above
+                    streams.append(s)
+                    await s.start()
         except BaseException:
             for s in streams:
                 s.close()
-            for _ in range(job.n - len(streams)):  # the slots no stream took
+            for _ in range(total - len(streams)):  # the slots no stream took
                 core.unreserve()
             raise
         return streams
@@ -447,21 +462,22 @@ class _Server:
 
     async def events(self, streams: List[AsyncStream], head: Dict[str, Any], chat: bool,
                      include_usage: bool, logprobs: bool,
-                     echo: Optional[Tuple[str, Optional[Dict[str, Any]]]] = None,
-                     prompt: Sequence[int] = ()) -> AsyncIterator[str]:
+                     echoes: Sequence[Optional[Tuple[str, Optional[Dict[str, Any]]]]],
+                     jobs: Sequence[_Job]) -> AsyncIterator[str]:
         """The SSE events of a streamed completion, ending with ``data: [DONE]``: one choice's
         as its consumer reads them, several choices' as each comes (they decode side by
         side)."""
         head = dict(head, object="chat.completion.chunk" if chat else "text_completion")
         extra = {"usage": None} if include_usage else {}
-        gens = [self.choice_events(s, i, head, extra, chat, logprobs, echo, prompt)
-                for i, s in enumerate(streams)]
+        n = jobs[0].n  # choice i: prompt i // n's
+        gens = [self.choice_events(s, i, head, extra, chat, logprobs, echoes[i // n],
+                                   jobs[i // n].ids) for i, s in enumerate(streams)]
         try:
             async for ev in (gens[0] if len(gens) == 1 else _merged(gens)):
                 yield ev
             if include_usage:
                 gs = [s.generation for s in streams]
-                yield _event(dict(head, choices=[], usage=self.usage(*gs)))
+                yield _event(dict(head, choices=[], usage=self.usage(gs, n)))
         except Exception as e:  # the response has started: the error goes in the stream
             yield _event(error_body(f"decoding failed: {e}", "server_error"))
         finally:

@@ -187,6 +187,33 @@ def test_n_choices_take_their_slots_together(url, text_model):
         text_model.max_sequences = 0
 
 
+def test_a_batch_of_prompts_gives_their_choices_in_order(url, text_model):
+    """A completion's list of prompts: choice i is prompt i // n's choice i % n, each equal to
+    generate's with seed + (i % n), streamed or not; usage counts each prompt once."""
+    prompts = ["the cat sat on the mat", "hello world hello", "the quick brown fox"]
+    want = [specdec.generate(text_model, p, max_new_tokens=12, temperature=1.0, seed=4 + j,
+                             speculator=specdec.PromptLookup(k=4)) for p in prompts
+            for j in range(2)]
+    kw = dict(model=NAME, prompt=prompts, max_tokens=12, temperature=1.0, seed=4, n=2)
+    r = client(url).completions.create(**kw)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [w.text for w in want]
+    assert r.usage.prompt_tokens == sum(len(w.prompt_tokens) for w in want[::2])
+    assert r.usage.completion_tokens == sum(len(w.tokens) for w in want)
+    texts = [""] * 6
+    for ch in client(url).completions.create(**kw, stream=True):
+        for c in ch.choices:
+            texts[c.index] += c.text
+    assert texts == [w.text for w in want]
+    ids = [text_model.require_tokenizer().encode(p, add_special=True) for p in prompts[:2]]
+    r = client(url).completions.create(model=NAME, prompt=ids, max_tokens=5, temperature=0)
+    assert [c.text for c in r.choices] == [generated(text_model, i, 5).text for i in ids]
+    bad = post(url, "/v1/completions", {"model": NAME, "prompt": ["a"] * 65})
+    assert bad.status_code == 400 and "at most 64 prompts" in bad.json()["error"]["message"]
+    bad = post(url, "/v1/completions", {"model": NAME, "prompt": ["a", 5]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+
+
 def test_echo_scores_the_prompt(url, text_model):
     """A completion's echo: the prompt's text first and, with logprobs, its tokens' entries
     (Model.token_logprobs; the first null), then the answer's; max_tokens 0 scores a text."""
@@ -391,7 +418,7 @@ def test_errors_through_the_client_and_the_server_goes_on(url, text_model):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         c.chat.completions.create(model="gpt-4o", messages=CHAT)
     with pytest.raises(openai.BadRequestError, match="prompt"):
-        c.completions.create(model=NAME, prompt=["one", "two"])
+        c.completions.create(model=NAME, prompt=[[]])
     with httpx.Client(trust_env=False) as h:
         assert h.get(url + "/v1/nothing").status_code == 404
         r = h.get(url + "/v1/chat/completions")
