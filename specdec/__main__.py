@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .hub import DEFAULT_MODEL
 
@@ -198,6 +198,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def perplexity(model, ids: List[int], ctx: int) -> Tuple[float, int, int]:
+    """The mean negative log-likelihood of a text's tokens (ids), scored as llama.cpp's
+    perplexity tool does: the text cut into windows of ctx tokens, each window's second half
+    scored (every scored token sees at least ctx / 2 tokens before it); with the windows and
+    tokens scored."""
+    if ctx < 2 or len(ids) < ctx:
+        raise ValueError(f"the text has {len(ids)} tokens: perplexity needs at least one window "
+                         f"of --ctx {ctx} tokens (at least 2)")
+    total, scored, windows = 0.0, 0, len(ids) // ctx
+    for w in range(windows):
+        lps, _ = model.token_logprobs(ids[w * ctx:(w + 1) * ctx])
+        half = lps[ctx // 2 - 1:]  # lps[i] scores token i + 1
+        total -= sum(half)
+        scored += len(half)
+    return total / scored, windows, scored
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    import math
+    import time
+
+    import specdec
+
+    model = specdec.load(args.model, threads=args.threads)
+    with open(args.file, encoding="utf-8") as f:
+        text = f.read()
+    ids = model.require_tokenizer().encode(text, add_special=True)
+    ctx = min(args.ctx, model.config.context_length)
+    t0 = time.perf_counter()
+    nll, windows, scored = perplexity(model, ids, ctx)
+    print(f"{args.file}: {len(ids)} tokens, {windows} windows of {ctx}, {scored} scored; "
+          f"mean NLL {nll:.4f}, perplexity {math.exp(nll):.4f} "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import specdec
     from specdec import _core
@@ -283,6 +319,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--threads", type=int, default=None)
     r.set_defaults(func=cmd_run)
+
+    q = sub.add_parser("perplexity", help="a text file's perplexity under a model (llama.cpp's "
+                       "windows: each window's second half scored)")
+    q.add_argument("file", help="a UTF-8 text file")
+    q.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"a model alias, .gguf file or HF directory (default: {DEFAULT_MODEL})")
+    q.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
+    q.add_argument("--threads", type=int, default=None)
+    q.set_defaults(func=cmd_perplexity)
 
     i = sub.add_parser("info", help="build information, and a model's configuration")
     i.add_argument("model", nargs="?", default=None)

@@ -5,6 +5,7 @@ default, with a closing line of speed, acceptance and estimated speed-up."""
 from __future__ import annotations
 
 import io
+import math
 
 import pytest
 
@@ -85,3 +86,22 @@ def test_speculator_names(model_path):
     for bad in ("layerskip", "layerskip:x", "draft:", "none:1", "lookup"):
         with pytest.raises(ValueError, match="unknown speculator"):
             speculator_from_name(bad, model)
+
+
+def test_perplexity_of_a_file(capsys, tmp_path, model_path):
+    """`specdec perplexity`: windows of --ctx tokens, each one's second half scored with
+    Model.token_logprobs; a text shorter than a window is an error."""
+    text = "the cat sat on the mat and the dog sat on the log " * 12
+    f = tmp_path / "t.txt"
+    f.write_text(text)
+    code = main(["perplexity", str(f), "--model", model_path, "--ctx", "32"])
+    out = capsys.readouterr().out
+    model = specdec.load(model_path)
+    ids = model.require_tokenizer().encode(text, add_special=True)
+    scored = [v for w in range(len(ids) // 32)
+              for v in model.token_logprobs(ids[w * 32:(w + 1) * 32])[0][15:]]
+    assert code == 0 and len(ids) // 32 >= 3 and len(scored) == 16 * (len(ids) // 32)
+    assert f"perplexity {math.exp(-sum(scored) / len(scored)):.4f}" in out
+    f.write_text("hi")
+    assert main(["perplexity", str(f), "--model", model_path, "--ctx", "32"]) == 2
+    assert "perplexity needs at least one window" in capsys.readouterr().err
