@@ -198,17 +198,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def perplexity(model, ids: List[int], ctx: int) -> Tuple[float, int, int]:
+def perplexity(model, ids: List[int], ctx: int, bos: Optional[int] = None
+               ) -> Tuple[float, int, int]:
     """The mean negative log-likelihood of a text's tokens (ids), scored as llama.cpp's
     perplexity tool does: the text cut into windows of ctx tokens, each window's second half
-    scored (every scored token sees at least ctx / 2 tokens before it); with the windows and
-    tokens scored."""
+    scored (every scored token sees at least ctx / 2 tokens before it), each window starting
+    with `bos` when given (a model that adds one); with the windows and tokens scored."""
     if ctx < 2 or len(ids) < ctx:
         raise ValueError(f"the text has {len(ids)} tokens: perplexity needs at least one window "
                          f"of --ctx {ctx} tokens (at least 2)")
     total, scored, windows = 0.0, 0, len(ids) // ctx
     for w in range(windows):
-        lps, _ = model.token_logprobs(ids[w * ctx:(w + 1) * ctx])
+        window = ids[w * ctx:(w + 1) * ctx]
+        lps, _ = model.token_logprobs(window if bos is None else [bos] + window[1:])
         half = lps[ctx // 2 - 1:]  # lps[i] scores token i + 1
         total -= sum(half)
         scored += len(half)
@@ -224,10 +226,11 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     model = specdec.load(args.model, threads=args.threads)
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
-    ids = model.require_tokenizer().encode(text, add_special=True)
+    tok = model.require_tokenizer()
+    ids = tok.encode(text, add_special=True)
     ctx = min(args.ctx, model.config.context_length)
     t0 = time.perf_counter()
-    nll, windows, scored = perplexity(model, ids, ctx)
+    nll, windows, scored = perplexity(model, ids, ctx, tok.bos_id if tok.add_bos else None)
     print(f"{args.file}: {len(ids)} tokens, {windows} windows of {ctx}, {scored} scored; "
           f"mean NLL {nll:.4f}, perplexity {math.exp(nll):.4f} "
           f"({time.perf_counter() - t0:.1f} s)")

@@ -11,7 +11,7 @@ import pytest
 
 import specdec
 from helpers import write_text_model
-from specdec.__main__ import main, speculator_from_name
+from specdec.__main__ import main, perplexity, speculator_from_name
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,12 @@ def test_perplexity_of_a_file(capsys, tmp_path, model_path):
               for v in model.token_logprobs(ids[w * 32:(w + 1) * 32])[0][15:]]
     assert code == 0 and len(ids) // 32 >= 3 and len(scored) == 16 * (len(ids) // 32)
     assert f"perplexity {math.exp(-sum(scored) / len(scored)):.4f}" in out
+    # a model that adds a BOS gets one at the start of every window, as llama.cpp's tool
+    nll, windows, n = perplexity(model, ids, 32, bos=5)
+    with_bos = [v for w in range(windows)
+                for v in model.token_logprobs([5] + ids[w * 32 + 1:(w + 1) * 32])[0][15:]]
+    assert n == len(with_bos) and nll == pytest.approx(-sum(with_bos) / n, rel=1e-12)
+    assert with_bos != scored
     f.write_text("hi")
     assert main(["perplexity", str(f), "--model", model_path, "--ctx", "32"]) == 2
     assert "perplexity needs at least one window" in capsys.readouterr().err
