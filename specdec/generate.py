@@ -293,9 +293,10 @@ def generate(model: Model, prompt: Prompt, max_new_tokens: int = 16, temperature
         logprobs: True fills ``Generation.logprobs`` with each new token's log-probability
             under the model: log softmax of the target's logits at temperature 1 (after
             ``logit_bias`` and the penalties, when given), before ``temperature``, ``top_k``,
-            ``top_p`` and ``min_p`` (as vLLM's default and OpenAI's report them). The same with or without a speculator: a token's logits do not depend
-            on the batch it was verified in, so the numbers are plain decoding's, bit for bit.
-            CPU models only; costs a pass over the vocabulary per token.
+            ``top_p`` and ``min_p`` (as vLLM's default and OpenAI's report them). The same
+            with or without a speculator: a token's logits do not depend on the batch it was
+            verified in, so the numbers are plain decoding's, bit for bit. CPU models only;
+            costs a pass over the vocabulary per token.
         top_logprobs: n in [0, 20]: also the n most probable tokens at each position and their
             log-probabilities (``Generation.top_logprobs``; ties to the lower id); n > 0
             implies ``logprobs``.

@@ -22,10 +22,10 @@ max_sequences, whose slots a request takes all at once) choices, decoded side by
 steps share forwards), choice i with ``seed`` + i when a seed is given, streamed as each
 produces its chunks; a completion's ``echo`` (the prompt's text before the answer and, with
 ``logprobs``, its tokens' entries, the first null: with ``max_tokens`` 0 that scores a text,
-OpenAI's legacy way of asking for a text's log-likelihood). A completion's ``top_logprobs`` hold the chosen token too (as
-OpenAI's: up to logprobs + 1 entries), its ``text_offset`` the length of the text the tokens
-before decode to. Tools, ``best_of``, ``suffix`` and a non-text response_format are refused with
-a 400 rather than ignored. Other fields are ignored.
+OpenAI's legacy way of asking for a text's log-likelihood). A completion's ``top_logprobs``
+hold the chosen token too (as OpenAI's: up to logprobs + 1 entries), its ``text_offset`` the
+length of the text the tokens before decode to. Tools, ``best_of``, ``suffix`` and a non-text
+response_format are refused with a 400 rather than ignored. Other fields are ignored.
 
 Every response (in a stream: the chunk with the ``finish_reason``) carries a ``specdec`` object:
 ``speculator`` (its repr, or null for plain decoding), ``drafted`` and ``accepted`` (draft
