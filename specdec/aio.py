@@ -58,9 +58,9 @@ class _Request:
     the sequence now, or, when a step is still running (its awaiting task was cancelled), as
     soon as that step returns."""
 
-    def __init__(self, args: tuple, reserved: bool = False) -> None:
+    def __init__(self, args: tuple) -> None:
         self.args = args
-        self.reserved = reserved  # the caller took the slot (Model's try_reserve) for it
+        self.reserved = False  # a caller took the slot for it (Model's try_reserve)
         self.call: Optional[_Call] = None
         self.inflight: Optional[Future] = None  # the call being made or the step being run
         self.closed = False

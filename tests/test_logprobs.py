@@ -56,15 +56,21 @@ def prompt(seed):
     return tm.random_tokens(CFG.vocab, 10, seed) * 2  # repeats, so lookup drafts
 
 
+def log_softmax(rows):
+    """Each row's log softmax, in float64."""
+    x = np.asarray(rows, dtype=np.float64)
+    mx = x.max(1, keepdims=True)
+    return x - (mx + np.log(np.exp(x - mx).sum(1, keepdims=True)))
+
+
 def expected(model, g, top):
     """The log softmax of Model.logits over the prompt and output (float64), each output
     token's entry and the `top` best (ties to the lower id)."""
     toks = list(g.prompt_tokens) + list(g.tokens)
-    rows = model.logits(toks)[len(g.prompt_tokens) - 1:len(toks) - 1].astype(np.float64)
-    lse = np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1)) + rows.max(1)
-    ls = rows - lse[:, None]
+    rows = model.logits(toks)[len(g.prompt_tokens) - 1:len(toks) - 1]
+    ls = log_softmax(rows)
     lp = ls[np.arange(len(g.tokens)), g.tokens]
-    ids = [np.lexsort((np.arange(CFG.vocab), -r))[:top] for r in rows]
+    ids = [np.lexsort((np.arange(CFG.vocab), -r))[:top] for r in ls]
     return lp, ids, ls
 
 
@@ -206,9 +212,7 @@ def test_token_logprobs_score_a_text(models):
     assert [[t for t, _ in r] for r in tops[n - 1:]] == [[t for t, _ in r] for r in g.top_logprobs]
     text = tm.random_tokens(CFG.vocab, 280, 9)
     lps, none = m.token_logprobs(text)
-    ls = m.logits(text).astype(np.float64)
-    mx = ls.max(1, keepdims=True)
-    ls -= mx + np.log(np.exp(ls - mx).sum(1, keepdims=True))
+    ls = log_softmax(m.logits(text))
     np.testing.assert_allclose(lps, ls[np.arange(279), text[1:]], atol=1e-5, rtol=0)
     assert none is None and m.token_logprobs([5]) == ([], None)
     with pytest.raises(TypeError, match="tokens must be a sequence of token ids"):

@@ -68,6 +68,12 @@ sd_status sd_prefill_step(sd_prefill *pf, sd_model *m, sd_kv_cache *kv, const in
     return SD_OK;
 }
 
+/* Whether p asks for a logit bias, penalties or min_tokens (the emitter's penalties state). */
+static int penalized(const sd_generate_params *p) {
+    return p->n_bias > 0 || p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+           p->presence_penalty != 0.0f || p->min_tokens > 0;
+}
+
 sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt,
                           const sd_generate_params *p, sd_sampling *s) {
     if (p->n_stop_strings > 0 && m->piece_off == NULL) {
@@ -95,9 +101,6 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
     if (p->top_logprobs > 0 && !p->logprobs) {
         return sd_set_error(SD_ERR_INVALID_ARG, "top_logprobs needs logprobs");
     }
-    const int penalized = p->n_bias > 0 || p->repetition_penalty != 1.0f ||
-                          p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f ||
-                          p->min_tokens > 0;
     if (p->min_tokens < 0) {
         return sd_set_error(SD_ERR_INVALID_ARG, "min_tokens must be >= 0, got %d", p->min_tokens);
     }
@@ -136,7 +139,7 @@ sd_status sd_decode_check(const sd_model *m, const int32_t *prompt, int n_prompt
             }
         }
     }
-    if (penalized && m->cuda != NULL) {
+    if (penalized(p) && m->cuda != NULL) {
         return sd_set_error(SD_ERR_UNSUPPORTED,
                             "logit_bias, penalties and min_tokens are applied on CPU models only "
                             "so far (a CUDA model picks its tokens on the device)");
@@ -301,8 +304,7 @@ void sd_emitter_free(sd_emitter *e) {
 
 sd_status sd_emitter_want_penalties(sd_emitter *e, const int32_t *prompt, int n_prompt) {
     const sd_generate_params *p = e->p;
-    if (p->n_bias == 0 && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-        p->presence_penalty == 0.0f && p->min_tokens == 0) {
+    if (!penalized(p)) {
         return SD_OK;
     }
     const size_t V = (size_t)e->m->cfg.vocab_size;
